@@ -1,0 +1,93 @@
+# PetsTraining: the one front door. `make help` lists the targets.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# Expensive things (Go builds, the wheelhouse, images' base) are cached here and reused.
+export PETS_CACHE ?= $(HOME)/.cache/pets-training
+CLUSTER ?= local
+
+.PHONY: help
+help: ## list the targets
+	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
+
+# ---------------------------------------------------------------- environment
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -e '.[trainer,operator,dev]'
+	touch $@
+
+.PHONY: install
+install: $(VENV)/.installed ## create .venv with the trainer, the operator and the dev tools
+
+.PHONY: lint
+lint: install ## ruff and mypy
+	$(VENV)/bin/ruff check src operator tests
+	$(VENV)/bin/mypy src/pets_training operator/pets_operator
+
+# ---------------------------------------------------------------- tests
+.PHONY: test
+test: install ## unit tests, then integration tests against a real API server (brought up and down here)
+	$(VENV)/bin/pytest -m unit tests/unit
+	$(MAKE) test-integration
+
+.PHONY: test-unit
+test-unit: install ## unit tests only (no cluster)
+	$(VENV)/bin/pytest -m unit tests/unit
+
+# ---------------------------------------------------------------- trainer (src/)
+.PHONY: train
+train: install ## the default local job: 2 processes, synthetic data, CPU
+	$(VENV)/bin/accelerate launch --cpu --num_processes 2 --num_machines 1 --mixed_precision no \
+	  -m pets_training --data synthetic --output-dir output/train
+
+.PHONY: bench
+bench: install ## tutorial loop vs our trainer on the same JPEGs: images/s and the speedup
+	$(PY) -m pets_training.bench
+
+# ---------------------------------------------------------------- control plane and cluster (tests/cluster)
+.PHONY: test-integration
+test-integration: install ## integration tests against etcd + kube-apiserver + controller-manager
+	tests/cluster/run-with-control-plane.sh $(VENV)/bin/pytest -m integration tests/integration
+
+.PHONY: cluster-up
+cluster-up: ## a cluster to run on: CLUSTER=local (default, offline) or CLUSTER=kind
+	tests/cluster/cluster.sh up $(CLUSTER)
+
+.PHONY: cluster-down
+cluster-down: ## stop the cluster and remove what it left behind
+	tests/cluster/cluster.sh down $(CLUSTER)
+
+# ---------------------------------------------------------------- images (image/)
+.PHONY: images
+images: ## build the trainer and operator images (starts a Docker engine here if needed)
+	image/build.sh all
+
+.PHONY: base-image
+base-image: ## build the offline Debian bookworm base image
+	image/build.sh base
+
+.PHONY: test-images
+test-images: install ## build both images from the offline base and test them with docker
+	image/build.sh all
+	$(VENV)/bin/pytest -m e2e tests/e2e/test_images.py
+
+# ---------------------------------------------------------------- end to end
+.PHONY: e2e
+e2e: install ## on the running cluster: images, helm install, train, faults
+	tests/e2e/run.sh $(CLUSTER)
+
+.PHONY: demo
+demo: ## from a fresh machine: cluster, images, chart, train petstraining.yaml to Succeeded
+	tests/e2e/demo.sh $(CLUSTER)
+
+.PHONY: bench-e2e
+bench-e2e: install ## time from kubectl apply to pods Running and to the first step (median of 5)
+	tests/e2e/bench.sh $(CLUSTER)
+
+.PHONY: clean
+clean: ## remove build and test outputs (not the cache)
+	rm -rf output bench-output .pytest_cache .mypy_cache .ruff_cache
