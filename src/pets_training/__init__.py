@@ -1,0 +1,15 @@
+"""The Pets trainer: Accelerate's "Pets" fine-tune (timm resnet50d) as a library, a CLI and a pod launcher.
+
+Modules, top to bottom:
+
+- ``config``: the resolved training config (defaults < YAML file < flags) and its validation.
+- ``data``: file names -> labels, the seeded split, the synthetic pets set, datasets and transforms.
+- ``model``: the timm model, the frozen backbone, precision choice.
+- ``resources``: CPU quota -> threads and DataLoader workers.
+- ``checkpoint``: atomic per-epoch ``save_state`` and finding the newest complete checkpoint.
+- ``progress``: progress lines/bar, progress.jsonl, Prometheus gauges, summary, plot.
+- ``train``: ``training_function``, the one story from seed to summary.
+- ``cli`` (``pets-train``), ``launch`` (``pets-launch``), ``bench`` and ``baseline`` (``make bench``).
+"""
+
+__version__ = "0.1.0"

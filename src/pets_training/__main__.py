@@ -1,0 +1,5 @@
+"""``python -m pets_training`` (what ``accelerate launch -m pets_training`` runs): the ``pets-train`` CLI."""
+
+from pets_training.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,155 @@
+"""``make bench``: the tutorial's loop as written vs our trainer, on the same synthetic JPEG files, with the
+same model and batch, one process each, in one process tree. Prints images/s of each and, last,
+``speedup: X.XXx``. Throughput is measured over ``--steps`` training steps after ``--warmup`` steps
+(data loading included: a step's time runs from the end of the previous step); each loop runs
+``--repeats`` times, alternating the order, and its best run counts (the machine may be shared).
+
+    python -m pets_training.bench [--steps 4] [--warmup 1] [--model resnet50d] [--batch-size 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from .data import write_synthetic
+
+CLASSES = 37
+
+
+def throughput(step_times: list[float], step_images: list[int], warmup: int) -> float:
+    """Images per second over the steps after ``warmup`` (each step timed from the end of the previous)."""
+    if warmup < 1:
+        raise ValueError(f"warmup must be at least 1 so the first timed step's start is known, got {warmup}")
+    if len(step_times) < warmup + 1:
+        raise ValueError(f"need more than {warmup} steps, got {len(step_times)}")
+    seconds = step_times[-1] - step_times[warmup - 1]
+    return sum(step_images[warmup:]) / seconds
+
+
+def bench_data(cache: Path, images_needed: int, size: int) -> Path:
+    """Synthetic JPEGs (37 classes), written once and reused from the cache."""
+    per_class = math.ceil(images_needed / CLASSES)
+    directory = cache / f"bench-jpegs-{CLASSES}x{per_class}-{size}px"
+    marker = directory / ".complete"
+    if not marker.exists():
+        print(f"writing {CLASSES * per_class} synthetic JPEGs to {directory}", flush=True)
+        write_synthetic(directory, CLASSES, per_class, size, seed=42)
+        marker.touch()
+    return directory
+
+
+def _result(output: str) -> dict[str, Any]:
+    for line in reversed(output.splitlines()):
+        if line.startswith("RESULT "):
+            data: dict[str, Any] = json.loads(line[len("RESULT ") :])
+            return data
+    raise RuntimeError(f"no RESULT line in the output:\n{output[-4000:]}")
+
+
+def _run(cmd: list[str], log_path: Path) -> dict[str, Any]:
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    log_path.write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"{' '.join(cmd)} exited {proc.returncode}; log: {log_path}\n{proc.stderr[-4000:]}"
+        )
+    return _result(proc.stdout)
+
+
+def worker(args: argparse.Namespace) -> int:
+    """Our trainer, in this process: the real training_function with a step limit and a timing hook."""
+    from .config import resolve
+    from .train import training_function
+
+    times: list[float] = []
+    images: list[int] = []
+
+    def hook(step: int, n: int) -> None:
+        times.append(time.perf_counter())
+        images.append(n)
+
+    cfg = resolve(
+        ["--data", args.data, "--model", args.model, "--image-size", str(args.image_size),
+         "--batch-size", str(args.batch_size), "--max-train-steps", str(args.warmup + args.steps),
+         "--output-dir", str(Path(args.output) / "ours"), "--no-checkpoints", "--mixed-precision", "fp16"]
+    )  # fmt: skip
+    training_function(cfg, step_hook=hook)
+    print("RESULT " + json.dumps({"step_times": times, "step_images": images}), flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m pets_training.bench", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--steps", type=int, default=4, help="timed training steps per loop (default: 4)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed steps first (default: 1)")
+    parser.add_argument("--repeats", type=int, default=2, help="runs of each loop, best kept (default: 2)")
+    parser.add_argument("--model", default="resnet50d")
+    parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument(
+        "--jpeg-size", type=int, default=320, help="side of the synthetic JPEGs (default: 320)"
+    )
+    parser.add_argument("--data", help="use this image directory instead of the cached synthetic JPEGs")
+    parser.add_argument(
+        "--output", default="bench-output", help="logs and bench.json (default: bench-output)"
+    )
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if min(args.steps, args.warmup, args.repeats) < 1:
+        parser.error(f"--steps, --warmup and --repeats must be at least 1, got {args.steps}, {args.warmup}, "
+                     f"{args.repeats}")  # fmt: skip
+    if args.worker:
+        return worker(args)
+
+    output = Path(args.output)
+    output.mkdir(parents=True, exist_ok=True)
+    steps = args.warmup + args.steps
+    if args.data is None:
+        cache = Path(os.environ.get("PETS_CACHE") or Path.home() / ".cache" / "pets-training")
+        # the training split (80 %) must hold all the steps' images in one epoch
+        args.data = str(bench_data(cache, math.ceil(steps * args.batch_size / 0.8) + CLASSES, args.jpeg_size))
+    common = ["--data", args.data, "--model", args.model, "--image-size", str(args.image_size),
+              "--batch-size", str(args.batch_size)]  # fmt: skip
+    print(f"bench: {args.model}, batch {args.batch_size}, {args.image_size} px, {args.warmup} warm-up + "
+          f"{args.steps} timed steps, images from {args.data}", flush=True)  # fmt: skip
+
+    base_cmd = [sys.executable, "-m", "pets_training.baseline", *common, "--steps", str(steps), "--no-eval"]
+    ours_cmd = [sys.executable, "-m", "pets_training.bench", "--worker", *common, "--steps", str(args.steps),
+                "--warmup", str(args.warmup), "--output", str(output)]  # fmt: skip
+    runs: dict[str, list[float]] = {"baseline": [], "ours": []}
+    # this machine may be shared: alternate the order and keep each loop's best (least disturbed) run
+    for repeat in range(args.repeats):
+        order = ["baseline", "ours"] if repeat % 2 == 0 else ["ours", "baseline"]
+        for name in order:
+            result = _run(base_cmd if name == "baseline" else ours_cmd, output / f"{name}-{repeat + 1}.log")
+            runs[name].append(throughput(result["step_times"], result["step_images"], args.warmup))
+            print(f"  {name} run {repeat + 1}: {runs[name][-1]:.2f} images/s", flush=True)
+    base_ips, ours_ips = max(runs["baseline"]), max(runs["ours"])
+    print(f"baseline (tutorial loop: fp32, PIL + ToTensor, autograd through the frozen backbone): "
+          f"{base_ips:.2f} images/s", flush=True)  # fmt: skip
+    print(f"ours (pets-train: bf16 autocast, channels_last, no-grad frozen backbone, uint8 batches, "
+          f"libjpeg-turbo decode, quota-sized threads): {ours_ips:.2f} images/s", flush=True)  # fmt: skip
+
+    speedup = ours_ips / base_ips
+    (output / "bench.json").write_text(json.dumps({
+        "model": args.model, "batch_size": args.batch_size, "image_size": args.image_size,
+        "steps": args.steps, "warmup": args.warmup, "repeats": args.repeats, "runs": runs,
+        "baseline_images_per_second": round(base_ips, 3),
+        "ours_images_per_second": round(ours_ips, 3), "speedup": round(speedup, 3),
+    }, indent=1))  # fmt: skip
+    print(f"speedup: {speedup:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

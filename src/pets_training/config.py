@@ -1,0 +1,231 @@
+"""The training config: defaults (the tutorial's recipe) < YAML file (``--config``) < command-line flags.
+
+Every field of :class:`TrainConfig` is a flag (``image_size`` -> ``--image-size``) and a YAML key
+(``image_size`` or ``image-size``). The flags are generated from the dataclass, so the two cannot drift.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+MIXED_PRECISION_CHOICES = ("no", "fp16", "bf16")
+
+
+class ConfigError(ValueError):
+    """A bad config value; the message names the field (or file) and the value."""
+
+
+def _f(default: Any, help: str, **extra: Any) -> Any:
+    return field(default=default, metadata={"help": help, **extra})
+
+
+@dataclass
+class TrainConfig:
+    # data
+    data: str = _f("synthetic", "a directory of <label>_<n>.jpg images, or 'synthetic' for the built-in set")
+    synthetic_classes: int = _f(37, "classes in the synthetic set")
+    synthetic_images_per_class: int = _f(20, "images per class in the synthetic set")
+    train_fraction: float = _f(0.8, "share of the images used for training (seeded split)")
+    # model
+    model: str = _f("resnet50d", "any timm model name")
+    pretrained: bool = _f(False, "download the model's pretrained weights from the hub (needs internet)")
+    weights: str | None = _f(None, "a local weights file (safetensors or torch) for air-gapped clusters")
+    unfreeze: bool = _f(False, "train the whole network instead of only the classifier")
+    # recipe
+    image_size: int = _f(224, "training crop and eval resize, in pixels")
+    batch_size: int = _f(64, "training batch size per process")
+    eval_batch_size: int = _f(128, "evaluation batch size per process")
+    epochs: int = _f(5, "epochs in the whole run")
+    lr: float = _f(3e-2, "OneCycleLR max_lr; Adam starts at lr/25")
+    seed: int = _f(42, "seed for the split, the shuffling and the augmentation")
+    mixed_precision: str | None = _f(
+        None,
+        "no, fp16 or bf16 (fp16 becomes bf16 on CPU); default: what accelerate launch says, else fp16",
+        choices=MIXED_PRECISION_CHOICES,
+    )
+    # speed (none of these change what is computed, only how fast)
+    channels_last: bool = _f(True, "channels_last memory format for the model and its inputs")
+    fast_decode: bool = _f(True, "decode JPEGs with torchvision.io (libjpeg-turbo) instead of PIL")
+    threads: int | None = _f(
+        None, "torch threads per process; default: CPU quota / processes on this machine"
+    )
+    num_workers: int | None = _f(None, "DataLoader workers per process; default: from the CPU quota")
+    # run control
+    output_dir: str | None = _f(
+        None, "where progress, summary, weights and plot go; default $PETS_OUTPUT_DIR or ./output"
+    )
+    checkpoint_dir: str | None = _f(
+        None, "checkpoint directory; default $PETS_CHECKPOINT_DIR or <output-dir>/checkpoints"
+    )
+    checkpoints: bool = _f(True, "save an accelerate checkpoint every epoch")
+    keep_checkpoints: int = _f(2, "how many epoch checkpoints to keep (oldest are removed)")
+    resume: bool = _f(False, "continue from the newest complete checkpoint, if there is one")
+    max_epochs_this_run: int | None = _f(None, "stop (resumably) after this many epochs in this run")
+    max_train_steps: int | None = _f(None, "stop after this many training steps in total (smoke runs, bench)")
+    summary_path: str | None = _f(
+        None, "also write the final summary JSON here (the operator: /dev/termination-log)"
+    )
+    metrics_port: int | None = _f(
+        None, "serve Prometheus gauges on this port from rank 0 (the operator: 9090)"
+    )
+    log_every: float = _f(30.0, "seconds between progress lines when stderr is not a terminal")
+
+    def resolved_output_dir(self) -> Path:
+        return Path(self.output_dir or os.environ.get("PETS_OUTPUT_DIR") or "output")
+
+    def resolved_checkpoint_dir(self) -> Path:
+        if self.checkpoint_dir:
+            return Path(self.checkpoint_dir)
+        env = os.environ.get("PETS_CHECKPOINT_DIR")
+        return Path(env) if env else self.resolved_output_dir() / "checkpoints"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+_HINTS = typing.get_type_hints(TrainConfig)
+
+
+def _base_type(name: str) -> type:
+    hint = _HINTS[name]
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    return args[0] if args else hint
+
+
+def _optional(name: str) -> bool:
+    return type(None) in typing.get_args(_HINTS[name])
+
+
+def coerce(name: str, value: Any, where: str = "") -> Any:
+    """Check one value against the field's type; ``where`` says where it came from (for the error)."""
+    prefix = f"{where}: " if where else ""
+    if value is None:
+        if _optional(name):
+            return None
+        raise ConfigError(f"{prefix}{name} must not be empty")
+    kind = _base_type(name)
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{prefix}{name} must be true or false, got {value!r}")
+    if kind is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"{prefix}{name} must be an integer, got {value!r}")
+    if kind is float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        raise ConfigError(f"{prefix}{name} must be a number, got {value!r}")
+    if isinstance(value, str):
+        return value
+    raise ConfigError(f"{prefix}{name} must be a string, got {value!r}")
+
+
+def load_yaml(path: Path) -> dict[str, Any]:
+    """Read a YAML config file; keys may use dashes or underscores."""
+    if not path.is_file():
+        raise ConfigError(f"--config: file {str(path)!r} does not exist")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError(f"--config: {path} is not valid YAML: {err}") from None
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"--config: {path} must hold a mapping of settings, got {type(raw).__name__}")
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        name = str(key).replace("-", "_")
+        if name not in FIELDS:
+            raise ConfigError(f"{path}: unknown setting {key!r} (known: {', '.join(sorted(FIELDS))})")
+        out[name] = coerce(name, value, str(path))
+    return out
+
+
+def validate(cfg: TrainConfig) -> TrainConfig:
+    """Range checks; raises ConfigError naming the field and the value."""
+    positive = ["image_size", "batch_size", "eval_batch_size", "epochs", "synthetic_images_per_class"]
+    for name in positive:
+        if getattr(cfg, name) < 1:
+            raise ConfigError(f"{name} must be at least 1, got {getattr(cfg, name)}")
+    if cfg.image_size < 16:
+        raise ConfigError(f"image_size must be at least 16, got {cfg.image_size}")
+    if cfg.synthetic_classes < 2:
+        raise ConfigError(f"synthetic_classes must be at least 2, got {cfg.synthetic_classes}")
+    if not 0.0 < cfg.train_fraction < 1.0:
+        raise ConfigError(f"train_fraction must be between 0 and 1 (exclusive), got {cfg.train_fraction}")
+    if cfg.lr <= 0:
+        raise ConfigError(f"lr must be positive, got {cfg.lr}")
+    if cfg.mixed_precision is not None and cfg.mixed_precision not in MIXED_PRECISION_CHOICES:
+        raise ConfigError(
+            f"mixed_precision must be one of {MIXED_PRECISION_CHOICES}, got {cfg.mixed_precision!r}"
+        )
+    for name in ("threads", "max_epochs_this_run", "max_train_steps"):
+        value = getattr(cfg, name)
+        if value is not None and value < 1:
+            raise ConfigError(f"{name} must be at least 1, got {value}")
+    if cfg.num_workers is not None and cfg.num_workers < 0:
+        raise ConfigError(f"num_workers must be 0 or more, got {cfg.num_workers}")
+    if cfg.keep_checkpoints < 1:
+        raise ConfigError(f"keep_checkpoints must be at least 1, got {cfg.keep_checkpoints}")
+    if cfg.metrics_port is not None and not 0 < cfg.metrics_port < 65536:
+        raise ConfigError(f"metrics_port must be a TCP port (1-65535), got {cfg.metrics_port}")
+    if cfg.log_every <= 0:
+        raise ConfigError(f"log_every must be positive, got {cfg.log_every}")
+    return cfg
+
+
+def build_parser(prog: str = "pets-train") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Fine-tune a timm model on Pets-style images (the Accelerate 'Pets' recipe). "
+        "Settings: defaults < --config FILE < flags. Run 'pets-train make-synthetic --help' to write "
+        "the synthetic set as JPEGs.",
+        argument_default=argparse.SUPPRESS,  # only flags given on the command line land in the namespace
+    )
+    parser.add_argument("--config", type=Path, help="YAML file of settings (keys are the flag names)")
+    for f in dataclasses.fields(TrainConfig):
+        flag = "--" + f.name.replace("_", "-")
+        kind = _base_type(f.name)
+        help_text = f"{f.metadata['help']} (default: {f.default})"
+        if kind is bool:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, help=help_text)
+        else:
+            parser.add_argument(
+                flag, type=kind, help=help_text, choices=f.metadata.get("choices"), metavar=f.name.upper()
+            )
+    return parser
+
+
+def resolve(
+    argv: Sequence[str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    prog: str = "pets-train",
+) -> TrainConfig:
+    """Defaults < YAML (``--config``) < flags < ``overrides`` (for the library and notebook path)."""
+    args = vars(build_parser(prog).parse_args(list(argv) if argv is not None else []))
+    values: dict[str, Any] = {}
+    config_file = args.pop("config", None)
+    if config_file is not None:
+        values.update(load_yaml(Path(config_file)))
+    values.update(args)
+    for key, value in (overrides or {}).items():
+        name = key.replace("-", "_")
+        if name not in FIELDS:
+            raise ConfigError(f"unknown setting {key!r} (known: {', '.join(sorted(FIELDS))})")
+        values[name] = coerce(name, value, "config")
+    return validate(TrainConfig(**values))
+
+
+def to_yaml(cfg: TrainConfig) -> str:
+    return yaml.safe_dump(cfg.to_dict(), sort_keys=False)

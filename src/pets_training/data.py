@@ -1,0 +1,378 @@
+"""Data: labels from file names, the seeded split, the synthetic pets set, datasets and transforms.
+
+Corrupt-image policy: every image file is checked once at start (a cheap reduced-size decode with PIL).
+Unreadable or corrupt files are skipped and counted, with one warning that names them; every rank
+reaches the same verdict because the check is deterministic. If no readable image remains, or fewer
+than two classes, the run fails with an error naming the directory. A file that passes the check but
+still fails to decode later (changed on disk mid-run) stops the run with an error naming the file.
+"""
+
+from __future__ import annotations
+
+import colorsys
+import logging
+import math
+import re
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+from torch.utils.data import Dataset, Sampler
+from torchvision.io import ImageReadMode, decode_jpeg
+from torchvision.transforms import v2
+from torchvision.transforms.functional import pil_to_tensor
+
+log = logging.getLogger(__name__)
+
+LABEL_PATTERN = re.compile(r"^(.*)_\d+\.jpg$")
+SYNTHETIC = "synthetic"
+
+# The 37 Oxford-IIIT Pet breeds, used as class names of the synthetic set.
+BREEDS = (
+    "Abyssinian american_bulldog american_pit_bull_terrier basset_hound beagle Bengal Birman Bombay boxer "
+    "British_Shorthair chihuahua Egyptian_Mau english_cocker_spaniel english_setter german_shorthaired "
+    "great_pyrenees havanese japanese_chin keeshond leonberger Maine_Coon miniature_pinscher newfoundland "
+    "Persian pomeranian pug Ragdoll Russian_Blue saint_bernard samoyed scottish_terrier shiba_inu Siamese "
+    "Sphynx staffordshire_bull_terrier wheaten_terrier yorkshire_terrier"
+).split()
+
+
+class DataError(ValueError):
+    """Bad input data; the message names the problem and the path."""
+
+
+class CorruptImageError(DataError):
+    pass
+
+
+def extract_label(file_name: str) -> str | None:
+    """``beagle_32.jpg`` -> ``beagle``; None when the name does not follow ``<label>_<n>.jpg``."""
+    match = LABEL_PATTERN.match(file_name)
+    return match.group(1) if match else None
+
+
+def list_image_files(directory: Path) -> list[Path]:
+    """The ``<label>_<n>.jpg`` files of a directory, sorted so every rank and machine sees one order."""
+    if not directory.exists():
+        raise DataError(f"data: directory {str(directory)!r} does not exist")
+    if not directory.is_dir():
+        raise DataError(f"data: {str(directory)!r} is not a directory")
+    entries = sorted(p for p in directory.iterdir() if p.is_file())
+    if not entries:
+        raise DataError(f"data: directory {str(directory)!r} is empty")
+    matching = [p for p in entries if extract_label(p.name) is not None]
+    if not matching:
+        examples = ", ".join(p.name for p in entries[:3])
+        raise DataError(
+            f"data: no file in {str(directory)!r} matches <label>_<n>.jpg (regex {LABEL_PATTERN.pattern}); "
+            f"found for example: {examples}"
+        )
+    return matching
+
+
+def check_image(path: Path) -> str | None:
+    """None when the image decodes, else the reason. Decodes JPEGs at reduced size (cheap, whole stream)."""
+    try:
+        with Image.open(path) as img:
+            img.draft("RGB", (64, 64))
+            img.load()
+    except Exception as err:  # PIL raises many kinds for bad files
+        return f"{type(err).__name__}: {err}"
+    return None
+
+
+def scan_images(paths: Sequence[Path]) -> tuple[list[Path], list[tuple[Path, str]]]:
+    good: list[Path] = []
+    bad: list[tuple[Path, str]] = []
+    for path in paths:
+        reason = check_image(path)
+        if reason is None:
+            good.append(path)
+        else:
+            bad.append((path, reason))
+    return good, bad
+
+
+def label_ids(labels: Sequence[str], where: str) -> dict[str, int]:
+    classes = sorted(set(labels))
+    if len(classes) < 2:
+        only = classes[0] if classes else "none"
+        raise DataError(f"data: {where} holds only one class ({only!r}); a classifier needs at least 2")
+    return {label: i for i, label in enumerate(classes)}
+
+
+def split_indices(n: int, seed: int, train_fraction: float) -> tuple[list[int], list[int]]:
+    """The tutorial's split: a seeded permutation, the first ``train_fraction`` for training.
+
+    A pure function of (n, seed, fraction), so every rank and machine computes the same split.
+    """
+    perm = np.random.RandomState(seed).permutation(n)
+    cut = int(train_fraction * n)
+    return perm[:cut].tolist(), perm[cut:].tolist()
+
+
+# ------------------------------------------------------------------ the synthetic set
+
+
+def synthetic_class_names(num_classes: int) -> list[str]:
+    return [BREEDS[k] if k < len(BREEDS) else f"breed{k}" for k in range(num_classes)]
+
+
+def synthetic_image(seed: int, index: int, label: int, num_classes: int, size: int) -> np.ndarray:
+    """A deterministic ``size x size x 3`` uint8 image of class ``label``.
+
+    Each class has its own colour (hue) and its own stripe orientation and frequency, painted on an
+    elliptic "pet" at a random place and size over a random background, with pixel noise. The image
+    depends only on (seed, index, label, num_classes, size).
+    """
+    rng = np.random.default_rng([seed, index])
+    hue = (label / num_classes + rng.uniform(-0.15, 0.15) / num_classes) % 1.0
+    colour = np.array(colorsys.hsv_to_rgb(hue, 0.8, rng.uniform(0.75, 1.0))) * 255.0
+    angle = ((label * 0.3819660112501051) % 1.0) * math.pi
+    freq = 3.0 + 3.0 * (label % 3)
+    yy, xx = np.mgrid[0:size, 0:size].astype(np.float32) / size
+    stripes = 0.5 + 0.5 * np.sin(
+        2 * math.pi * freq * (xx * math.cos(angle) + yy * math.sin(angle)) + rng.uniform(0, 6.3)
+    )
+    cy, cx = rng.uniform(0.35, 0.65, size=2)
+    ry, rx = rng.uniform(0.25, 0.45, size=2)
+    inside = ((yy - cy) / ry) ** 2 + ((xx - cx) / rx) ** 2 <= 1.0
+    background = (
+        np.array(colorsys.hsv_to_rgb(rng.uniform(), rng.uniform(0.0, 0.3), rng.uniform(0.2, 0.9))) * 255.0
+    )
+    img = np.empty((size, size, 3), dtype=np.float32)
+    img[:] = background
+    img[inside] = colour * (0.6 + 0.4 * stripes[inside, None])
+    img += rng.normal(0.0, 12.0, size=img.shape).astype(np.float32)
+    return np.clip(img, 0, 255).astype(np.uint8)
+
+
+def synthetic_samples(num_classes: int, per_class: int) -> list[tuple[str, int]]:
+    """(file name, label id) of the synthetic set in sorted file-name order, like a directory listing."""
+    names = synthetic_class_names(num_classes)
+    items = [(f"{names[k]}_{n}.jpg", k) for k in range(num_classes) for n in range(per_class)]
+    return sorted(items)
+
+
+def write_synthetic(
+    out_dir: Path, num_classes: int, per_class: int, size: int, seed: int, quality: int = 90
+) -> int:
+    """Write the synthetic set as ``<label>_<n>.jpg`` files; returns how many were written."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    samples = synthetic_samples(num_classes, per_class)
+    for index, (name, label) in enumerate(samples):
+        Image.fromarray(synthetic_image(seed, index, label, num_classes, size)).save(
+            out_dir / name, quality=quality
+        )
+    return len(samples)
+
+
+# ------------------------------------------------------------------ datasets
+
+
+Loader = Callable[[int], torch.Tensor]  # sample index -> uint8 CHW RGB tensor
+
+
+def load_file_fast(path: Path) -> torch.Tensor:
+    """Decode with torchvision.io (libjpeg-turbo, straight to a uint8 tensor); PIL for what it cannot read."""
+    try:
+        data = torch.frombuffer(bytearray(path.read_bytes()), dtype=torch.uint8)
+        return decode_jpeg(data, mode=ImageReadMode.RGB)
+    except RuntimeError:
+        return load_file_pil(path)
+
+
+def load_file_pil(path: Path) -> torch.Tensor:
+    try:
+        with Image.open(path) as img:
+            return pil_to_tensor(img.convert("RGB"))
+    except Exception as err:
+        raise CorruptImageError(
+            f"data: image {str(path)!r} could not be decoded ({type(err).__name__}: {err})"
+        ) from err
+
+
+def train_transform(image_size: int) -> v2.Transform:
+    return v2.RandomResizedCrop((image_size, image_size), scale=(0.5, 1.0), antialias=True)
+
+
+def eval_transform(image_size: int) -> v2.Transform:
+    return v2.Resize((image_size, image_size), antialias=True)
+
+
+def sample_seed(seed: int, epoch: int, index: int) -> int:
+    return ((seed * 1_000_003 + epoch) * 1_000_033 + index) % (2**63)
+
+
+class PetsImages(Dataset[tuple[torch.Tensor, int]]):
+    """Images as uint8 CHW tensors with their label ids; ToTensor's /255 and the normalisation happen on
+    the device. Keys from :class:`EpochShuffleSampler` carry the epoch (``epoch * len + index``), and the
+    random crop of a sample is seeded by (seed, epoch, index): augmentation does not depend on the number
+    of workers, on worker restarts, or on whether the run was resumed."""
+
+    def __init__(
+        self, load: Loader, labels: Sequence[int], transform: v2.Transform, seed: int, augment: bool
+    ):
+        self.load = load
+        self.labels = list(labels)
+        self.transform = transform
+        self.seed = seed
+        self.augment = augment
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, key: int) -> tuple[torch.Tensor, int]:
+        epoch, index = divmod(int(key), len(self.labels))
+        image = self.load(index)
+        if self.augment:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(sample_seed(self.seed, epoch, index))
+                image = self.transform(image)
+        else:
+            image = self.transform(image)
+        return image, self.labels[index]
+
+
+class EpochShuffleSampler(Sampler[int]):
+    """Shuffles like ``RandomSampler`` with the order a function of (seed, epoch); yields keys
+    ``epoch * n + index`` so the dataset knows the epoch even in persistent workers."""
+
+    def __init__(self, n: int, seed: int):
+        self.n = n
+        self.seed = seed
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[int]:
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        order = torch.randperm(self.n, generator=generator) + self.epoch * self.n
+        return iter(order.tolist())
+
+    def __len__(self) -> int:
+        return self.n
+
+
+@dataclass
+class PetsData:
+    train: PetsImages
+    eval: PetsImages
+    classes: list[str]
+    skipped: list[tuple[Path, str]]
+    source: str  # a line for the log
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+
+def _split_datasets(
+    load_all: Callable[[int], torch.Tensor],
+    labels: list[int],
+    seed: int,
+    train_fraction: float,
+    image_size: int,
+    where: str,
+) -> tuple[PetsImages, PetsImages]:
+    train_idx, eval_idx = split_indices(len(labels), seed, train_fraction)
+    if not train_idx or not eval_idx:
+        raise DataError(
+            f"data: {where} has {len(labels)} images; with train_fraction {train_fraction} the training "
+            "or the evaluation set would be empty"
+        )
+
+    train = PetsImages(
+        _Subset(load_all, train_idx), [labels[i] for i in train_idx], train_transform(image_size), seed, True
+    )
+    evals = PetsImages(
+        _Subset(load_all, eval_idx), [labels[i] for i in eval_idx], eval_transform(image_size), seed, False
+    )
+    return train, evals
+
+
+class _Subset:
+    """Picklable ``i -> load_all(indices[i])``."""
+
+    def __init__(self, load_all: Loader, indices: list[int]):
+        self.load_all = load_all
+        self.indices = indices
+
+    def __call__(self, i: int) -> torch.Tensor:
+        return self.load_all(self.indices[i])
+
+
+class _SyntheticLoader:
+    """Picklable (for DataLoader workers) generator of synthetic image ``i``."""
+
+    def __init__(self, samples: list[tuple[str, int]], num_classes: int, size: int, seed: int):
+        self.samples = samples
+        self.num_classes = num_classes
+        self.size = size
+        self.seed = seed
+
+    def __call__(self, i: int) -> torch.Tensor:
+        array = synthetic_image(self.seed, i, self.samples[i][1], self.num_classes, self.size)
+        return torch.from_numpy(array).permute(2, 0, 1).contiguous()
+
+
+class _FileLoader:
+    def __init__(self, paths: list[Path], fast: bool):
+        self.paths = paths
+        self.fast = fast
+
+    def __call__(self, i: int) -> torch.Tensor:
+        return load_file_fast(self.paths[i]) if self.fast else load_file_pil(self.paths[i])
+
+
+def build_data(
+    data: str,
+    image_size: int,
+    seed: int,
+    train_fraction: float,
+    synthetic_classes: int,
+    synthetic_images_per_class: int,
+    fast_decode: bool = True,
+) -> PetsData:
+    if data == SYNTHETIC:
+        samples = synthetic_samples(synthetic_classes, synthetic_images_per_class)
+        classes = synthetic_class_names(synthetic_classes)
+        # generated a little larger than the crop, as photos are larger than 224
+        loader = _SyntheticLoader(samples, synthetic_classes, round(image_size * 8 / 7), seed)
+        labels = [label for _, label in samples]
+        train, evals = _split_datasets(loader, labels, seed, train_fraction, image_size, "the synthetic set")
+        source = f"synthetic: {synthetic_classes} classes x {synthetic_images_per_class} images (in memory)"
+        return PetsData(train, evals, classes, [], source)
+
+    directory = Path(data)
+    files, skipped = scan_images(list_image_files(directory))
+    if skipped:
+        shown = "; ".join(f"{p.name}: {reason}" for p, reason in skipped[:5])
+        more = f" (and {len(skipped) - 5} more)" if len(skipped) > 5 else ""
+        log.warning(
+            "skipped %d unreadable image(s) of %d in %s: %s%s",
+            len(skipped),
+            len(files) + len(skipped),
+            directory,
+            shown,
+            more,
+        )
+    if not files:
+        raise DataError(
+            f"data: none of the images in {str(directory)!r} could be read ({len(skipped)} corrupt)"
+        )
+    names = [extract_label(p.name) or "" for p in files]
+    ids = label_ids(names, repr(str(directory)))
+    labels = [ids[name] for name in names]
+    train, evals = _split_datasets(
+        _FileLoader(files, fast_decode), labels, seed, train_fraction, image_size, repr(str(directory))
+    )
+    counts = Counter(names)
+    per_class = f"{min(counts.values())}-{max(counts.values())} per class"
+    source = f"{directory}: {len(files)} images, {len(ids)} classes ({per_class})"
+    return PetsData(train, evals, sorted(ids), skipped, source)

@@ -1,0 +1,164 @@
+"""Progress a person and a program can read (docs/contract.md): a bar or periodic lines, progress.jsonl,
+Prometheus gauges from rank 0, the summary JSON, and the metrics plot."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+PROGRESS_FILE = "progress.jsonl"
+SUMMARY_FILE = "summary.json"
+PLOT_FILE = "metrics.png"
+SUMMARY_LIMIT = 4096  # a Kubernetes termination message holds 4 KiB
+
+# progress.jsonl key -> Prometheus gauge (docs/contract.md)
+GAUGES = {
+    "epoch": ("pets_epoch", "last finished epoch"),
+    "total_epochs": ("pets_total_epochs", "epochs in the whole run"),
+    "train_loss": ("pets_train_loss", "mean training loss of the last epoch"),
+    "eval_accuracy": ("pets_eval_accuracy", "evaluation accuracy after the last epoch (0-1)"),
+    "images_per_second": ("pets_images_per_second", "training images per second, all processes"),
+    "elapsed_seconds": ("pets_elapsed_seconds", "seconds of training so far"),
+    "eta_seconds": ("pets_eta_seconds", "estimated seconds to the end"),
+}
+
+
+def epoch_record(
+    epoch: int,
+    total_epochs: int,
+    train_loss: float,
+    eval_accuracy: float,
+    images_per_second: float,
+    elapsed_seconds: float,
+    epoch_seconds: Sequence[float],
+) -> dict[str, Any]:
+    """One progress.jsonl line. ETA = mean epoch time so far x epochs left."""
+    mean_epoch = sum(epoch_seconds) / len(epoch_seconds) if epoch_seconds else 0.0
+    return {
+        "epoch": epoch,
+        "total_epochs": total_epochs,
+        "train_loss": round(train_loss, 6),
+        "eval_accuracy": round(eval_accuracy, 6),
+        "images_per_second": round(images_per_second, 2),
+        "elapsed_seconds": round(elapsed_seconds, 2),
+        "eta_seconds": round(mean_epoch * (total_epochs - epoch), 2),
+    }
+
+
+class MetricsServer:
+    """Prometheus gauges of the latest epoch, served over HTTP (rank 0 only)."""
+
+    def __init__(self, port: int):
+        from prometheus_client import CollectorRegistry, Gauge, start_http_server
+
+        self.registry = CollectorRegistry()
+        self.gauges = {key: Gauge(name, doc, registry=self.registry) for key, (name, doc) in GAUGES.items()}
+        self.server, self.thread = start_http_server(port, registry=self.registry)
+        log.info("serving Prometheus metrics on port %d (/metrics)", port)
+
+    def update(self, record: dict[str, Any]) -> None:
+        for key, gauge in self.gauges.items():
+            if key in record:
+                gauge.set(float(record[key]))
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def append_progress(output_dir: Path, record: dict[str, Any]) -> None:
+    with (output_dir / PROGRESS_FILE).open("a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def summary_json(summary: dict[str, Any]) -> str:
+    """The summary as one JSON document under 4 KiB (a long error is cut to fit)."""
+    text = json.dumps(summary)
+    if len(text.encode()) > SUMMARY_LIMIT and "error" in summary:
+        over = len(text.encode()) - SUMMARY_LIMIT + 20
+        cut = dict(
+            summary, error=str(summary["error"])[: max(0, len(str(summary["error"])) - over)] + " [cut]"
+        )
+        text = json.dumps(cut)
+    return text
+
+
+def write_summary(summary: dict[str, Any], paths: Sequence[Path | str | None]) -> None:
+    text = summary_json(summary)
+    for path in paths:
+        if path is None:
+            continue
+        try:
+            Path(path).write_text(text + "\n")
+        except OSError as err:
+            log.warning("could not write the summary to %s: %s", path, err)
+
+
+def plot_metrics(history: Sequence[dict[str, Any]], path: Path) -> None:
+    """Loss and accuracy per epoch, side by side, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    epochs = [r["epoch"] for r in history]
+    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(9, 3.5))
+    ax_loss.plot(epochs, [r["train_loss"] for r in history], marker="o")
+    ax_loss.set(title="training loss", xlabel="epoch")
+    ax_acc.plot(epochs, [100 * r["eval_accuracy"] for r in history], marker="o", color="tab:green")
+    ax_acc.set(title="eval accuracy (%)", xlabel="epoch")
+    for ax in (ax_loss, ax_acc):
+        ax.grid(alpha=0.3)
+        ax.set_xticks(epochs)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+class StepProgress:
+    """A tqdm bar when stderr is a terminal, else a log line every ``every`` seconds (and at the end)."""
+
+    def __init__(
+        self, total: int, epoch: int, epochs: int, enabled: bool, every: float, tty: bool | None = None
+    ):
+        self.total = total
+        self.label = f"epoch {epoch}/{epochs}"
+        self.enabled = enabled
+        self.every = every
+        self.tty = sys.stderr.isatty() if tty is None else tty
+        self.bar: Any = None
+        self.start = self.last = time.monotonic()
+        self.step = 0
+        self.images = 0
+        if enabled and self.tty:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc=self.label, unit="step", leave=False)
+
+    def update(self, loss: Any, images: int) -> None:
+        """``loss`` may be a tensor: it is only read (a device sync) when shown."""
+        self.step += 1
+        self.images += images
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        rate = self.images / max(now - self.start, 1e-9)
+        if self.bar is not None:
+            self.bar.set_postfix(loss=f"{float(loss):.3f}", img_s=f"{rate:.1f}")
+            self.bar.update(1)
+        elif now - self.last >= self.every:
+            self.last = now
+            log.info(
+                "%s step %d/%d loss %.4f %.1f images/s", self.label, self.step, self.total, float(loss), rate
+            )
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()

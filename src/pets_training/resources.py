@@ -1,0 +1,113 @@
+"""How many CPUs this container may use, and what that means for threads and DataLoader workers.
+
+In a pod the host's core count (``os.cpu_count()``) is wrong: the container's CPU limit is a CFS quota.
+The order is: cgroup v1 quota, cgroup v2 ``cpu.max``, ``PETS_CPU_LIMIT``, then the CPUs this process
+may run on.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+@dataclass(frozen=True)
+class CpuLimit:
+    cpus: int
+    source: str  # where the number came from, for the log line
+
+
+def _quota_to_cpus(quota: int, period: int) -> int | None:
+    if quota <= 0 or period <= 0:
+        return None
+    return max(1, math.ceil(quota / period))
+
+
+def cgroup_v1_cpus(root: Path) -> int | None:
+    """CPUs from a cgroup v1 CFS quota (``cpu.cfs_quota_us`` is -1 when unlimited)."""
+    for controller in ("cpu", "cpu,cpuacct", "cpuacct,cpu"):
+        quota_file = root / controller / "cpu.cfs_quota_us"
+        period_file = root / controller / "cpu.cfs_period_us"
+        if quota_file.is_file() and period_file.is_file():
+            try:
+                return _quota_to_cpus(
+                    int(quota_file.read_text().strip()), int(period_file.read_text().strip())
+                )
+            except ValueError:
+                return None
+    return None
+
+
+def cgroup_v2_cpus(root: Path) -> int | None:
+    """CPUs from a cgroup v2 ``cpu.max`` ("max 100000" when unlimited, else "QUOTA PERIOD")."""
+    cpu_max = root / "cpu.max"
+    if not cpu_max.is_file():
+        return None
+    parts = cpu_max.read_text().split()
+    if len(parts) != 2 or parts[0] == "max":
+        return None
+    try:
+        return _quota_to_cpus(int(parts[0]), int(parts[1]))
+    except ValueError:
+        return None
+
+
+def _available_cpus() -> int:
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def cpu_limit(
+    env: Mapping[str, str] | None = None,
+    cgroup_root: Path = DEFAULT_CGROUP_ROOT,
+    available: int | None = None,
+) -> CpuLimit:
+    """The number of CPUs this container may use, and where that number came from."""
+    env = os.environ if env is None else env
+    available = _available_cpus() if available is None else available
+    v1 = cgroup_v1_cpus(cgroup_root)
+    if v1 is not None:
+        return CpuLimit(min(v1, available), f"cgroup v1 quota ({cgroup_root}/cpu/cpu.cfs_quota_us)")
+    v2 = cgroup_v2_cpus(cgroup_root)
+    if v2 is not None:
+        return CpuLimit(min(v2, available), f"cgroup v2 quota ({cgroup_root}/cpu.max)")
+    raw = env.get("PETS_CPU_LIMIT", "").strip()
+    if raw:
+        try:
+            value = math.ceil(float(raw))
+        except ValueError:
+            raise ValueError(f"PETS_CPU_LIMIT must be a number of CPUs, got {raw!r}") from None
+        if value < 1:
+            raise ValueError(f"PETS_CPU_LIMIT must be at least 1, got {raw!r}")
+        return CpuLimit(value, "PETS_CPU_LIMIT")
+    return CpuLimit(available, "CPUs available to this process")
+
+
+@dataclass(frozen=True)
+class CpuPlan:
+    threads: int  # torch intra-op threads per training process
+    workers: int  # DataLoader worker processes per training process
+
+
+def plan_cpu(
+    cpus: int, local_processes: int, threads: int | None = None, workers: int | None = None
+) -> CpuPlan:
+    """Split the container's CPUs between the training processes of this machine.
+
+    Each process gets ``cpus // local_processes`` compute threads (at least 1). Decoding and augmenting
+    images is a small share of the work next to the model, so each process gets about one worker per
+    two threads (at least 1, at most 4) to overlap loading with compute.
+    """
+    if local_processes < 1:
+        raise ValueError(f"local_processes must be >= 1, got {local_processes}")
+    per_process = max(1, cpus // local_processes)
+    return CpuPlan(
+        threads=threads if threads is not None else per_process,
+        workers=workers if workers is not None else min(4, max(1, per_process // 2)),
+    )

@@ -1,0 +1,32 @@
+"""Run by test_distributed.py under ``accelerate launch`` with 2 processes (not a test module itself).
+
+Evaluates one model on an eval set of odd size with the tutorial's plain ``gather`` and with
+``gather_for_metrics``, through the trainer's own ``evaluate``; rank 0 prints the counts as JSON.
+"""
+
+import json
+
+from accelerate import Accelerator
+from torch.utils.data import DataLoader
+
+from pets_training.data import build_data
+from pets_training.model import create_model, trainable_module
+from pets_training.train import Normalise, evaluate
+
+accelerator = Accelerator(cpu=True)
+data = build_data("synthetic", 32, 42, 0.8, 3, 15, True)  # 45 images: 36 train, 9 eval
+model = create_model("resnet10t", data.num_classes)
+module = trainable_module(model, unfreeze=False)
+loader = DataLoader(data.eval, batch_size=4)
+module, loader = accelerator.prepare(module, loader)
+normalise = Normalise(model, accelerator.device, channels_last=False)
+plain = evaluate(module, loader, accelerator, normalise, gather="plain")
+metrics = evaluate(module, loader, accelerator, normalise, gather="metrics")
+if accelerator.is_main_process:
+    result = {
+        "eval_size": len(data.eval),
+        "world": accelerator.num_processes,
+        "plain": plain,
+        "metrics": metrics,
+    }
+    print("RESULT " + json.dumps(result), flush=True)

@@ -1,0 +1,61 @@
+from pathlib import Path
+
+import pytest
+
+from pets_training.checkpoint import (
+    check_compatible,
+    list_checkpoints,
+    newest_checkpoint,
+    read_trainer_state,
+    save_atomically,
+    temp_name,
+)
+
+pytestmark = pytest.mark.unit
+
+
+def _save(directory: Path, epoch: int, keep: int = 2) -> Path:
+    def save_state(path: str) -> None:
+        Path(path).mkdir(parents=True, exist_ok=True)
+        (Path(path) / "model.safetensors").write_text(f"weights {epoch}")
+
+    return save_atomically(directory, epoch, save_state, {"epoch": epoch}, True, lambda: None, keep)
+
+
+def test_checkpoints_appear_complete_and_old_ones_are_pruned(tmp_path: Path) -> None:
+    for epoch in (1, 2, 3):
+        _save(tmp_path, epoch)
+    assert [e for e, _ in list_checkpoints(tmp_path)] == [2, 3]
+    epoch, path = newest_checkpoint(tmp_path) or (0, tmp_path)
+    assert epoch == 3 and (path / "model.safetensors").read_text() == "weights 3"
+    assert read_trainer_state(path) == {"epoch": 3}
+    assert not any(p.name.startswith(".tmp") for p in tmp_path.iterdir())
+
+
+def test_a_crash_mid_save_leaves_nothing_that_resume_would_pick(tmp_path: Path) -> None:
+    _save(tmp_path, 1)
+
+    def crashing_save(path: str) -> None:
+        Path(path).mkdir(parents=True)
+        (Path(path) / "model.safetensors").write_text("half")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        save_atomically(tmp_path, 2, crashing_save, {}, True, lambda: None, 2)
+    assert (tmp_path / temp_name(2)).exists()
+    assert newest_checkpoint(tmp_path) == (1, tmp_path / "epoch_1")
+    _save(tmp_path, 2)  # the next save clears the leftover
+    assert newest_checkpoint(tmp_path) == (2, tmp_path / "epoch_2")
+
+
+def test_no_directory_means_no_checkpoint(tmp_path: Path) -> None:
+    assert newest_checkpoint(tmp_path / "none") is None
+
+
+def test_mismatched_settings_refuse_to_resume(tmp_path: Path) -> None:
+    check_compatible({"epochs": 5}, {"epochs": 5, "lr": 0.1}, tmp_path)
+    with pytest.raises(ValueError, match="was made with epochs=5, this run has epochs=3"):
+        check_compatible({"epochs": 5}, {"epochs": 3}, tmp_path)
+    (tmp_path / "epoch_1").mkdir()
+    with pytest.raises(ValueError, match="has no trainer_state.json"):
+        read_trainer_state(tmp_path / "epoch_1")

@@ -1,0 +1,134 @@
+import pytest
+
+from pets_training.launch import (
+    LaunchError,
+    accelerate_command,
+    plan_from_env,
+    trainer_args,
+    wait_for_address,
+)
+
+pytestmark = pytest.mark.unit
+
+
+def test_defaults_are_one_machine_one_process() -> None:
+    plan = plan_from_env({})
+    assert (plan.machine_rank, plan.num_machines, plan.procs_per_machine, plan.total_processes) == (
+        0,
+        1,
+        1,
+        1,
+    )
+    assert (plan.main_addr, plan.main_port, plan.mixed_precision, plan.resolve_timeout) == (
+        "127.0.0.1",
+        29500,
+        "fp16",
+        300.0,
+    )
+
+
+def test_indexed_job_environment() -> None:
+    plan = plan_from_env(
+        {
+            "JOB_COMPLETION_INDEX": "2",
+            "RANK": "9",
+            "PETS_NUM_MACHINES": "3",
+            "PETS_PROCS_PER_MACHINE": "4",
+            "PETS_MAIN_ADDR": "pets-0.pets.ns.svc.cluster.local",
+            "PETS_MAIN_PORT": "29600",
+            "PETS_MIXED_PRECISION": "bf16",
+        }
+    )
+    assert (plan.machine_rank, plan.num_machines, plan.total_processes) == (2, 3, 12)
+    assert plan.main_addr == "pets-0.pets.ns.svc.cluster.local" and plan.main_port == 29600
+
+
+def test_pytorchjob_environment_falls_back_to_torch_names() -> None:
+    plan = plan_from_env(
+        {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "job-master-0", "MASTER_PORT": "23456"}
+    )
+    assert (plan.machine_rank, plan.num_machines, plan.main_addr, plan.main_port) == (
+        1,
+        2,
+        "job-master-0",
+        23456,
+    )
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"JOB_COMPLETION_INDEX": "x"}, "JOB_COMPLETION_INDEX must be an integer, got 'x'"),
+        (
+            {"JOB_COMPLETION_INDEX": "2", "PETS_NUM_MACHINES": "2"},
+            "machine rank 2 .* below PETS_NUM_MACHINES=2",
+        ),
+        ({"PETS_NUM_MACHINES": "0"}, "PETS_NUM_MACHINES must be at least 1, got 0"),
+        ({"PETS_MAIN_PORT": "99999"}, "PETS_MAIN_PORT must be a TCP port"),
+        ({"PETS_MIXED_PRECISION": "fp8"}, "PETS_MIXED_PRECISION must be one of no, fp16, bf16, got 'fp8'"),
+        ({"PETS_RESOLVE_TIMEOUT": "soon"}, "PETS_RESOLVE_TIMEOUT must be a number of seconds, got 'soon'"),
+    ],
+)
+def test_bad_environment_names_the_variable(env: dict[str, str], message: str) -> None:
+    with pytest.raises(LaunchError, match=message):
+        plan_from_env(env)
+
+
+def test_launcher_always_resumes() -> None:
+    assert trainer_args(["--data", "/data"]) == ["--data", "/data", "--resume"]
+    assert trainer_args(["--resume"]) == ["--resume"]
+
+
+def test_accelerate_command_carries_the_plan() -> None:
+    plan = plan_from_env(
+        {
+            "JOB_COMPLETION_INDEX": "1",
+            "PETS_NUM_MACHINES": "2",
+            "PETS_PROCS_PER_MACHINE": "2",
+            "PETS_MAIN_ADDR": "main",
+            "PETS_MAIN_PORT": "1234",
+        }
+    )
+    cmd = accelerate_command(plan, ["--epochs", "1", "--resume"], threads=3)
+    joined = " ".join(cmd)
+    for part in (
+        "--num_machines 2",
+        "--machine_rank 1",
+        "--main_process_ip main",
+        "--main_process_port 1234",
+        "--num_processes 4",
+        "--mixed_precision fp16",
+        "--num_cpu_threads_per_process 3",
+        "-m pets_training --epochs 1 --resume",
+    ):
+        assert part in joined
+
+
+def test_wait_for_address_is_bounded_and_says_what_to_check() -> None:
+    now = [0.0]
+    calls: list[str] = []
+
+    def unresolvable(host: str) -> object:
+        calls.append(host)
+        raise OSError("Name or service not known")
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+
+    with pytest.raises(LaunchError, match=r"'pets-0.pets' did not resolve within 12 s .*headless Service"):
+        wait_for_address("pets-0.pets", 12, resolve=unresolvable, clock=lambda: now[0], sleep=sleep)
+    assert 3 <= len(calls) <= 10 and now[0] == pytest.approx(12.0)
+
+    answers = iter([OSError("not yet"), OSError("not yet"), "10.0.0.1"])
+
+    def later(host: str) -> object:
+        answer = next(answers)
+        if isinstance(answer, OSError):
+            raise answer
+        return answer
+
+    wait_for_address("pets-0.pets", 12, resolve=later, clock=lambda: now[0], sleep=sleep)
+
+
+def test_localhost_resolves_for_real() -> None:
+    wait_for_address("localhost", 5)
