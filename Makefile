@@ -30,13 +30,17 @@ lint: install ## ruff and mypy
 
 # ---------------------------------------------------------------- tests
 .PHONY: test
-test: install ## unit tests, then integration tests against a real API server (brought up and down here)
+test: install tools ## unit tests, then integration tests against a real API server (brought up and down here)
 	$(VENV)/bin/pytest -m unit tests/unit
 	$(MAKE) test-integration
 
 .PHONY: test-unit
-test-unit: install ## unit tests only (no cluster)
+test-unit: install tools ## unit tests only (no cluster; the chart's tests run the real helm)
 	$(VENV)/bin/pytest -m unit tests/unit
+
+.PHONY: tools
+tools: ## build (once, cached in $PETS_CACHE/bin) helm and the control plane's binaries
+	tests/cluster/build.sh control-plane
 
 # ---------------------------------------------------------------- trainer (src/)
 .PHONY: train

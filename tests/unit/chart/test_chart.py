@@ -1,0 +1,346 @@
+"""The chart rendered by the real helm: lint, every ci/ variant, RBAC, security and the schema."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+import yaml
+
+from .support import CHART, NAMESPACE, RELEASE, Manifest, of_kind, one, render, run_helm, template_args
+
+pytestmark = pytest.mark.unit
+
+CI_VALUES = sorted(f"ci/{p.name}" for p in (CHART / "ci").glob("*-values.yaml"))
+VARIANTS = [None, *CI_VALUES]  # None: the chart's defaults
+
+WRITE = ("create", "get", "list", "watch", "delete", "patch")
+# What the operator may do inside a namespace it watches, as (apiGroup, resource, verb).
+NEEDED_IN_NAMESPACE = (
+    {("training.pets.dev", "petstrainings", v) for v in ("get", "list", "watch", "patch", "update", "delete")}
+    | {("training.pets.dev", "petstrainings/status", v) for v in ("get", "patch", "update")}
+    | {("training.pets.dev", "petstrainings/finalizers", "update")}
+    | {("batch", "jobs", v) for v in WRITE}
+    | {("", "services", v) for v in WRITE}
+    | {("", "pods", v) for v in ("get", "list", "watch")}
+    | {("", "events", v) for v in ("create", "patch")}
+    | {("events.k8s.io", "events", v) for v in ("create", "patch")}
+)
+PYTORCHJOBS = {("kubeflow.org", "pytorchjobs", v) for v in WRITE}
+NAMESPACED_PEERING = {("kopf.dev", "kopfpeerings", v) for v in ("get", "list", "watch", "patch")}
+CLUSTER_ONLY = {("", "namespaces", v) for v in ("list", "watch")} | {
+    ("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("list", "watch")
+}
+CLUSTER_PEERING = {("kopf.dev", "clusterkopfpeerings", v) for v in ("get", "list", "watch", "patch")}
+
+
+def grants(rules: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
+    return {
+        (group, resource, verb)
+        for rule in rules
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+def rbac_objects(manifest: Manifest) -> Manifest:
+    kinds = {"Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"}
+    return [d for d in manifest if d["kind"] in kinds]
+
+
+def container(manifest: Manifest) -> dict[str, Any]:
+    containers = one(manifest, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert [c["name"] for c in containers] == ["operator"]
+    return containers[0]
+
+
+def values_of(variant: str | None) -> dict[str, Any]:
+    return yaml.safe_load((CHART / variant).read_text()) if variant else {}
+
+
+# ---------------------------------------------------------------- lint
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=str)
+def test_helm_lint_strict_passes(helm: str, variant: str | None) -> None:
+    args = ["lint", "--strict", str(CHART), "--namespace", NAMESPACE]
+    if variant:
+        args += ["--values", str(CHART / variant)]
+    result = run_helm(helm, *args)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 chart(s) failed" in result.stdout, result.stdout
+
+
+def test_ci_variants_cover_the_modes() -> None:
+    names = {v.removeprefix("ci/") for v in CI_VALUES}
+    assert {"namespaced-values.yaml", "metrics-off-values.yaml", "standalone-values.yaml"} <= names
+
+
+# ---------------------------------------------------------------- RBAC
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=str)
+def test_rbac_has_no_wildcards(helm: str, variant: str | None) -> None:
+    manifest = render(helm, *([variant] if variant else []))
+    rules = [r for d in rbac_objects(manifest) if "rules" in d for r in d["rules"]]
+    assert rules, "no RBAC rules rendered"
+    for rule in rules:
+        for field in ("apiGroups", "resources", "verbs"):
+            assert not any("*" in item for item in rule[field]), f"wildcard in {field}: {rule}"
+        assert "nonResourceURLs" not in rule, rule
+
+
+def test_cluster_mode_grants_exactly_what_the_operator_needs(helm: str) -> None:
+    manifest = render(helm)
+    assert not of_kind(manifest, "Role") and not of_kind(manifest, "RoleBinding")
+    role = one(manifest, "ClusterRole")
+    assert grants(role["rules"]) == NEEDED_IN_NAMESPACE | PYTORCHJOBS | CLUSTER_ONLY | CLUSTER_PEERING
+    binding = one(manifest, "ClusterRoleBinding")
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": role["metadata"]["name"],
+    }
+    sa = one(manifest, "ServiceAccount")
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": NAMESPACE}
+    ]
+
+
+def test_namespaced_mode_renders_only_roles_in_each_watched_namespace(helm: str) -> None:
+    manifest = render(helm, "ci/namespaced-values.yaml")
+    watched = values_of("ci/namespaced-values.yaml")["watch"]["namespaces"]
+    assert len(watched) >= 2
+    assert not of_kind(manifest, "ClusterRole") and not of_kind(manifest, "ClusterRoleBinding")
+    assert not [d for d in manifest if d["kind"] == "ClusterKopfPeering"]
+    roles = of_kind(manifest, "Role")
+    bindings = of_kind(manifest, "RoleBinding")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == sorted(watched)
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == sorted(watched)
+    sa_name = one(manifest, "ServiceAccount")["metadata"]["name"]
+    for role in roles:
+        assert grants(role["rules"]) == NEEDED_IN_NAMESPACE | PYTORCHJOBS | NAMESPACED_PEERING
+    for binding in bindings:
+        assert binding["roleRef"]["kind"] == "Role"
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa_name, "namespace": NAMESPACE}]
+    peerings = of_kind(manifest, "KopfPeering")
+    assert sorted(p["metadata"]["namespace"] for p in peerings) == sorted(watched)
+    args = container(manifest)["args"]
+    assert [a for a in args if a.startswith("--namespace=")] == [f"--namespace={ns}" for ns in watched]
+
+
+@pytest.mark.parametrize("variant", [None, "ci/namespaced-values.yaml"], ids=str)
+def test_chart_grants_what_the_operator_code_uses(helm: str, variant: str | None) -> None:
+    """pets_operator.rbac lists the permissions the operator's code uses; the chart grants them all."""
+    from pets_operator import rbac
+
+    manifest = render(helm, *([variant] if variant else []))
+    roles = of_kind(manifest, "ClusterRole") + of_kind(manifest, "Role")
+    assert roles
+    used = {(group, resource, verb) for group, resource, verbs in rbac.NAMESPACED for verb in verbs}
+    for role in roles:
+        missing = used - grants(role["rules"])
+        assert not missing, f"{role['kind']} {role['metadata']['name']} lacks {sorted(missing)}"
+
+
+def test_standalone_without_pytorchjobs_drops_those_grants(helm: str) -> None:
+    manifest = render(helm, "ci/standalone-values.yaml")
+    role = one(manifest, "ClusterRole")
+    assert grants(role["rules"]) == NEEDED_IN_NAMESPACE | CLUSTER_ONLY
+    assert not [d for d in manifest if d["apiVersion"].startswith("kopf.dev/")]
+    assert not of_kind(manifest, "CustomResourceDefinition")
+    args = container(manifest)["args"]
+    assert "--standalone" in args and not any(a.startswith("--peering") for a in args)
+
+
+def test_extra_rules_are_appended(helm: str) -> None:
+    manifest = render(
+        helm,
+        set_values=(
+            "rbac.extraRules[0].apiGroups={}",
+            "rbac.extraRules[0].resources={configmaps}",
+            "rbac.extraRules[0].verbs={get,list}",
+        ),
+    )
+    assert ("", "configmaps", "get") in grants(one(manifest, "ClusterRole")["rules"])
+
+
+def test_rbac_off_renders_no_rbac(helm: str) -> None:
+    assert not rbac_objects(render(helm, set_values=("rbac.create=false",)))
+
+
+# ---------------------------------------------------------------- the operator Deployment
+
+
+def test_deployment_defaults(helm: str) -> None:
+    manifest = render(helm)
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    deployment = one(manifest, "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    c = container(manifest)
+    assert c["image"] == f"pets-training/operator:{chart['appVersion']}"
+    assert c["imagePullPolicy"] == "IfNotPresent"
+    assert c["args"][0] == "run"
+    assert "--peering=pets-training" in c["args"]
+    assert "--liveness-port=8080" in c["args"] and "--metrics-port=8000" in c["args"]
+    assert not any(a.startswith("--namespace") for a in c["args"])
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert c[probe]["httpGet"] == {"path": "/healthz", "port": "http-health"}
+    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"http-health": 8080, "http-metrics": 8000}
+    assert c["resources"]["requests"] and c["resources"]["limits"]["memory"]
+    assert pod["serviceAccountName"] == one(manifest, "ServiceAccount")["metadata"]["name"]
+    labels = deployment["spec"]["selector"]["matchLabels"]
+    assert labels.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    assert one(manifest, "Service")["spec"]["selector"] == labels
+    assert {e["name"] for e in c["env"]} >= {"POD_ID"}
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=str)
+def test_security_context_is_restricted(helm: str, variant: str | None) -> None:
+    manifest = render(helm, *([variant] if variant else []))
+    pod = one(manifest, "Deployment")["spec"]["template"]["spec"]
+    psc = pod["securityContext"]
+    assert psc["runAsNonRoot"] is True and psc["runAsUser"] == 1000
+    assert psc["seccompProfile"] == {"type": "RuntimeDefault"}
+    sc = container(manifest)["securityContext"]
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["runAsNonRoot"] is True
+    # The read-only root needs a writable /tmp.
+    assert {"name": "tmp", "mountPath": "/tmp"} in container(manifest)["volumeMounts"]
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=str)
+def test_operator_cli_accepts_the_rendered_args(helm: str, variant: str | None) -> None:
+    """The args the chart passes are parsed by the operator's real argument parser."""
+    from pets_operator.cli import build_parser
+
+    manifest = render(helm, *([variant] if variant else []))
+    c = container(manifest)
+    args = build_parser().parse_args(c["args"])
+    values = values_of(variant)
+    assert args.command == "run"
+    assert list(args.namespace) == values.get("watch", {}).get("namespaces", [])
+    metrics_on = values.get("metrics", {}).get("enabled", True)
+    assert args.metrics_port == (8000 if metrics_on else 0)
+    assert args.liveness_port == 8080
+    peering_on = values.get("peering", {}).get("enabled", True)
+    assert args.standalone is (not peering_on)
+
+
+def test_metrics_off(helm: str) -> None:
+    manifest = render(helm, "ci/metrics-off-values.yaml")
+    ports = one(manifest, "Service")["spec"]["ports"]
+    assert [p["name"] for p in ports] == ["http-health"]
+    assert [p["name"] for p in container(manifest)["ports"]] == ["http-health"]
+    assert not of_kind(manifest, "ServiceMonitor")
+
+
+def test_service_monitor(helm: str) -> None:
+    manifest = render(helm, "ci/servicemonitor-values.yaml")
+    monitor = one(manifest, "ServiceMonitor")
+    assert monitor["spec"]["endpoints"][0]["port"] == "http-metrics"
+    assert monitor["metadata"]["labels"]["release"] == "prometheus"
+    assert monitor["spec"]["selector"]["matchLabels"] == one(manifest, "Service")["spec"]["selector"]
+    assert not of_kind(render(helm), "ServiceMonitor")
+
+
+def test_image_tag_and_digest(helm: str) -> None:
+    tagged = container(render(helm, set_values=("image.registry=reg.example:5000", "image.tag=1.2.3")))
+    assert tagged["image"] == "reg.example:5000/pets-training/operator:1.2.3"
+    digest = "sha256:" + "a" * 64
+    assert container(render(helm, set_values=(f"image.digest={digest}",)))["image"].endswith(f"@{digest}")
+
+
+# ---------------------------------------------------------------- peering
+
+
+def test_cluster_mode_peering_objects_and_crds(helm: str) -> None:
+    manifest = render(helm)
+    crds = {d["metadata"]["name"]: d for d in of_kind(manifest, "CustomResourceDefinition")}
+    assert set(crds) == {"clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"}
+    assert crds["clusterkopfpeerings.kopf.dev"]["spec"]["scope"] == "Cluster"
+    assert crds["kopfpeerings.kopf.dev"]["spec"]["scope"] == "Namespaced"
+    peering = one(manifest, "ClusterKopfPeering")
+    assert peering["metadata"]["name"] == "pets-training"
+    assert "post-install" in peering["metadata"]["annotations"]["helm.sh/hook"]
+    assert not of_kind(manifest, "KopfPeering")
+    no_crds = render(helm, set_values=("peering.crds.create=false",))
+    assert not of_kind(no_crds, "CustomResourceDefinition")
+    assert of_kind(no_crds, "ClusterKopfPeering")
+
+
+# ---------------------------------------------------------------- the helm test pod and names
+
+
+def test_helm_test_pod(helm: str) -> None:
+    manifest = render(helm)
+    pods = of_kind(manifest, "Pod")
+    assert len(pods) == 1
+    pod = pods[0]
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    service = one(manifest, "Service")["metadata"]["name"]
+    script = pod["spec"]["containers"][0]["args"][0]
+    assert f"http://{service}.{NAMESPACE}.svc:8080/healthz" in script
+    assert f"http://{service}.{NAMESPACE}.svc:8000/metrics" in script
+    compile(script, "helm-test", "exec")  # the check is valid Python
+    # The test pod must not be selected by the operator's Service.
+    selector = one(manifest, "Service")["spec"]["selector"]
+    assert not selector.items() <= pod["metadata"]["labels"].items()
+    assert not of_kind(render(helm, set_values=("tests.enabled=false",)), "Pod")
+
+
+def test_names_are_release_scoped(helm: str) -> None:
+    manifest = render(helm)
+    expected = f"{RELEASE}-pets-training"
+    for doc in manifest:
+        if doc["kind"] in {"Deployment", "Service", "ServiceAccount", "ClusterRole", "ClusterRoleBinding"}:
+            assert doc["metadata"]["name"] == expected, doc["kind"]
+            assert doc["metadata"]["labels"]["app.kubernetes.io/instance"] == RELEASE
+    override = render(helm, set_values=("fullnameOverride=op",))
+    assert one(override, "Deployment")["metadata"]["name"] == "op"
+
+
+# ---------------------------------------------------------------- values.schema.json
+
+
+@pytest.mark.parametrize(
+    ("setting", "named"),
+    [
+        ("image.pullPolicy=Sometimes", "pullPolicy"),
+        ("watch.namespaces={Not_A_Namespace}", "namespaces"),
+        (
+            "rbac.extraRules[0].apiGroups={},rbac.extraRules[0].resources={secrets},rbac.extraRules[0].verbs={*}",
+            "verbs",
+        ),
+        (
+            "rbac.extraRules[0].apiGroups={},rbac.extraRules[0].resources={*},rbac.extraRules[0].verbs={get}",
+            "resources",
+        ),
+        ("health.port=0", "port"),
+        ("metrics.port=70000", "port"),
+        ("logFormat=xml", "logFormat"),
+        ("replicaCount=-1", "replicaCount"),
+        ("peering.enabled=maybe", "enabled"),
+        ("unknownTopLevel=1", "unknownTopLevel"),
+        ("image.digest=latest", "digest"),
+        ("metrics.serviceMonitor.interval=often", "interval"),
+    ],
+)
+def test_bad_values_are_refused_naming_the_field(helm: str, setting: str, named: str) -> None:
+    result = run_helm(helm, *template_args(set_values=(setting,)))
+    assert result.returncode != 0, f"--set {setting} was accepted"
+    assert "values don't meet the specifications of the schema" in result.stderr, result.stderr
+    assert re.search(rf"\b{re.escape(named)}\b", result.stderr), result.stderr
+
+
+def test_service_account_name_required_when_not_created(helm: str) -> None:
+    result = run_helm(helm, *template_args(set_values=("serviceAccount.create=false",)))
+    assert result.returncode != 0
+    assert "serviceAccount.name" in result.stderr
+    manifest = render(helm, set_values=("serviceAccount.create=false", "serviceAccount.name=existing"))
+    assert not of_kind(manifest, "ServiceAccount")
+    assert one(manifest, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == "existing"
