@@ -1,0 +1,505 @@
+#!/usr/bin/env bash
+# shellcheck source-path=SCRIPTDIR
+# A single-node Kubernetes cluster to run the e2e suite on.
+#
+# usage: cluster.sh up|down|status [local|kind]          (default: local)
+#
+# local: the control plane of control-plane.sh (etcd, kube-apiserver, kube-controller-manager)
+#        plus a node on this machine: kube-scheduler, containerd + runc, a CNI bridge, kubelet
+#        (cgroupfs driver), kube-proxy (iptables) and CoreDNS as a pod. Needs root and no network
+#        beyond the package registries: every binary and image is built here (build.sh).
+# kind:  `kind create cluster` with a kind CLI built from the Go module proxy; needs Docker and a
+#        registry to pull kind's node image (not available on the machine this was written on).
+#
+# Environment (all optional; control-plane.sh lists its own):
+#   PETS_STATE           state directory                                  [/tmp/pets-training-cluster]
+#   PETS_NODE_NAME       the node's name                                  [pets-node]
+#   PETS_NODE_IP         the node's address                               [source address of the default route]
+#   PETS_POD_CIDR        pod network, served by the CNI bridge            [10.88.0.0/16]
+#   PETS_SERVICE_CIDR    service network                                  [10.96.0.0/12]
+#   PETS_CONTAINERD_ROOT containerd's image store, kept across up/down    [$PETS_CACHE/containerd]
+#   PETS_KIND_NAME       kind cluster name                                [pets-training]
+#   PETS_KIND_IMAGE      kind node image                                  [kind's default for its version]
+# Kubeconfig: $PETS_STATE/kubeconfig (local) or $PETS_STATE/kind-kubeconfig (kind).
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+LOG_TAG=cluster
+# shellcheck source=lib.sh
+source "$HERE/lib.sh"
+
+NODE_NAME="${PETS_NODE_NAME:-pets-node}"
+POD_CIDR="${PETS_POD_CIDR:-10.88.0.0/16}"
+SERVICE_CIDR="${PETS_SERVICE_CIDR:-10.96.0.0/12}"
+CONTAINERD_ROOT="${PETS_CONTAINERD_ROOT:-$PETS_CACHE/containerd}"
+CONTAINERD_DIR="$PETS_STATE/containerd"
+CONTAINERD_SOCK="$CONTAINERD_DIR/containerd.sock"
+CNI_DIR="$PETS_STATE/cni"
+CNI_BIN_DIR="${PETS_CNI_BIN_DIR:-/usr/lib/cni}"
+BRIDGE=pets0
+KUBELET_DIR="$PETS_STATE/kubelet"
+RULE_COMMENT="pets-training-cluster"
+KIND_NAME="${PETS_KIND_NAME:-pets-training}"
+# sysctls the node needs; their previous values are saved at up and restored at down.
+SYSCTLS=(net.ipv4.ip_forward=1 net.bridge.bridge-nf-call-iptables=1 net.bridge.bridge-nf-call-ip6tables=1)
+NODE_COMPONENTS=(kube-proxy kubelet kube-scheduler containerd)
+
+node_ip() {
+  if [[ -n "${PETS_NODE_IP:-}" ]]; then echo "$PETS_NODE_IP"; return; fi
+  ip -4 route get 192.0.2.255 2>/dev/null | awk '{ for (i = 1; i < NF; i++) if ($i == "src") { print $(i + 1); exit } }'
+}
+
+# The n-th address of a CIDR (1 = the `kubernetes` Service, 10 = cluster DNS).
+nth_ip() { python3 -c 'import ipaddress, sys; print(ipaddress.ip_network(sys.argv[1])[int(sys.argv[2])])' "$1" "$2"; }
+
+ctr_() { ctr --address "$CONTAINERD_SOCK" --namespace k8s.io "$@"; }
+kubectl_() { KUBECONFIG="$KUBECONFIG_ADMIN" kubectl "$@"; }
+
+# ------------------------------------------------------------------ host preparation
+set_sysctls() {
+  local kv key saved="$PETS_STATE/sysctl.saved"
+  [[ -f "$saved" ]] || for kv in "${SYSCTLS[@]}"; do
+    key="${kv%%=*}"
+    echo "$key=$(sysctl -n "$key")" >>"$saved"
+  done
+  for kv in "${SYSCTLS[@]}"; do sysctl -q -w "$kv"; done
+}
+
+restore_sysctls() {
+  local saved="$PETS_STATE/sysctl.saved" kv
+  [[ -f "$saved" ]] || return 0
+  while read -r kv; do sysctl -q -w "$kv" || true; done <"$saved"
+  rm -f "$saved"
+}
+
+# Docker (if running) sets the FORWARD policy to DROP; pod traffic is accepted explicitly.
+add_forward_rules() {
+  local dir
+  for dir in -s -d; do
+    iptables -C FORWARD "$dir" "$POD_CIDR" -m comment --comment "$RULE_COMMENT" -j ACCEPT 2>/dev/null ||
+      iptables -I FORWARD 1 "$dir" "$POD_CIDR" -m comment --comment "$RULE_COMMENT" -j ACCEPT
+  done
+}
+
+# Swap: kubelet is told not to fail on it (failSwapOn: false, swapBehavior NoSwap), so
+# nothing on the host is changed.
+
+# ------------------------------------------------------------------ components
+node_pki() {
+  [[ -f "$PKI/kubelet.crt" && -f "$PKI/kube-proxy.crt" && -f "$PKI/kube-scheduler.crt" ]] && return 0
+  (
+    cd "$PKI"
+    umask 077
+    make_cert kubelet "/O=system:nodes/CN=system:node:$NODE_NAME" "clientAuth"
+    make_cert kube-proxy "/CN=system:kube-proxy" "clientAuth"
+    make_cert kube-scheduler "/CN=system:kube-scheduler" "clientAuth"
+  )
+}
+
+# "true" when this process lacks CAP_SYS_RESOURCE (bit 24 of CapEff).
+restrict_oom() {
+  local capeff
+  capeff="$(awk '/^CapEff:/ { print $2 }' /proc/self/status)"
+  if (( (16#$capeff >> 24) & 1 )); then echo false; else echo true; fi
+}
+
+start_containerd() {
+  pid_alive containerd && return 0
+  mkdir -p "$CONTAINERD_DIR" "$CONTAINERD_ROOT" "$CNI_DIR/net.d"
+  cat >"$CONTAINERD_DIR/config.toml" <<EOF
+version = 2
+root = "$CONTAINERD_ROOT"
+state = "$CONTAINERD_DIR/state"
+[grpc]
+  address = "$CONTAINERD_SOCK"
+[ttrpc]
+  address = "$CONTAINERD_DIR/containerd.sock.ttrpc"
+[plugins."io.containerd.internal.v1.opt"]
+  path = "$CONTAINERD_DIR/opt"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "$PAUSE_IMAGE"
+  # Without CAP_SYS_RESOURCE (true in some VMs and containers) runc cannot lower oom_score_adj
+  # (-998 for sandboxes); keep pods' scores at or above containerd's own instead.
+  restrict_oom_score_adj = $(restrict_oom)
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "$CNI_BIN_DIR"
+    conf_dir = "$CNI_DIR/net.d"
+EOF
+  cat >"$CNI_DIR/net.d/10-pets.conflist" <<EOF
+{
+  "cniVersion": "1.0.0",
+  "name": "pets",
+  "plugins": [
+    {
+      "type": "bridge",
+      "bridge": "$BRIDGE",
+      "isGateway": true,
+      "ipMasq": true,
+      "hairpinMode": true,
+      "ipam": {
+        "type": "host-local",
+        "ranges": [[{"subnet": "$POD_CIDR"}]],
+        "routes": [{"dst": "0.0.0.0/0"}],
+        "dataDir": "$CNI_DIR/ipam"
+      }
+    }
+  ]
+}
+EOF
+  start_daemon containerd "$LOGS/containerd.log" containerd --config "$CONTAINERD_DIR/config.toml"
+  wait_for containerd 60 ctr_ version || { tail -20 "$LOGS/containerd.log" >&2; die "containerd did not start"; }
+}
+
+import_image() {
+  # import_image ARCHIVE: load an OCI/docker archive into the node's image store (k8s.io namespace).
+  ctr_ images import "$1" >/dev/null
+}
+
+host_resolv_conf() {
+  if grep -q '^nameserver 127\.' /etc/resolv.conf 2>/dev/null && [[ -f /run/systemd/resolve/resolv.conf ]]; then
+    echo /run/systemd/resolve/resolv.conf
+  else
+    echo /etc/resolv.conf
+  fi
+}
+
+start_kubelet() {
+  pid_alive kubelet && return 0
+  local dns_ip
+  dns_ip="$(nth_ip "$SERVICE_CIDR" 10)"
+  mkdir -p "$KUBELET_DIR"
+  write_kubeconfig "$PETS_STATE/kubelet.kubeconfig" kubelet
+  cat >"$KUBELET_DIR/config.yaml" <<EOF
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: true}
+  x509: {clientCAFile: "$PKI/ca.crt"}
+authorization: {mode: Webhook}
+cgroupDriver: cgroupfs
+containerRuntimeEndpoint: "unix://$CONTAINERD_SOCK"
+clusterDomain: cluster.local
+clusterDNS: ["$dns_ip"]
+# Upstream DNS for CoreDNS and hostNetwork pods; systemd-resolved's stub (127.0.0.53) would loop.
+resolvConf: "$(host_resolv_conf)"
+failSwapOn: false
+memorySwap: {swapBehavior: NoSwap}
+# The disk is shared with builds and images: do not evict or garbage-collect images by disk use.
+evictionHard: {memory.available: "200Mi", nodefs.available: "1%", imagefs.available: "1%"}
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+# Only one node: start pods without waiting on images pulled one after the other.
+serializeImagePulls: false
+registerNode: true
+maxPods: 110
+# Container logs under the state dir (kubelet still links them from /var/log/containers).
+podLogsDir: "$PETS_STATE/pod-logs"
+EOF
+  local exe
+  exe="$(bin kubelet)"
+  start_daemon kubelet "$LOGS/kubelet.log" "$exe" \
+    --config "$KUBELET_DIR/config.yaml" --kubeconfig "$PETS_STATE/kubelet.kubeconfig" \
+    --root-dir "$KUBELET_DIR/root" --cert-dir "$KUBELET_DIR/pki" \
+    --hostname-override "$NODE_NAME" --node-ip "$(node_ip)" \
+    --pod-infra-container-image "$PAUSE_IMAGE" --v 1
+}
+
+start_scheduler() {
+  pid_alive kube-scheduler && return 0
+  write_kubeconfig "$PETS_STATE/kube-scheduler.kubeconfig" kube-scheduler
+  local exe
+  exe="$(bin kube-scheduler)"
+  start_daemon kube-scheduler "$LOGS/kube-scheduler.log" "$exe" \
+    --kubeconfig "$PETS_STATE/kube-scheduler.kubeconfig" --secure-port 0 --leader-elect=false
+}
+
+start_kube_proxy() {
+  pid_alive kube-proxy && return 0
+  write_kubeconfig "$PETS_STATE/kube-proxy.kubeconfig" kube-proxy
+  cat >"$PETS_STATE/kube-proxy.yaml" <<EOF
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+clientConnection: {kubeconfig: "$PETS_STATE/kube-proxy.kubeconfig"}
+mode: iptables
+clusterCIDR: "$POD_CIDR"
+hostnameOverride: "$NODE_NAME"
+# Leave the host's conntrack table sizes alone.
+conntrack: {maxPerCore: 0}
+metricsBindAddress: "127.0.0.1:10249"
+healthzBindAddress: "127.0.0.1:10256"
+EOF
+  local exe
+  exe="$(bin kube-proxy)"
+  start_daemon kube-proxy "$LOGS/kube-proxy.log" "$exe" --config "$PETS_STATE/kube-proxy.yaml"
+}
+
+apply_coredns() {
+  local dns_ip
+  dns_ip="$(nth_ip "$SERVICE_CIDR" 10)"
+  kubectl_ apply -f - >/dev/null <<EOF
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: coredns, namespace: kube-system}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: "pets-training:coredns"}
+rules:
+- apiGroups: [""]
+  resources: [endpoints, services, pods, namespaces]
+  verbs: [list, watch]
+- apiGroups: [discovery.k8s.io]
+  resources: [endpointslices]
+  verbs: [list, watch]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: "pets-training:coredns"}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "pets-training:coredns"}
+subjects:
+- {kind: ServiceAccount, name: coredns, namespace: kube-system}
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: coredns, namespace: kube-system}
+data:
+  Corefile: |
+    .:53 {
+        errors
+        health :8080
+        ready :8181
+        kubernetes cluster.local in-addr.arpa ip6.arpa {
+            pods insecure
+            fallthrough in-addr.arpa ip6.arpa
+            # Short TTL (also the negative TTL): a rank's name that did not exist yet when a
+            # peer first asked must resolve within seconds once the pod is there.
+            ttl 5
+        }
+        forward . /etc/resolv.conf
+        cache 30
+        loop
+        loadbalance
+    }
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: coredns, namespace: kube-system, labels: {k8s-app: kube-dns}}
+spec:
+  replicas: 1
+  selector: {matchLabels: {k8s-app: kube-dns}}
+  template:
+    metadata: {labels: {k8s-app: kube-dns}}
+    spec:
+      serviceAccountName: coredns
+      priorityClassName: system-cluster-critical
+      dnsPolicy: Default
+      containers:
+      - name: coredns
+        image: "$COREDNS_IMAGE"
+        imagePullPolicy: Never
+        args: [-conf, /etc/coredns/Corefile]
+        ports:
+        - {name: dns, containerPort: 53, protocol: UDP}
+        - {name: dns-tcp, containerPort: 53, protocol: TCP}
+        readinessProbe: {httpGet: {path: /ready, port: 8181}, periodSeconds: 2}
+        livenessProbe: {httpGet: {path: /health, port: 8080}, initialDelaySeconds: 10}
+        resources: {requests: {cpu: 50m, memory: 64Mi}, limits: {memory: 170Mi}}
+        securityContext:
+          allowPrivilegeEscalation: false
+          readOnlyRootFilesystem: true
+          capabilities: {drop: [ALL], add: [NET_BIND_SERVICE]}
+        volumeMounts: [{name: config, mountPath: /etc/coredns, readOnly: true}]
+      volumes:
+      - {name: config, configMap: {name: coredns}}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: kube-dns, namespace: kube-system, labels: {k8s-app: kube-dns}}
+spec:
+  clusterIP: "$dns_ip"
+  selector: {k8s-app: kube-dns}
+  ports:
+  - {name: dns, port: 53, protocol: UDP}
+  - {name: dns-tcp, port: 53, protocol: TCP}
+EOF
+}
+
+node_ready() {
+  [[ "$(kubectl_ get node "$NODE_NAME" \
+    -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')" == True ]]
+}
+
+up_local() {
+  local t0=$SECONDS t ip
+  [[ $EUID -eq 0 ]] || die "the local node needs root (containerd, kubelet, iptables)"
+  ip="$(node_ip)"
+  [[ -n "$ip" ]] || die "cannot tell the node's IP (no default route): set PETS_NODE_IP"
+  t=$SECONDS; "$HERE/build.sh" control-plane node; log "phase build: $((SECONDS - t)) s"
+  mkdir -p "$PETS_STATE" "$LOGS"
+  t=$SECONDS
+  # Pods reach the API server through the `kubernetes` Service, which points at the node's IP.
+  PETS_APISERVER_BIND=0.0.0.0 PETS_ADVERTISE_IP="$ip" PETS_POD_CIDR="$POD_CIDR" \
+    PETS_SERVICE_CIDR="$SERVICE_CIDR" "$HERE/control-plane.sh" up
+  log "phase control plane: $((SECONDS - t)) s"
+  t=$SECONDS
+  node_pki
+  set_sysctls
+  # containerd bind-mounts /run/netns on itself for pod network namespaces; note whether it was
+  # already a mount point, so that `down` removes only a mount that `up` caused.
+  [[ -f "$PETS_STATE/netns-was-mounted" ]] || { findmnt -rn /run/netns >/dev/null && echo yes || echo no; } \
+    >"$PETS_STATE/netns-was-mounted"
+  add_forward_rules
+  start_containerd
+  import_image "$PETS_CACHE/images/pause.tar"
+  import_image "$PETS_CACHE/images/coredns.tar"
+  start_scheduler
+  start_kubelet
+  start_kube_proxy
+  wait_for "node $NODE_NAME Ready (log: $LOGS/kubelet.log)" 180 node_ready ||
+    { tail -20 "$LOGS/kubelet.log" >&2; die "node $NODE_NAME did not become Ready"; }
+  log "phase node: $((SECONDS - t)) s"
+  t=$SECONDS
+  apply_coredns
+  kubectl_ -n kube-system rollout status deployment/coredns --timeout=180s >&2 ||
+    { kubectl_ -n kube-system describe pods -l k8s-app=kube-dns >&2; die "CoreDNS did not become ready"; }
+  log "phase CoreDNS: $((SECONDS - t)) s"
+  log "cluster up in $((SECONDS - t0)) s: node $NODE_NAME ($ip), KUBECONFIG=$KUBECONFIG_ADMIN"
+}
+
+# ------------------------------------------------------------------ teardown
+# Rules that jump to chains kubelet, kube-proxy or CNI made, then those chains, in every table.
+sweep_iptables() {
+  local cmd table rule chain
+  for cmd in iptables ip6tables; do
+    command -v "$cmd" >/dev/null || continue
+    for table in filter nat mangle; do
+      while read -r rule; do
+        # shellcheck disable=SC2086  # the rule is a list of iptables words
+        eval "$cmd -t $table ${rule/#-A/-D}" 2>/dev/null || true
+      done < <("$cmd-save" -t "$table" 2>/dev/null |
+        grep -E "^-A [A-Z]+ .*(-j (KUBE-|CNI-)|--comment \"?$RULE_COMMENT)" || true)
+      while read -r chain; do "$cmd" -t "$table" -F "$chain" 2>/dev/null || true; done < <(
+        "$cmd-save" -t "$table" 2>/dev/null | awk '/^:(KUBE-|CNI-)/ { print substr($1, 2) }')
+      while read -r chain; do "$cmd" -t "$table" -X "$chain" 2>/dev/null || true; done < <(
+        "$cmd-save" -t "$table" 2>/dev/null | awk '/^:(KUBE-|CNI-)/ { print substr($1, 2) }')
+    done
+  done
+}
+
+our_mounts() {
+  findmnt -rn -o TARGET | awk -v a="$PETS_STATE/" -v b="$CONTAINERD_ROOT/" \
+    'index($0, a) == 1 || index($0, b) == 1' | sort -r
+}
+
+leftovers() {
+  local found=0 p
+  for p in "${NODE_COMPONENTS[@]}" kube-controller-manager kube-apiserver etcd; do
+    pid_alive "$p" && { echo "process: $p"; found=1; }
+  done
+  if pgrep -f "containerd-shim.*$CONTAINERD_SOCK" >/dev/null; then echo "process: containerd-shim"; found=1; fi
+  if [[ -n "$(our_mounts)" ]]; then our_mounts | sed 's/^/mount: /'; found=1; fi
+  if ip link show "$BRIDGE" >/dev/null 2>&1; then echo "network device: $BRIDGE"; found=1; fi
+  # A pod's veth left behind would sit on no bridge (docker's veths are on docker0/br-*).
+  if ip -o link show type veth | grep -qv ' master '; then echo "network device: a veth on no bridge"; found=1; fi
+  if iptables-save 2>/dev/null | grep -qE "KUBE-|CNI-|$RULE_COMMENT"; then
+    echo "iptables: rules or chains of KUBE-/CNI-/$RULE_COMMENT"; found=1
+  fi
+  return "$found"
+}
+
+down_local() {
+  local t0=$SECONDS m shim
+  if [[ -S "$CONTAINERD_SOCK" ]] && pid_alive containerd; then
+    stop_daemon kubelet
+    # Stop and remove every pod sandbox through the CRI: containers stop, CNI DEL frees each pod's
+    # address, veth and iptables rules, and its network namespace goes away.
+    "$PETS_BIN/pets-cri" -endpoint "unix://$CONTAINERD_SOCK" remove-all >&2 ||
+      log "some pod sandboxes could not be removed; sweeping below"
+  fi
+  stop_daemon kube-proxy
+  if [[ -x "$PETS_BIN/kube-proxy" ]]; then "$PETS_BIN/kube-proxy" --cleanup >/dev/null 2>&1 || true; fi
+  stop_daemon kubelet
+  stop_daemon kube-scheduler
+  stop_daemon containerd
+  # Shims of tasks the CRI could not stop (their command line names our containerd socket).
+  for shim in $(pgrep -f "containerd-shim.*$CONTAINERD_SOCK" || true); do kill -KILL "$shim" 2>/dev/null || true; done
+  "$HERE/control-plane.sh" down
+  while read -r m; do
+    [[ -n "$m" ]] && { umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true; }
+  done < <(our_mounts)
+  # Network namespaces containerd made for pods ("cni-<uuid>") that are still there.
+  for m in $(ip netns list 2>/dev/null | awk '/^cni-/ { print $1 }'); do ip netns delete "$m" 2>/dev/null || true; done
+  if [[ "$(cat "$PETS_STATE/netns-was-mounted" 2>/dev/null)" == no ]] && findmnt -rn /run/netns >/dev/null &&
+     [[ -z "$(ls -A /run/netns)" ]]; then
+    umount /run/netns || true
+  fi
+  rm -f "$PETS_STATE/netns-was-mounted"
+  ip link delete "$BRIDGE" 2>/dev/null || true
+  sweep_iptables
+  restore_sysctls
+  # The pod cgroups kubelet made (cgroupfs driver: /sys/fs/cgroup/<controller>/kubepods...).
+  find /sys/fs/cgroup -mindepth 2 -depth -type d -path '*/kubepods*' -exec rmdir {} + 2>/dev/null || true
+  # kubelet's links to container logs (the path is fixed) that point into our pod-logs dir.
+  find /var/log/containers -maxdepth 1 -type l -lname "$PETS_STATE/pod-logs/*" -delete 2>/dev/null || true
+  rm -rf "$KUBELET_DIR" "$CONTAINERD_DIR" "$CNI_DIR" "$PETS_STATE/pod-logs"
+  if leftovers >&2; then
+    log "down in $((SECONDS - t0)) s: nothing left behind (logs kept in $LOGS)"
+  else
+    die "down in $((SECONDS - t0)) s but the above was left behind"
+  fi
+}
+
+status_local() {
+  local c rc=0
+  for c in "${NODE_COMPONENTS[@]}"; do
+    if pid_alive "$c"; then echo "$c: running (pid $(cat "$PETS_STATE/pids/$c.pid"))"; else echo "$c: stopped"; rc=1; fi
+  done
+  "$HERE/control-plane.sh" status || rc=1
+  kubectl_ get nodes -o wide 2>/dev/null || true
+  return "$rc"
+}
+
+# ------------------------------------------------------------------ kind (not exercised here)
+kind_bin() { "$HERE/build.sh" kind >&2; echo "$PETS_BIN/kind"; }
+
+up_kind() {
+  command -v docker >/dev/null || die "CLUSTER=kind needs Docker (docker not found)"
+  local kind
+  kind="$(kind_bin)"
+  mkdir -p "$PETS_STATE"
+  if "$kind" get clusters | grep -qx "$KIND_NAME"; then
+    log "kind cluster $KIND_NAME already exists"
+  else
+    "$kind" create cluster --name "$KIND_NAME" --wait 5m ${PETS_KIND_IMAGE:+--image "$PETS_KIND_IMAGE"}
+  fi
+  "$kind" get kubeconfig --name "$KIND_NAME" >"$PETS_STATE/kind-kubeconfig"
+  "$HERE/build.sh" control-plane >&2   # helm
+  log "kind cluster $KIND_NAME up: KUBECONFIG=$PETS_STATE/kind-kubeconfig"
+}
+
+down_kind() {
+  local kind
+  kind="$(kind_bin)"
+  "$kind" delete cluster --name "$KIND_NAME"
+  rm -f "$PETS_STATE/kind-kubeconfig"
+}
+
+action="${1:-}"
+flavour="${2:-local}"
+case "$action:$flavour" in
+  up:local) up_local ;;
+  down:local) down_local ;;
+  status:local) status_local ;;
+  up:kind) up_kind ;;
+  down:kind) down_kind ;;
+  status:kind) "$(kind_bin)" get nodes --name "$KIND_NAME" ;;
+  *) die "usage: $0 up|down|status [local|kind] (got '${action}' '${flavour}')" ;;
+esac
