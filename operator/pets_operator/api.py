@@ -1,0 +1,458 @@
+"""The PetsTraining API: names, defaults and the OpenAPI schema, in one place.
+
+This module is the single source of truth for the CRD: `pets_operator.crd` turns `SPEC_SCHEMA` and
+`STATUS_SCHEMA` into the CustomResourceDefinition that the chart ships (a unit test checks the
+committed file matches), and `resolve_spec` applies the very same defaults and validation locally
+(for `pets-operator render`, which runs without an API server).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from typing import Any
+
+GROUP = "training.pets.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "PetsTraining"
+PLURAL = "petstrainings"
+SINGULAR = "petstraining"
+SHORT_NAMES = ["pt"]
+CRD_NAME = f"{PLURAL}.{GROUP}"
+
+DEFAULT_IMAGE = "pets-training/trainer:0.1.0"
+DEFAULT_CLUSTER_DOMAIN = "cluster.local"
+METRICS_PORT = 9090  # the trainer's progress endpoint on rank 0 (docs/contract.md)
+OUTPUT_DIR = "/output"
+DATA_DIR = "/data"
+MAX_NAME_LENGTH = 52  # leaves room for "-<index>" pod hostnames and "-<hash>" pod names within 63
+
+# Phases of status.phase.
+PENDING = "Pending"
+RUNNING = "Running"
+RESTARTING = "Restarting"
+SUCCEEDED = "Succeeded"
+FAILED = "Failed"
+SUSPENDED = "Suspended"
+PHASES = [PENDING, RUNNING, RESTARTING, SUCCEEDED, FAILED, SUSPENDED]
+ACTIVE_PHASES = [RUNNING, RESTARTING]
+FINISHED_PHASES = [SUCCEEDED, FAILED]
+
+# Labels on every child.
+LABEL_NAME = "app.kubernetes.io/name"
+LABEL_INSTANCE = "app.kubernetes.io/instance"
+LABEL_COMPONENT = "app.kubernetes.io/component"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+LABEL_PART_OF = "app.kubernetes.io/part-of"
+LABEL_TRAINING = f"{GROUP}/training"
+MANAGED_BY = "pets-operator"
+ANNOTATION_ATTEMPT = f"{GROUP}/attempt"
+
+
+class SpecError(ValueError):
+    """A PetsTraining spec the operator cannot act on. The message names the field and the value."""
+
+
+# ----------------------------------------------------------------------------- schema helpers
+
+
+def _int(description: str, *, default: int | None = None, minimum: int | None = None,
+         maximum: int | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"type": "integer", "description": description}
+    if default is not None:
+        out["default"] = default
+    if minimum is not None:
+        out["minimum"] = minimum
+    if maximum is not None:
+        out["maximum"] = maximum
+    return out
+
+
+def _str(description: str, *, default: str | None = None, pattern: str | None = None,
+         max_length: int | None = None, min_length: int | None = None,
+         enum: list[str] | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"type": "string", "description": description}
+    if default is not None:
+        out["default"] = default
+    if enum is not None:
+        out["enum"] = enum
+    if pattern is not None:
+        out["pattern"] = pattern
+    if min_length is not None:
+        out["minLength"] = min_length
+    if max_length is not None:
+        out["maxLength"] = max_length
+    return out
+
+
+def _bool(description: str, default: bool) -> dict[str, Any]:
+    return {"type": "boolean", "description": description, "default": default}
+
+
+def _obj(description: str, properties: dict[str, Any], *, required: list[str] | None = None,
+         default: dict[str, Any] | None = None, rules: list[dict[str, str]] | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"type": "object", "description": description, "properties": properties}
+    if required:
+        out["required"] = required
+    if default is not None:
+        out["default"] = default
+    if rules:
+        out["x-kubernetes-validations"] = rules
+    return out
+
+
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+ABS_PATH = r"^/.*$"
+QUANTITY = r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
+ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+IMAGE = r"^[^\s]+$"
+RESERVED_ENV = [
+    "JOB_COMPLETION_INDEX", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+]
+
+
+def _quantity(description: str, default: str | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "description": description,
+        "x-kubernetes-int-or-string": True,
+        "anyOf": [{"type": "integer"}, {"type": "string"}],
+        "pattern": QUANTITY,  # applies to the string form; the API server also parses it as a quantity
+    }
+    if default is not None:
+        out["default"] = default
+    return out
+
+
+def _claim(description: str) -> dict[str, Any]:
+    return _obj(
+        description,
+        {
+            "claimName": _str("Name of the PersistentVolumeClaim in the training's namespace.",
+                              pattern=DNS_SUBDOMAIN, min_length=1, max_length=253),
+            "path": _str("Directory inside the volume (absolute, as mounted at its root).",
+                         default="/", pattern=ABS_PATH, max_length=1024),
+            "readOnly": _bool("Mount the claim read-only.", False),
+        },
+        required=["claimName"],
+    )
+
+
+# ----------------------------------------------------------------------------- the spec
+
+SPEC_SCHEMA: dict[str, Any] = _obj(
+    "What to train and where. Fields marked immutable while running cannot change while the "
+    "training is Running or Restarting (suspend it first, or delete and recreate it).",
+    {
+        "replicas": _int("Number of machines (pods) in the gang. Immutable while running.",
+                         default=1, minimum=1, maximum=128),
+        "processesPerReplica": _int(
+            "Accelerate processes per pod (one per GPU on GPU nodes). Immutable while running.",
+            default=1, minimum=1, maximum=16),
+        "epochs": _int("Training epochs. Immutable while running.", default=5, minimum=1, maximum=1000),
+        "batchSize": _int("Batch size per process. Immutable while running.",
+                          default=64, minimum=1, maximum=4096),
+        "learningRate": {
+            "type": "number", "description": "Peak learning rate of OneCycleLR. Immutable while running.",
+            "default": 0.03, "exclusiveMinimum": True, "minimum": 0, "maximum": 10,
+        },
+        "mixedPrecision": _str(
+            "Mixed precision: no, fp16 or bf16 (fp16 becomes bf16 on CPU). Immutable while running.",
+            default="fp16", enum=["no", "fp16", "bf16"]),
+        "seed": _int("Random seed (split, init, augmentation). Immutable while running.",
+                     default=42, minimum=0, maximum=2**31 - 1),
+        "model": _str("timm model name. Immutable while running.", default="resnet50d",
+                      pattern=r"^[a-z0-9][a-z0-9_.]*$", max_length=100),
+        "pretrained": _bool(
+            "Download ImageNet weights from the Hugging Face hub (needs internet). Mutually exclusive "
+            "with weights. Immutable while running.", False),
+        "weights": _str(
+            "Absolute path, inside the pod, of a local weights file (safetensors) for air-gapped "
+            "clusters; mount it with the dataset or output volume. Immutable while running.",
+            pattern=ABS_PATH, max_length=1024),
+        "freezeBackbone": _bool(
+            "Train only the classifier head (the tutorial's recipe); false fine-tunes every layer. "
+            "Immutable while running.", True),
+        "imageSize": _int("Input image size in pixels. Immutable while running.",
+                          default=224, minimum=32, maximum=1024),
+        "dataset": _obj(
+            "Exactly one source of images: synthetic, persistentVolumeClaim or hostPath. Immutable "
+            "while running.",
+            {
+                "synthetic": _obj(
+                    "The built-in deterministic synthetic pets set, generated in the pod (offline).",
+                    {
+                        "imagesPerClass": _int("Images generated per class.", default=20,
+                                               minimum=2, maximum=10000),
+                        "numClasses": _int("Number of classes.", default=37, minimum=2, maximum=1000),
+                    }),
+                "persistentVolumeClaim": _claim(
+                    "A PersistentVolumeClaim holding <label>_<n>.jpg images (mounted read-only at /data)."),
+                "hostPath": _obj(
+                    "A directory of <label>_<n>.jpg images on every node (single-node or test clusters).",
+                    {"path": _str("Absolute directory on the node.", pattern=ABS_PATH, min_length=1,
+                                  max_length=1024)},
+                    required=["path"]),
+            },
+            default={"synthetic": {}},
+            rules=[{
+                "rule": "[has(self.synthetic), has(self.persistentVolumeClaim), has(self.hostPath)]"
+                        ".filter(x, x).size() == 1",
+                "message": "spec.dataset must set exactly one of synthetic, persistentVolumeClaim, hostPath",
+            }]),
+        "output": _obj(
+            "Where the trainer writes progress, checkpoints and the final model (mounted at /output). "
+            "With emptyDir a gang restart starts from scratch; use a claim to resume from the newest "
+            "checkpoint. Immutable while running.",
+            {
+                "persistentVolumeClaim": _claim("A PersistentVolumeClaim (ReadWriteMany for replicas > 1)."),
+                "emptyDir": _obj("A scratch volume that lives as long as the pod.",
+                                 {"sizeLimit": _quantity("Size limit of the emptyDir.")}),
+            },
+            default={"emptyDir": {}},
+            rules=[{
+                "rule": "[has(self.persistentVolumeClaim), has(self.emptyDir)].filter(x, x).size() == 1",
+                "message": "spec.output must set exactly one of persistentVolumeClaim, emptyDir",
+            }]),
+        "image": _str("Trainer image; the operator's --default-image when unset. Immutable while running.",
+                      pattern=IMAGE, min_length=1, max_length=512),
+        "imagePullPolicy": _str("Pull policy of the trainer image.", default="IfNotPresent",
+                                enum=["Always", "IfNotPresent", "Never"]),
+        "imagePullSecrets": {
+            "type": "array", "description": "Secrets to pull the trainer image with.", "maxItems": 16,
+            "items": _obj("A Secret in the training's namespace.",
+                          {"name": _str("Secret name.", pattern=DNS_SUBDOMAIN, min_length=1,
+                                        max_length=253)},
+                          required=["name"]),
+        },
+        "resources": _obj(
+            "Per-pod resources. Requests equal limits (Guaranteed QoS); the CPU limit also sizes the "
+            "trainer's threads.",
+            {
+                "cpu": _quantity("CPU of each pod (request = limit).", default="2"),
+                "memory": _quantity("Memory of each pod (request = limit).", default="4Gi"),
+                "gpu": _int("GPUs of each pod; 0 trains on CPU.", default=0, minimum=0, maximum=16),
+                "gpuResourceName": _str("Extended resource name of the GPUs.", default="nvidia.com/gpu",
+                                        pattern=r"^([a-z0-9.-]+/)?[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$",
+                                        max_length=253),
+            },
+            default={}),
+        "nodeSelector": {
+            "type": "object", "description": "Node labels the pods must match.",
+            "additionalProperties": {"type": "string", "maxLength": 63},
+        },
+        "tolerations": {
+            "type": "array", "description": "Tolerations of the pods (core/v1 Toleration).", "maxItems": 32,
+            "items": _obj("A toleration.", {
+                "key": _str("Taint key; empty with operator Exists matches every taint.", max_length=316),
+                "operator": _str("Exists or Equal.", enum=["Exists", "Equal"]),
+                "value": _str("Taint value (with Equal).", max_length=63),
+                "effect": _str("NoSchedule, PreferNoSchedule or NoExecute; empty matches all.",
+                               enum=["", "NoSchedule", "PreferNoSchedule", "NoExecute"]),
+                "tolerationSeconds": {"type": "integer", "format": "int64",
+                                      "description": "How long a NoExecute taint is tolerated."},
+            }),
+        },
+        "affinity": {
+            "type": "object", "description": "Affinity of the pods (core/v1 Affinity, checked by the Job).",
+            "x-kubernetes-preserve-unknown-fields": True,
+        },
+        "priorityClassName": _str("PriorityClass of the pods.", pattern=DNS_SUBDOMAIN, max_length=253),
+        "serviceAccountName": _str("ServiceAccount of the pods (the namespace's default when unset).",
+                                   pattern=DNS_SUBDOMAIN, max_length=253),
+        "env": {
+            "type": "array",
+            "description": "Extra environment variables of the trainer container. Names starting "
+                           "with PETS_ and the rank variables belong to the pod contract.",
+            "maxItems": 64,
+            "items": _obj("An environment variable.", {
+                "name": _str("Variable name.", pattern=ENV_NAME, min_length=1, max_length=128),
+                "value": _str("Value.", max_length=32768),
+            }, required=["name"], rules=[{
+                "rule": "!self.name.startsWith('PETS_') && !(self.name in "
+                        + "[" + ", ".join(f"'{n}'" for n in RESERVED_ENV) + "])",
+                "message": "spec.env[].name must not start with PETS_ or be one of "
+                           + ", ".join(RESERVED_ENV) + " (they belong to the pod contract)",
+            }]),
+        },
+        "backend": _str("job: an Indexed Job and a headless Service; pytorchjob: a Kubeflow "
+                        "PyTorchJob; auto: pytorchjob when its CRD is installed, else job. "
+                        "Immutable while running.", default="auto", enum=["auto", "job", "pytorchjob"]),
+        "masterPort": _int("Rendezvous port of the main process. Immutable while running.",
+                           default=29500, minimum=1024, maximum=65535),
+        "maxRestarts": _int("Gang restarts after a failure before the training is Failed.",
+                            default=3, minimum=0, maximum=100),
+        "activeDeadlineSeconds": _int("Seconds an attempt may run before it is failed.",
+                                      minimum=1, maximum=2592000),
+        "ttlSecondsAfterFinished": _int(
+            "Delete the PetsTraining (and so every child) this many seconds after it finished.",
+            minimum=0, maximum=31536000),
+        "suspend": _bool("Suspend the training: the Job is suspended and its pods removed; false "
+                         "resumes it (Kueue can drive this).", False),
+    },
+    default={},
+    rules=[
+        {"rule": "!(has(self.pretrained) && self.pretrained && has(self.weights))",
+         "message": "spec.weights and spec.pretrained=true are mutually exclusive: "
+                    "pick one source of weights"},
+        {"rule": "!has(self.masterPort) || self.masterPort != 9090",
+         "message": "spec.masterPort must not be 9090, the trainer's metrics port"},
+        {"rule": "!has(self.resources) || !has(self.resources.gpu) || self.resources.gpu == 0 || "
+                 "!has(self.processesPerReplica) || self.processesPerReplica <= self.resources.gpu",
+         "message": "spec.processesPerReplica must not exceed spec.resources.gpu on GPU pods"},
+        {"rule": "!has(self.output) || !has(self.output.persistentVolumeClaim) || "
+                 "!has(self.output.persistentVolumeClaim.readOnly) || "
+                 "!self.output.persistentVolumeClaim.readOnly",
+         "message": "spec.output.persistentVolumeClaim.readOnly must be false: the trainer writes there"},
+    ],
+)
+
+# Fields of spec that cannot change while the training is Running or Restarting.
+IMMUTABLE_WHILE_RUNNING = [
+    "replicas", "processesPerReplica", "epochs", "batchSize", "learningRate", "mixedPrecision", "seed",
+    "model", "pretrained", "weights", "freezeBackbone", "imageSize", "dataset", "output", "image",
+    "backend", "masterPort",
+]
+
+
+def _immutable_rules() -> list[dict[str, str]]:
+    running = ("has(oldSelf.status) && has(oldSelf.status.phase) && "
+               "oldSelf.status.phase in ['Running', 'Restarting']")
+    rules = []
+    for field in IMMUTABLE_WHILE_RUNNING:
+        same = (f"has(self.spec.{field}) == has(oldSelf.spec.{field}) && "
+                f"(!has(self.spec.{field}) || self.spec.{field} == oldSelf.spec.{field})")
+        rules.append({
+            "rule": f"!({running}) || ({same})",
+            "message": f"spec.{field} is immutable while the training is running; suspend it or "
+                       f"recreate the PetsTraining",
+            "fieldPath": f".spec.{field}",
+            "reason": "FieldValueForbidden",
+        })
+    return rules
+
+
+_CONDITION = _obj("A standard condition (metav1.Condition).", {
+    "type": _str("Ready, Progressing, Succeeded, Failed or Suspended."),
+    "status": _str("True, False or Unknown.", enum=["True", "False", "Unknown"]),
+    "reason": _str("CamelCase reason."),
+    "message": _str("Human readable message."),
+    "lastTransitionTime": {"type": "string", "format": "date-time", "description": "When status changed."},
+    "observedGeneration": {"type": "integer", "format": "int64", "description": "Generation observed."},
+}, required=["type", "status"])
+
+STATUS_SCHEMA: dict[str, Any] = _obj("Observed state, written by the operator.", {
+    "phase": _str("Pending, Running, Restarting, Succeeded, Failed or Suspended.", enum=PHASES),
+    "message": _str("What is happening, and what to do about it."),
+    "observedGeneration": {"type": "integer", "format": "int64",
+                           "description": "metadata.generation the status reflects."},
+    "conditions": {"type": "array", "items": _CONDITION, "description": "Standard conditions.",
+                   "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    "backend": _str("The backend in use: job or pytorchjob."),
+    "replicas": {"type": "integer", "description": "Pods of the gang."},
+    "activeReplicas": {"type": "integer", "description": "Pods running now."},
+    "readyReplicas": {"type": "integer", "description": "Pods ready now."},
+    "restarts": {"type": "integer", "description": "Gang restarts so far."},
+    "progress": _str("epoch/totalEpochs, for kubectl get."),
+    "epoch": {"type": "integer", "description": "Last finished epoch (rank 0)."},
+    "totalEpochs": {"type": "integer", "description": "Epochs of the run."},
+    "trainLoss": {"type": "number", "description": "Training loss of the last epoch."},
+    "evalAccuracy": {"type": "number", "description": "Eval accuracy of the last epoch (0..1)."},
+    "imagesPerSecond": {"type": "number", "description": "Training throughput of the last epoch."},
+    "elapsedSeconds": {"type": "number", "description": "Seconds trained so far."},
+    "etaSeconds": {"type": "number", "description": "Estimated seconds left."},
+    "lastProgressTime": {"type": "string", "format": "date-time", "description": "When progress was read."},
+    "summary": {"type": "object", "x-kubernetes-preserve-unknown-fields": True,
+                "description": "The trainer's final summary (its termination message)."},
+    "startTime": {"type": "string", "format": "date-time", "description": "When the first attempt started."},
+    "completionTime": {"type": "string", "format": "date-time", "description": "When it finished."},
+    "children": _obj("Objects the operator created.", {
+        "job": _str("Name of the Job."),
+        "service": _str("Name of the headless Service."),
+        "pytorchJob": _str("Name of the PyTorchJob."),
+    }),
+})
+
+
+def object_schema() -> dict[str, Any]:
+    """The openAPIV3Schema of the whole PetsTraining object."""
+    return {
+        "type": "object",
+        "description": "Distributed fine-tuning of the Accelerate Pets recipe (timm resnet50d).",
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object"},
+            "spec": copy.deepcopy(SPEC_SCHEMA),
+            "status": copy.deepcopy(STATUS_SCHEMA),
+        },
+        "required": ["spec"],
+        "x-kubernetes-validations": [
+            {
+                "rule": f"self.metadata.name.size() <= {MAX_NAME_LENGTH} && "
+                        "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
+                "message": f"metadata.name must be a DNS label of at most {MAX_NAME_LENGTH} characters "
+                           "starting with a letter (it names the Job, the Service and the pods)",
+            },
+            *_immutable_rules(),
+        ],
+    }
+
+
+# ----------------------------------------------------------------------------- local defaults/validation
+
+
+def apply_defaults(schema: dict[str, Any], value: Any) -> Any:
+    """Fill in schema defaults the way the API server does (structural defaulting), recursively."""
+    if not isinstance(value, dict) or schema.get("type") != "object":
+        if isinstance(value, list) and "items" in schema:
+            return [apply_defaults(schema["items"], item) for item in value]
+        return value
+    out = dict(value)
+    for key, sub in schema.get("properties", {}).items():
+        if key not in out and "default" in sub:
+            out[key] = copy.deepcopy(sub["default"])
+        if key in out:
+            out[key] = apply_defaults(sub, out[key])
+    return out
+
+
+def _json_schema(schema: Any) -> Any:
+    """The CRD schema as plain JSON Schema (draft 4): Kubernetes extensions dropped."""
+    if isinstance(schema, dict):
+        out = {k: _json_schema(v) for k, v in schema.items() if not k.startswith("x-kubernetes-")}
+        if schema.get("type") == "object" and "properties" in schema and not schema.get(
+            "x-kubernetes-preserve-unknown-fields"
+        ):
+            out["additionalProperties"] = False
+        return out
+    if isinstance(schema, list):
+        return [_json_schema(v) for v in schema]
+    return schema
+
+
+@functools.cache
+def _validator() -> Any:
+    import jsonschema
+
+    return jsonschema.Draft4Validator(_json_schema(SPEC_SCHEMA))
+
+
+def resolve_spec(spec: Any) -> dict[str, Any]:
+    """Defaulted and validated spec, as the API server would store it. Raises SpecError naming the field.
+
+    The schema is checked with jsonschema; the CEL rules that the builders depend on are checked by
+    the builders themselves (`builders.dataset_source`), so render and the API server agree.
+    """
+    if spec is None:
+        spec = {}
+    if not isinstance(spec, dict):
+        raise SpecError(f"spec must be a mapping, got {type(spec).__name__}: {spec!r}")
+    resolved = apply_defaults(SPEC_SCHEMA, spec)
+    errors = sorted(_validator().iter_errors(resolved), key=lambda e: list(e.absolute_path))
+    if errors:
+        err = errors[0]
+        path = "spec" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err.absolute_path)
+        raise SpecError(f"{path}: {err.message}")
+    return resolved

@@ -1,0 +1,320 @@
+"""Pure builders: a resolved PetsTraining spec -> the manifests the operator creates.
+
+Nothing here talks to the API server. Inputs are plain dicts (the spec after `api.resolve_spec`),
+outputs are plain dicts ready for `kopf.adopt` and the Kubernetes API. The pod contract these
+manifests implement is docs/contract.md.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+from pets_operator import api
+
+CONTAINER = "trainer"
+PYTORCH_CONTAINER = "pytorch"  # the container name the training-operator looks for
+TERMINATION_LOG = "/dev/termination-log"
+RUN_AS = 1000
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where and what: the PetsTraining's identity and the operator-wide settings."""
+
+    name: str
+    namespace: str
+    attempt: int = 0
+    default_image: str = api.DEFAULT_IMAGE
+    cluster_domain: str = api.DEFAULT_CLUSTER_DOMAIN
+
+
+def job_name(name: str, attempt: int) -> str:
+    """The Job (or PyTorchJob) of one attempt: `<name>` first, `<name>-r<N>` after the Nth restart."""
+    return name if attempt == 0 else f"{name}-r{attempt}"
+
+
+def service_name(name: str) -> str:
+    return name
+
+
+def labels(name: str, component: str) -> dict[str, str]:
+    return {
+        api.LABEL_NAME: "pets-training",
+        api.LABEL_INSTANCE: name,
+        api.LABEL_COMPONENT: component,
+        api.LABEL_MANAGED_BY: api.MANAGED_BY,
+        api.LABEL_PART_OF: "pets-training",
+        api.LABEL_TRAINING: name,
+    }
+
+
+def selector(name: str) -> dict[str, str]:
+    return {api.LABEL_TRAINING: name, api.LABEL_COMPONENT: "trainer"}
+
+
+def dataset_source(spec: dict[str, Any]) -> str:
+    """Which dataset source the spec sets; the CRD's CEL rule enforces exactly one on the server."""
+    dataset = spec.get("dataset") or {}
+    chosen = [k for k in ("synthetic", "persistentVolumeClaim", "hostPath") if k in dataset]
+    if len(chosen) != 1:
+        raise api.SpecError(
+            "spec.dataset must set exactly one of synthetic, persistentVolumeClaim, hostPath; "
+            f"got {sorted(dataset) or 'none'}"
+        )
+    return chosen[0]
+
+
+def main_address(target: Target, name: str | None = None) -> str:
+    """Stable DNS name of rank 0: `<job>-0.<service>.<namespace>.svc.<domain>`."""
+    job = name or job_name(target.name, target.attempt)
+    return f"{job}-0.{service_name(target.name)}.{target.namespace}.svc.{target.cluster_domain}"
+
+
+def trainer_args(spec: dict[str, Any]) -> list[str]:
+    """Trainer flags (`pets-train --help`) for a resolved spec."""
+    args = [
+        "--epochs", str(spec["epochs"]),
+        "--batch-size", str(spec["batchSize"]),
+        "--lr", repr(float(spec["learningRate"])),
+        "--mixed-precision", spec["mixedPrecision"],
+        "--seed", str(spec["seed"]),
+        "--model", spec["model"],
+        "--image-size", str(spec["imageSize"]),
+        "--output-dir", api.OUTPUT_DIR,
+    ]
+    if spec["pretrained"]:
+        args.append("--pretrained")
+    if spec.get("weights"):
+        args += ["--weights", spec["weights"]]
+    if not spec["freezeBackbone"]:
+        args.append("--unfreeze")
+    source = dataset_source(spec)
+    if source == "synthetic":
+        synthetic = spec["dataset"]["synthetic"]
+        args += [
+            "--data", "synthetic",
+            "--synthetic-images-per-class", str(synthetic["imagesPerClass"]),
+            "--synthetic-classes", str(synthetic["numClasses"]),
+        ]
+    else:
+        args += ["--data", _data_dir(spec, source)]
+    args += ["--summary-path", TERMINATION_LOG, "--metrics-port", str(api.METRICS_PORT)]
+    return args
+
+
+def _data_dir(spec: dict[str, Any], source: str) -> str:
+    if source == "hostPath":
+        return api.DATA_DIR
+    sub = spec["dataset"]["persistentVolumeClaim"].get("path", "/").strip("/")
+    return f"{api.DATA_DIR}/{sub}" if sub else api.DATA_DIR
+
+
+def _volumes(spec: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    volumes: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": {"medium": "Memory"}}]
+    mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    output = spec["output"]
+    if "persistentVolumeClaim" in output:
+        claim = output["persistentVolumeClaim"]
+        volumes.append({"name": "output", "persistentVolumeClaim": {"claimName": claim["claimName"]}})
+        mount: dict[str, Any] = {"name": "output", "mountPath": api.OUTPUT_DIR}
+        sub = claim.get("path", "/").strip("/")
+        if sub:
+            mount["subPath"] = sub
+        mounts.append(mount)
+    else:
+        empty = dict(output.get("emptyDir") or {})
+        volumes.append({"name": "output", "emptyDir": empty})
+        mounts.append({"name": "output", "mountPath": api.OUTPUT_DIR})
+    source = dataset_source(spec)
+    if source == "persistentVolumeClaim":
+        claim = spec["dataset"]["persistentVolumeClaim"]
+        volumes.append({"name": "data", "persistentVolumeClaim": {"claimName": claim["claimName"],
+                                                                  "readOnly": True}})
+        mounts.append({"name": "data", "mountPath": api.DATA_DIR, "readOnly": True})
+    elif source == "hostPath":
+        volumes.append({"name": "data", "hostPath": {"path": spec["dataset"]["hostPath"]["path"],
+                                                     "type": "Directory"}})
+        mounts.append({"name": "data", "mountPath": api.DATA_DIR, "readOnly": True})
+    return volumes, mounts
+
+
+def _resources(spec: dict[str, Any]) -> dict[str, Any]:
+    res = spec["resources"]
+    amounts: dict[str, Any] = {"cpu": str(res["cpu"]), "memory": str(res["memory"])}
+    if res["gpu"] > 0:
+        amounts[res["gpuResourceName"]] = str(res["gpu"])
+    return {"requests": dict(amounts), "limits": dict(amounts)}
+
+
+def _env(spec: dict[str, Any], target: Target, *, pytorchjob: bool) -> list[dict[str, Any]]:
+    env: list[dict[str, Any]] = [
+        {"name": "PETS_NUM_MACHINES", "value": str(spec["replicas"])},
+        {"name": "PETS_PROCS_PER_MACHINE", "value": str(spec["processesPerReplica"])},
+        {"name": "PETS_MAIN_PORT", "value": str(spec["masterPort"])},
+        {"name": "PETS_MIXED_PRECISION", "value": spec["mixedPrecision"]},
+        {"name": "PETS_OUTPUT_DIR", "value": api.OUTPUT_DIR},
+        {"name": "PETS_CHECKPOINT_DIR", "value": f"{api.OUTPUT_DIR}/checkpoints"},
+        {"name": "PETS_CPU_LIMIT", "valueFrom": {"resourceFieldRef": {
+            "containerName": PYTORCH_CONTAINER if pytorchjob else CONTAINER,
+            "resource": "limits.cpu", "divisor": "1"}}},
+    ]
+    if not pytorchjob:
+        # Under a PyTorchJob the training-operator sets MASTER_ADDR, which the launcher falls back to.
+        env.insert(2, {"name": "PETS_MAIN_ADDR", "value": main_address(target)})
+    for i, extra in enumerate(spec.get("env") or []):
+        if extra["name"].startswith("PETS_") or extra["name"] in api.RESERVED_ENV:
+            raise api.SpecError(f"spec.env[{i}].name {extra['name']!r} belongs to the pod contract "
+                                "(PETS_* and the rank variables are set by the operator)")
+        env.append(dict(extra))
+    return env
+
+
+def pod_template(spec: dict[str, Any], target: Target, *, pytorchjob: bool = False) -> dict[str, Any]:
+    """The trainer pod (same for the Indexed Job and for every PyTorchJob replica)."""
+    volumes, mounts = _volumes(spec)
+    container: dict[str, Any] = {
+        "name": PYTORCH_CONTAINER if pytorchjob else CONTAINER,
+        "image": spec.get("image") or target.default_image,
+        "imagePullPolicy": spec["imagePullPolicy"],
+        "args": trainer_args(spec),
+        "env": _env(spec, target, pytorchjob=pytorchjob),
+        "ports": [
+            {"name": "pytorchjob-port" if pytorchjob else "rendezvous", "containerPort": spec["masterPort"],
+             "protocol": "TCP"},
+            {"name": "metrics", "containerPort": api.METRICS_PORT, "protocol": "TCP"},
+        ],
+        "resources": _resources(spec),
+        "volumeMounts": mounts,
+        "terminationMessagePath": TERMINATION_LOG,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "privileged": False,
+            "capabilities": {"drop": ["ALL"]},
+            "runAsNonRoot": True,
+        },
+    }
+    pod: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RUN_AS,
+            "runAsGroup": RUN_AS,
+            "fsGroup": RUN_AS,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [container],
+        "volumes": volumes,
+    }
+    if not pytorchjob:
+        pod["subdomain"] = service_name(target.name)
+    for key in ("nodeSelector", "tolerations", "affinity", "priorityClassName", "serviceAccountName",
+                "imagePullSecrets"):
+        if spec.get(key):
+            pod[key] = spec[key]
+    meta_labels = labels(target.name, "trainer")
+    return {
+        "metadata": {
+            "labels": meta_labels,
+            "annotations": {api.ANNOTATION_ATTEMPT: str(target.attempt)},
+        },
+        "spec": pod,
+    }
+
+
+def build_service(spec: dict[str, Any], target: Target) -> dict[str, Any]:
+    """Headless Service giving every pod the stable name `<job>-<index>.<service>`."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": service_name(target.name),
+            "namespace": target.namespace,
+            "labels": labels(target.name, "rendezvous"),
+        },
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": selector(target.name),
+            "ports": [
+                {"name": "rendezvous", "port": spec["masterPort"], "targetPort": spec["masterPort"],
+                 "protocol": "TCP"},
+                {"name": "metrics", "port": api.METRICS_PORT, "targetPort": api.METRICS_PORT,
+                 "protocol": "TCP"},
+            ],
+        },
+    }
+
+
+def build_job(spec: dict[str, Any], target: Target) -> dict[str, Any]:
+    """Indexed Job: one pod per machine, rank = completion index, all-or-nothing (backoffLimit 0)."""
+    job: dict[str, Any] = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": job_name(target.name, target.attempt),
+            "namespace": target.namespace,
+            "labels": labels(target.name, "training-job"),
+            "annotations": {api.ANNOTATION_ATTEMPT: str(target.attempt)},
+        },
+        "spec": {
+            "completionMode": "Indexed",
+            "completions": spec["replicas"],
+            "parallelism": spec["replicas"],
+            # One failed pod fails the Job; the operator restarts the whole gang (spec.maxRestarts).
+            "backoffLimit": 0,
+            "suspend": bool(spec["suspend"]),
+            "template": pod_template(spec, target),
+        },
+    }
+    if spec.get("activeDeadlineSeconds"):
+        job["spec"]["activeDeadlineSeconds"] = spec["activeDeadlineSeconds"]
+    return job
+
+
+def build_pytorchjob(spec: dict[str, Any], target: Target) -> dict[str, Any]:
+    """Kubeflow PyTorchJob (kubeflow.org/v1): one Master and replicas-1 Workers, same launcher."""
+    template = pod_template(spec, target, pytorchjob=True)
+    replica_specs: dict[str, Any] = {
+        "Master": {"replicas": 1, "restartPolicy": "Never", "template": template},
+    }
+    if spec["replicas"] > 1:
+        replica_specs["Worker"] = {"replicas": spec["replicas"] - 1, "restartPolicy": "Never",
+                                   "template": copy.deepcopy(template)}
+    run_policy: dict[str, Any] = {"cleanPodPolicy": "None", "backoffLimit": 0,
+                                  "suspend": bool(spec["suspend"])}
+    if spec.get("activeDeadlineSeconds"):
+        run_policy["activeDeadlineSeconds"] = spec["activeDeadlineSeconds"]
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {
+            "name": job_name(target.name, target.attempt),
+            "namespace": target.namespace,
+            "labels": labels(target.name, "training-job"),
+            "annotations": {api.ANNOTATION_ATTEMPT: str(target.attempt)},
+        },
+        "spec": {"runPolicy": run_policy, "pytorchReplicaSpecs": replica_specs},
+    }
+
+
+def resolve_backend(spec: dict[str, Any], pytorchjob_available: bool) -> str:
+    backend = spec["backend"]
+    if backend == "auto":
+        return "pytorchjob" if pytorchjob_available else "job"
+    if backend == "pytorchjob" and not pytorchjob_available:
+        raise api.SpecError(
+            "spec.backend is 'pytorchjob' but the kubeflow.org PyTorchJob CRD is not installed; "
+            "install the Kubeflow training-operator or use backend 'job'"
+        )
+    return str(backend)
+
+
+def build_children(spec: dict[str, Any], target: Target, backend: str) -> list[dict[str, Any]]:
+    """Everything one attempt needs, in creation order."""
+    if backend == "pytorchjob":
+        return [build_pytorchjob(spec, target)]
+    return [build_service(spec, target), build_job(spec, target)]

@@ -1,0 +1,150 @@
+"""`pets-operator`: run the operator, or render what it would create for a PetsTraining.
+
+    pets-operator run [--namespace NS ...] [--liveness-port 8080] [--metrics-port 8000]
+                      [--peering NAME | --standalone] [--log-format json|plain]
+    pets-operator render -f petstraining.yaml [--backend job|pytorchjob]
+    pets-operator crd            # print the CustomResourceDefinition (the chart's crds/ file)
+
+`render` needs no cluster: it applies the CRD's defaults and validation locally and prints the
+Service and Job (or PyTorchJob) the operator would create, as a YAML stream.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from pets_operator import api
+
+DEFAULT_LIVENESS_PORT = 8080
+DEFAULT_METRICS_PORT = 8000
+DEFAULT_PEERING = "pets-training"
+
+
+def _positive_port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"port must be an integer, got {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port must be within 0..65535 (0 disables it), got {port}")
+    return port
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="pets-operator",
+        description="Kubernetes operator for PetsTraining (training.pets.dev/v1alpha1).",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser(
+        "run",
+        help="run the operator against the cluster of the current kubeconfig or service account",
+        description="Run the operator. Watches every namespace unless --namespace is given.",
+    )
+    run.add_argument(
+        "--namespace", "-n", action="append", default=[], metavar="NS",
+        help="namespace to watch; repeat for several; none means all namespaces (cluster-wide)",
+    )
+    run.add_argument(
+        "--liveness-port", type=_positive_port, default=DEFAULT_LIVENESS_PORT, metavar="PORT",
+        help=f"port of the health endpoint http://0.0.0.0:PORT/healthz, used for liveness and "
+        f"readiness probes; 0 disables it (default {DEFAULT_LIVENESS_PORT})",
+    )
+    run.add_argument(
+        "--metrics-port", type=_positive_port, default=DEFAULT_METRICS_PORT, metavar="PORT",
+        help=f"port of the Prometheus endpoint http://0.0.0.0:PORT/metrics; 0 disables it "
+        f"(default {DEFAULT_METRICS_PORT})",
+    )
+    peering = run.add_mutually_exclusive_group()
+    peering.add_argument(
+        "--peering", default=DEFAULT_PEERING, metavar="NAME",
+        help=f"kopf peering object name; replicas sharing it elect one active operator "
+        f"(default {DEFAULT_PEERING!r}; needs the KopfPeering/ClusterKopfPeering CRDs)",
+    )
+    peering.add_argument(
+        "--standalone", action="store_true",
+        help="do not use peering (a single replica, or tests)",
+    )
+    run.add_argument(
+        "--priority", type=int, default=0,
+        help="peering priority of this replica; the highest active one acts (default 0)",
+    )
+    run.add_argument(
+        "--log-format", choices=["json", "plain"], default="json",
+        help="structured JSON log lines (default) or plain text",
+    )
+    run.add_argument("--verbose", action="store_true", help="log at DEBUG level")
+    run.add_argument(
+        "--default-image", default=api.DEFAULT_IMAGE, metavar="IMAGE",
+        help=f"trainer image for PetsTrainings that do not set spec.image (default {api.DEFAULT_IMAGE})",
+    )
+    run.add_argument(
+        "--cluster-domain", default=api.DEFAULT_CLUSTER_DOMAIN, metavar="DOMAIN",
+        help=f"cluster DNS domain used in the main process address (default {api.DEFAULT_CLUSTER_DOMAIN})",
+    )
+
+    render = sub.add_parser(
+        "render",
+        help="print the manifests the operator would create for a PetsTraining (no cluster)",
+    )
+    render.add_argument("-f", "--filename", required=True, help="PetsTraining YAML file, or - for stdin")
+    render.add_argument(
+        "--backend", choices=["job", "pytorchjob"], default=None,
+        help="resolve backend 'auto' to this (default: job, as when the PyTorchJob CRD is absent)",
+    )
+    render.add_argument("--namespace", default=None,
+                        help="namespace when the file sets none (default: default)")
+    render.add_argument("--default-image", default=api.DEFAULT_IMAGE, metavar="IMAGE")
+    render.add_argument("--cluster-domain", default=api.DEFAULT_CLUSTER_DOMAIN, metavar="DOMAIN")
+
+    sub.add_parser("crd", help="print the PetsTraining CustomResourceDefinition as YAML")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "crd":
+        from pets_operator.crd import crd_yaml
+
+        sys.stdout.write(crd_yaml())
+        return 0
+    if args.command == "render":
+        from pets_operator.render import render_file
+
+        try:
+            sys.stdout.write(
+                render_file(
+                    args.filename,
+                    backend=args.backend,
+                    namespace=args.namespace,
+                    default_image=args.default_image,
+                    cluster_domain=args.cluster_domain,
+                )
+            )
+        except (api.SpecError, OSError, ValueError) as exc:
+            print(f"pets-operator render: {exc}", file=sys.stderr)
+            return 2
+        return 0
+    from pets_operator.runner import RunOptions, run_operator
+
+    run_operator(
+        RunOptions(
+            namespaces=tuple(args.namespace),
+            liveness_port=args.liveness_port,
+            metrics_port=args.metrics_port,
+            peering_name=None if args.standalone else args.peering,
+            priority=args.priority,
+            log_format=args.log_format,
+            verbose=args.verbose,
+            default_image=args.default_image,
+            cluster_domain=args.cluster_domain,
+        )
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,39 @@
+"""The operator's own Prometheus metrics (served by `pets-operator run --metrics-port`)."""
+
+from __future__ import annotations
+
+from collections import Counter as _Tally
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from pets_operator import api
+
+RECONCILES = Counter(
+    "pets_operator_reconciles_total", "Reconciliations of PetsTrainings, by result", ["result"]
+)
+ERRORS = Counter("pets_operator_errors_total", "Errors while reconciling, by kind", ["kind"])
+RECONCILE_SECONDS = Histogram(
+    "pets_operator_reconcile_seconds", "Time spent in one reconciliation",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+TRAININGS = Gauge("pets_operator_trainings", "PetsTrainings known to this operator, by phase", ["phase"])
+CHILDREN_CREATED = Counter(
+    "pets_operator_children_created_total", "Objects created for PetsTrainings, by kind", ["kind"]
+)
+RESTARTS = Counter("pets_operator_gang_restarts_total", "Gang restarts after a failed attempt")
+
+
+class PhaseBook:
+    """The phase of every training this operator watches; feeds the `pets_operator_trainings` gauge."""
+
+    def __init__(self) -> None:
+        self._phases: dict[tuple[str, str], str] = {}
+
+    def set(self, namespace: str, name: str, phase: str | None) -> None:
+        if phase is None:
+            self._phases.pop((namespace, name), None)
+        else:
+            self._phases[(namespace, name)] = phase
+        tally = _Tally(self._phases.values())
+        for p in api.PHASES:
+            TRAININGS.labels(phase=p).set(tally.get(p, 0))

@@ -1,0 +1,28 @@
+"""Rank 0's progress endpoint (Prometheus text, docs/contract.md) -> the gauges the status mirrors."""
+
+from __future__ import annotations
+
+import math
+import urllib.request
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from pets_operator.status import PROGRESS_FIELDS
+
+
+def parse_progress(text: str) -> dict[str, float]:
+    """The `pets_*` gauges of a scrape, by metric name. Unknown metrics and NaNs are ignored."""
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name not in PROGRESS_FIELDS:
+            continue
+        for sample in family.samples:
+            if sample.name == family.name and not math.isnan(sample.value):
+                out[family.name] = float(sample.value)
+    return out
+
+
+def scrape(host: str, port: int, timeout: float = 2.0) -> dict[str, float]:
+    """GET http://host:port/metrics and parse it. Raises OSError when the pod cannot be reached."""
+    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=timeout) as resp:  # noqa: S310
+        return parse_progress(resp.read().decode("utf-8", errors="replace"))

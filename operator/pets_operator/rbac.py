@@ -1,0 +1,22 @@
+"""The Kubernetes permissions the operator uses, in one place.
+
+The chart's Role/ClusterRole must grant at least these (tests/integration checks it with
+SelfSubjectAccessReviews under the chart's ServiceAccount); docs/operator.md explains each one.
+"""
+
+from __future__ import annotations
+
+from pets_operator import api
+
+# (API group, resource, verbs) in every watched namespace.
+NAMESPACED: list[tuple[str, str, tuple[str, ...]]] = [
+    (api.GROUP, api.PLURAL, ("get", "list", "watch", "patch", "update", "delete")),
+    (api.GROUP, f"{api.PLURAL}/status", ("get", "patch", "update")),
+    (api.GROUP, f"{api.PLURAL}/finalizers", ("update",)),
+    ("batch", "jobs", ("create", "get", "list", "watch", "patch", "delete")),
+    ("", "services", ("create", "get", "list", "watch", "delete")),
+    ("", "pods", ("get", "list", "watch")),
+    ("", "events", ("create", "patch")),
+    ("events.k8s.io", "events", ("create", "patch")),
+    ("kubeflow.org", "pytorchjobs", ("create", "get", "list", "watch", "patch", "delete")),
+]

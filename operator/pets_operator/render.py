@@ -1,0 +1,64 @@
+"""`pets-operator render`: the manifests the operator would create for a PetsTraining, offline."""
+
+from __future__ import annotations
+
+import re
+import sys
+from typing import Any
+
+import yaml
+
+from pets_operator import api, builders
+
+
+def render_object(
+    obj: dict[str, Any],
+    *,
+    backend: str | None = None,
+    namespace: str | None = None,
+    default_image: str = api.DEFAULT_IMAGE,
+    cluster_domain: str = api.DEFAULT_CLUSTER_DOMAIN,
+) -> list[dict[str, Any]]:
+    """Validate one PetsTraining object and build its children (attempt 0)."""
+    if not isinstance(obj, dict):
+        raise api.SpecError(f"a PetsTraining must be a mapping, got {type(obj).__name__}")
+    if obj.get("apiVersion") != api.API_VERSION or obj.get("kind") != api.KIND:
+        raise api.SpecError(
+            f"apiVersion/kind must be {api.API_VERSION}/{api.KIND}, "
+            f"got {obj.get('apiVersion')!r}/{obj.get('kind')!r}"
+        )
+    meta = obj.get("metadata") or {}
+    name = meta.get("name")
+    if not isinstance(name, str) or not name:
+        raise api.SpecError(f"metadata.name is required, got {name!r}")
+    if len(name) > api.MAX_NAME_LENGTH or not re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name):
+        raise api.SpecError(
+            f"metadata.name must be a DNS label of at most {api.MAX_NAME_LENGTH} characters starting "
+            f"with a letter, got {name!r}"
+        )
+    spec = api.resolve_spec(obj.get("spec"))
+    target = builders.Target(
+        name=name,
+        namespace=meta.get("namespace") or namespace or "default",
+        default_image=default_image,
+        cluster_domain=cluster_domain,
+    )
+    # No cluster to ask: an explicit spec.backend wins, and 'auto' becomes --backend (default job).
+    available = backend == "pytorchjob" or spec["backend"] == "pytorchjob"
+    chosen = builders.resolve_backend(spec, pytorchjob_available=available)
+    return builders.build_children(spec, target, chosen)
+
+
+def render_file(filename: str, **kwargs: Any) -> str:
+    """Render every PetsTraining in a YAML file (or `-` for stdin) as one YAML stream."""
+    if filename == "-":
+        docs = list(yaml.safe_load_all(sys.stdin))
+    else:
+        with open(filename, encoding="utf-8") as fh:
+            docs = list(yaml.safe_load_all(fh))
+    # Other objects in the file (a PVC beside the training, say) are not the operator's to render.
+    docs = [d for d in docs if isinstance(d, dict) and d.get("kind") == api.KIND]
+    if not docs:
+        raise api.SpecError(f"{filename}: no PetsTraining found")
+    manifests = [m for doc in docs for m in render_object(doc, **kwargs)]
+    return yaml.safe_dump_all(manifests, sort_keys=False, explicit_start=True)

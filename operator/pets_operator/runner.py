@@ -1,0 +1,112 @@
+"""Start the operator: credentials, logging, metrics endpoint, peering, namespaces -> kopf."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+from collections.abc import Awaitable
+from dataclasses import dataclass
+
+import kopf
+from kubernetes import client, config
+
+from pets_operator import api, handlers
+
+log = logging.getLogger("pets_operator")
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    namespaces: tuple[str, ...] = ()  # empty: every namespace
+    liveness_port: int = 8080
+    metrics_port: int = 8000
+    peering_name: str | None = "pets-training"  # None: standalone
+    priority: int = 0
+    log_format: str = "json"
+    verbose: bool = False
+    default_image: str = api.DEFAULT_IMAGE
+    cluster_domain: str = api.DEFAULT_CLUSTER_DOMAIN
+    kubeconfig: str | None = None  # None: in-cluster, else $KUBECONFIG / ~/.kube/config
+    progress_poll_seconds: float = handlers.POLL_ACTIVE
+    progress_port: int = api.METRICS_PORT  # the trainer's contract port; tests point it elsewhere
+
+
+def load_client_config(kubeconfig: str | None = None) -> client.Configuration:
+    """In-cluster service account credentials, else the kubeconfig (explicit path, $KUBECONFIG, default)."""
+    cfg = client.Configuration()
+    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        config.load_incluster_config(client_configuration=cfg)
+    else:
+        config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+    return cfg
+
+
+def build(options: RunOptions, cfg: client.Configuration) -> tuple[kopf.OperatorRegistry, handlers.Context]:
+    registry = kopf.OperatorRegistry()
+    cfg.connection_pool_maxsize = max(cfg.connection_pool_maxsize or 0, handlers.WORKER_THREADS)
+    ctx = handlers.Context(
+        api_client=client.ApiClient(cfg),
+        default_image=options.default_image,
+        cluster_domain=options.cluster_domain,
+        poll_active=options.progress_poll_seconds,
+        progress_port=options.progress_port,
+    )
+    handlers.register(registry, ctx)
+    return registry, ctx
+
+
+def operator_coroutine(
+    options: RunOptions,
+    cfg: client.Configuration,
+    *,
+    stop_flag: asyncio.Event | threading.Event | None = None,
+    ready_flag: asyncio.Event | threading.Event | None = None,
+) -> Awaitable[None]:
+    """kopf's operator coroutine, configured from `options` (used by `run` and by the tests)."""
+    registry, _ = build(options, cfg)
+    liveness = f"http://0.0.0.0:{options.liveness_port}/healthz" if options.liveness_port else None
+    return kopf.operator(
+        registry=registry,
+        standalone=options.peering_name is None,
+        peering_name=options.peering_name,
+        priority=options.priority,
+        clusterwide=not options.namespaces,
+        namespaces=list(options.namespaces),
+        liveness_endpoint=liveness,
+        stop_flag=stop_flag,
+        ready_flag=ready_flag,
+        memo=kopf.Memo(),
+    )
+
+
+class QuietWatches(logging.Filter):
+    """Drop kopf's 'Handler succeeded' line for every watch event: those handlers only wake a worker."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(message.startswith(f"Handler '{watch}' succeeded")
+                       for watch in (handlers.JOB_WATCH_ID, handlers.SPEC_WATCH_ID))
+
+
+def run_operator(options: RunOptions) -> None:
+    """Blocking entry point of `pets-operator run`."""
+    kopf.configure(
+        debug=options.verbose,
+        verbose=options.verbose,
+        log_format=kopf.LogFormat.JSON if options.log_format == "json" else kopf.LogFormat.PLAIN,
+    )
+    if not options.verbose:
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(QuietWatches())
+    if options.metrics_port:
+        from prometheus_client import start_http_server
+
+        start_http_server(options.metrics_port)
+    cfg = load_client_config(options.kubeconfig)
+    scope = "all namespaces" if not options.namespaces else ", ".join(options.namespaces)
+    peering = f"peering {options.peering_name!r}" if options.peering_name else "standalone"
+    log.info(f"pets-operator starting: watching {scope}; {peering}; API {cfg.host}; "
+             f"metrics :{options.metrics_port}; health :{options.liveness_port}/healthz")
+    asyncio.run(operator_coroutine(options, cfg))  # type: ignore[arg-type]

@@ -1,0 +1,394 @@
+"""The running operator against a real API server, under the chart's RBAC.
+
+No kubelet runs here, so no pod ever starts: with the job controller disabled
+(KCM_CONTROLLERS='*,-job'), the test plays the Job controller and writes the Jobs' status itself;
+the operator must follow. The garbage collector is real, so deletion goes through owner references.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from conftest import OperatorThread, TrainerMetrics, wait_for
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from pets_operator import api, rbac
+from prometheus_client import REGISTRY
+
+pytestmark = pytest.mark.integration
+
+NOW = "%Y-%m-%dT%H:%M:%SZ"
+
+
+def now() -> str:
+    return datetime.now(UTC).strftime(NOW)
+
+
+def create_training(admin: client.ApiClient, ns: str, name: str, **spec: Any) -> dict[str, Any]:
+    body = {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": {"name": name},
+            "spec": {"backend": "job", **spec}}
+    return client.CustomObjectsApi(admin).create_namespaced_custom_object(  # type: ignore[no-any-return]
+        api.GROUP, api.VERSION, ns, api.PLURAL, body)
+
+
+def get_training(admin: client.ApiClient, ns: str, name: str) -> dict[str, Any] | None:
+    try:
+        return client.CustomObjectsApi(admin).get_namespaced_custom_object(  # type: ignore[no-any-return]
+            api.GROUP, api.VERSION, ns, api.PLURAL, name)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+def patch_spec(admin: client.ApiClient, ns: str, name: str, spec: dict[str, Any]) -> None:
+    client.CustomObjectsApi(admin).patch_namespaced_custom_object(
+        api.GROUP, api.VERSION, ns, api.PLURAL, name, {"spec": spec})
+
+
+def jobs(admin: client.ApiClient, ns: str) -> list[client.V1Job]:
+    return list(client.BatchV1Api(admin).list_namespaced_job(ns).items)
+
+
+def services(admin: client.ApiClient, ns: str) -> list[client.V1Service]:
+    return list(client.CoreV1Api(admin).list_namespaced_service(ns).items)
+
+
+def wait_phase(admin: client.ApiClient, ns: str, name: str, phase: str,
+               timeout: float = 60) -> dict[str, Any]:
+    seen: list[Any] = [None]
+
+    def probe() -> dict[str, Any] | None:
+        pt = get_training(admin, ns, name)
+        seen[0] = (pt or {}).get("status")
+        return pt if pt and (pt.get("status") or {}).get("phase") == phase else None
+
+    try:
+        return wait_for(f"{ns}/{name} to be {phase}", probe, timeout)  # type: ignore[no-any-return]
+    except pytest.fail.Exception:
+        pytest.fail(f"{ns}/{name} did not become {phase} within {timeout:.0f} s; status: {seen[0]}",
+                    pytrace=False)
+
+
+def the_job(admin: client.ApiClient, ns: str, name: str) -> client.V1Job:
+    return wait_for(f"Job {ns}/{name}", lambda: next((j for j in jobs(admin, ns) if j.metadata.name == name
+                                                      and not j.metadata.deletion_timestamp), None))
+
+
+def job_status(admin: client.ApiClient, ns: str, name: str, st: dict[str, Any]) -> None:
+    """Play the job controller: write the Job's status as it would."""
+    client.BatchV1Api(admin).patch_namespaced_job_status(name, ns, {"status": st})
+
+
+def run_job(admin: client.ApiClient, ns: str, name: str, n: int) -> None:
+    job_status(admin, ns, name, {"startTime": now(), "active": n, "ready": n})
+
+
+def job_conditions(types: tuple[str, ...], reason: str, message: str) -> list[dict[str, str]]:
+    """True conditions as the job controller writes them (1.33 wants the *Target/*Met one first)."""
+    t = now()
+    return [{"type": c, "status": "True", "reason": reason, "message": message, "lastTransitionTime": t,
+             "lastProbeTime": t} for c in types]
+
+
+def finish_job(admin: client.ApiClient, ns: str, name: str, n: int) -> None:
+    started = client.BatchV1Api(admin).read_namespaced_job(name, ns).status.start_time
+    job_status(admin, ns, name, {
+        "startTime": started.strftime(NOW) if started else now(),
+        "active": 0, "ready": 0, "succeeded": n, "completedIndexes": f"0-{n - 1}" if n > 1 else "0",
+        "completionTime": now(),
+        "conditions": job_conditions(("SuccessCriteriaMet", "Complete"), "CompletionsReached",
+                                     "Reached expected number of succeeded pods")})
+
+
+def fail_job(admin: client.ApiClient, ns: str, name: str) -> None:
+    job_status(admin, ns, name, {
+        "active": 0, "ready": 0, "failed": 1,
+        "conditions": job_conditions(("FailureTarget", "Failed"), "BackoffLimitExceeded",
+                                     "Job has reached the specified backoff limit")})
+
+
+def owner_of(obj: Any) -> tuple[str, str, bool]:
+    (ref,) = obj.metadata.owner_references
+    return ref.kind, ref.name, bool(ref.controller)
+
+
+def reconciles() -> float:
+    return sum(REGISTRY.get_sample_value("pets_operator_reconciles_total", {"result": r}) or 0.0
+               for r in ("ok", "error"))
+
+
+@pytest.mark.parametrize(("group", "resource", "verbs"), rbac.NAMESPACED,
+                         ids=[f"{g or 'core'}/{r}" for g, r, _ in rbac.NAMESPACED])
+def test_chart_rbac_grants_what_the_operator_uses(operator_config: client.Configuration, namespace: str,
+                                                  group: str, resource: str, verbs: tuple[str, ...]) -> None:
+    """SelfSubjectAccessReviews as the chart's ServiceAccount, for every permission in pets_operator.rbac."""
+    authz = client.AuthorizationV1Api(client.ApiClient(operator_config))
+    plural, _, sub = resource.partition("/")
+    denied = []
+    for verb in verbs:
+        review = authz.create_self_subject_access_review({"spec": {"resourceAttributes": {
+            "namespace": namespace, "group": group, "resource": plural, "subresource": sub, "verb": verb}}})
+        if not review.status.allowed:
+            denied.append(verb)
+    assert not denied, (f"the chart's RBAC does not grant {denied} on {group or 'core'}/{resource}, "
+                        "which the operator uses (see pets_operator/rbac.py and docs/operator.md)")
+
+
+def test_training_creates_one_service_and_one_job(admin: client.ApiClient, operator: OperatorThread,
+                                                  namespace: str) -> None:
+    pt = create_training(admin, namespace, "pets", replicas=2, epochs=2)
+    job = the_job(admin, namespace, "pets")
+    svc = wait_for("the Service", lambda: services(admin, namespace))
+    assert len(jobs(admin, namespace)) == 1 and len(svc) == 1
+    assert owner_of(job) == (api.KIND, "pets", True) and owner_of(svc[0]) == (api.KIND, "pets", True)
+    assert job.metadata.owner_references[0].uid == pt["metadata"]["uid"]
+    assert job.spec.completion_mode == "Indexed"
+    assert job.spec.completions == job.spec.parallelism == 2
+    pod = job.spec.template.spec
+    assert pod.subdomain == svc[0].metadata.name
+    assert svc[0].spec.cluster_ip == "None" and svc[0].spec.publish_not_ready_addresses is True
+    env = {e.name: e.value for e in pod.containers[0].env}
+    assert env["PETS_MAIN_ADDR"] == f"pets-0.pets.{namespace}.svc.cluster.local"
+    assert env["PETS_NUM_MACHINES"] == "2"
+    status = wait_phase(admin, namespace, "pets", api.PENDING)["status"]
+    assert status["children"] == {"job": "pets", "service": "pets"}
+    assert status["observedGeneration"] == pt["metadata"]["generation"]
+    wait_for("a Created event on the PetsTraining", lambda: [
+        e for e in client.CoreV1Api(admin).list_namespaced_event(
+            namespace, field_selector="involvedObject.name=pets").items
+        if e.reason == "Created" and e.involved_object.kind == api.KIND])
+
+
+def test_status_follows_the_job(admin: client.ApiClient, operator: OperatorThread, namespace: str) -> None:
+    create_training(admin, namespace, "pets", replicas=2, epochs=2)
+    the_job(admin, namespace, "pets")
+    run_job(admin, namespace, "pets", 2)
+    st = wait_phase(admin, namespace, "pets", api.RUNNING)["status"]
+    assert st["activeReplicas"] == 2 and st["readyReplicas"] == 2 and st["startTime"]
+    ready = next(c for c in st["conditions"] if c["type"] == "Ready")
+    assert ready["status"] == "True"
+    finish_job(admin, namespace, "pets", 2)
+    st = wait_phase(admin, namespace, "pets", api.SUCCEEDED)["status"]
+    assert st["completionTime"]
+    assert next(c for c in st["conditions"] if c["type"] == "Succeeded")["status"] == "True"
+    assert next(c for c in st["conditions"] if c["type"] == "Progressing")["status"] == "False"
+    assert len(jobs(admin, namespace)) == 1
+
+
+def test_failure_restarts_the_gang_up_to_max_restarts(admin: client.ApiClient, operator: OperatorThread,
+                                                      namespace: str) -> None:
+    create_training(admin, namespace, "pets", replicas=2, maxRestarts=1)
+    first = the_job(admin, namespace, "pets")
+    run_job(admin, namespace, "pets", 2)
+    wait_phase(admin, namespace, "pets", api.RUNNING)
+    fail_job(admin, namespace, "pets")
+    # The whole gang is replaced: the old Job goes (garbage collector), attempt 1 gets a new Job.
+    second = the_job(admin, namespace, "pets-r1")
+    wait_for("the failed attempt's Job to be gone",
+             lambda: [j.metadata.name for j in jobs(admin, namespace)] == ["pets-r1"])
+    assert second.metadata.uid != first.metadata.uid
+    st = get_training(admin, namespace, "pets")["status"]  # type: ignore[index]
+    assert st["restarts"] == 1 and st["children"]["job"] == "pets-r1"
+    assert st["phase"] in (api.RESTARTING, api.PENDING)
+    env = {e.name: e.value for e in second.spec.template.spec.containers[0].env}
+    assert env["PETS_MAIN_ADDR"].startswith("pets-r1-0.pets.")
+    # Out of restarts: Failed, and nothing new is created.
+    run_job(admin, namespace, "pets-r1", 2)
+    wait_phase(admin, namespace, "pets", api.RUNNING)
+    fail_job(admin, namespace, "pets-r1")
+    st = wait_phase(admin, namespace, "pets", api.FAILED)["status"]
+    assert next(c for c in st["conditions"] if c["type"] == "Failed")["reason"] == "MaxRestartsExceeded"
+    assert [j.metadata.name for j in jobs(admin, namespace)] == ["pets-r1"]
+    reasons = {e.reason for e in client.CoreV1Api(admin).list_namespaced_event(
+        namespace, field_selector="involvedObject.name=pets").items}
+    assert {"Restarting", "Failed"} <= reasons, reasons
+
+
+def test_suspend_and_resume_through_the_job(admin: client.ApiClient, operator: OperatorThread,
+                                            namespace: str) -> None:
+    create_training(admin, namespace, "pets", replicas=2)
+    the_job(admin, namespace, "pets")
+    run_job(admin, namespace, "pets", 2)
+    wait_phase(admin, namespace, "pets", api.RUNNING)
+    patch_spec(admin, namespace, "pets", {"suspend": True})
+    wait_for("the Job to be suspended", lambda: the_job(admin, namespace, "pets").spec.suspend is True)
+    job_status(admin, namespace, "pets", {"active": 0, "ready": 0, "conditions": job_conditions(
+        ("Suspended",), "JobSuspended", "Job suspended")})
+    wait_phase(admin, namespace, "pets", api.SUSPENDED)
+    patch_spec(admin, namespace, "pets", {"suspend": False})
+    wait_for("the Job to be resumed", lambda: the_job(admin, namespace, "pets").spec.suspend is False)
+    assert len(jobs(admin, namespace)) == 1
+
+
+def test_created_suspended_makes_a_suspended_job(admin: client.ApiClient, operator: OperatorThread,
+                                                 namespace: str) -> None:
+    create_training(admin, namespace, "queued", suspend=True)
+    assert the_job(admin, namespace, "queued").spec.suspend is True
+    wait_phase(admin, namespace, "queued", api.SUSPENDED)
+
+
+def test_deletion_removes_every_child(admin: client.ApiClient, operator: OperatorThread,
+                                      namespace: str) -> None:
+    create_training(admin, namespace, "pets", replicas=2)
+    the_job(admin, namespace, "pets")
+    wait_for("the Service", lambda: services(admin, namespace))
+    client.CustomObjectsApi(admin).delete_namespaced_custom_object(
+        api.GROUP, api.VERSION, namespace, api.PLURAL, "pets")
+    wait_for("the PetsTraining to be gone", lambda: get_training(admin, namespace, "pets") is None)
+    wait_for("the garbage collector to remove the Job and the Service",
+             lambda: not jobs(admin, namespace) and not services(admin, namespace))
+
+
+def test_ttl_after_finished_deletes_the_training(admin: client.ApiClient, operator: OperatorThread,
+                                                 namespace: str) -> None:
+    create_training(admin, namespace, "short", ttlSecondsAfterFinished=1)
+    the_job(admin, namespace, "short")
+    finish_job(admin, namespace, "short", 1)
+    wait_for("the finished training to be deleted after its TTL",
+             lambda: get_training(admin, namespace, "short") is None, timeout=60)
+    wait_for("its children to be collected",
+             lambda: not jobs(admin, namespace) and not services(admin, namespace))
+
+
+def test_operator_restart_creates_no_duplicates(admin: client.ApiClient, operator: OperatorThread,
+                                                namespace: str) -> None:
+    for i in range(5):
+        create_training(admin, namespace, f"pets-{i}", replicas=2)
+    wait_for("5 Jobs", lambda: len(jobs(admin, namespace)) == 5)
+    operator.stop()
+    try:
+        # While it is down, one training's Service disappears: the restarted operator must notice.
+        client.CoreV1Api(admin).delete_namespaced_service("pets-3", namespace)
+        before = reconciles()
+        operator.start()
+        wait_for("the restarted operator to reconcile every training",
+                 lambda: reconciles() - before >= 5 and len(services(admin, namespace)) == 5)
+    finally:
+        if operator.thread is None or not operator.thread.is_alive():
+            operator.start()
+    assert sorted(j.metadata.name for j in jobs(admin, namespace)) == [f"pets-{i}" for i in range(5)]
+    assert sorted(s.metadata.name for s in services(admin, namespace)) == [f"pets-{i}" for i in range(5)]
+
+
+def test_health_and_metrics(admin: client.ApiClient, operator: OperatorThread, namespace: str) -> None:
+    port = operator.options.liveness_port
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as resp:
+        assert resp.status == 200
+
+    def pending() -> float:
+        return REGISTRY.get_sample_value("pets_operator_trainings", {"phase": api.PENDING}) or 0.0
+
+    before, created = pending(), REGISTRY.get_sample_value("pets_operator_children_created_total",
+                                                           {"kind": "Job"}) or 0.0
+    create_training(admin, namespace, "counted")
+    wait_for("the trainings-by-phase gauge to count it", lambda: pending() == before + 1)
+    jobs_made = REGISTRY.get_sample_value("pets_operator_children_created_total", {"kind": "Job"}) or 0
+    assert jobs_made == created + 1
+    assert (REGISTRY.get_sample_value("pets_operator_reconcile_seconds_count") or 0) > 0
+
+
+def test_pytorchjob_backend(admin: client.ApiClient, operator: OperatorThread, pytorchjob_crd: str,
+                            namespace: str) -> None:
+    pt = create_training(admin, namespace, "pj", replicas=3, backend="auto")
+    custom = client.CustomObjectsApi(admin)
+    pj = wait_for("the PyTorchJob", lambda: custom.list_namespaced_custom_object(
+        "kubeflow.org", "v1", namespace, "pytorchjobs")["items"])
+    assert len(pj) == 1 and pj[0]["metadata"]["ownerReferences"][0]["uid"] == pt["metadata"]["uid"]
+    assert pj[0]["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 2
+    assert not jobs(admin, namespace) and not services(admin, namespace)
+    st = wait_phase(admin, namespace, "pj", api.PENDING)["status"]
+    assert st["backend"] == "pytorchjob" and st["children"] == {"pytorchJob": "pj"}
+    t = now()
+    custom.patch_namespaced_custom_object_status("kubeflow.org", "v1", namespace, "pytorchjobs", "pj", {
+        "status": {"startTime": t, "conditions": [
+            {"type": "Running", "status": "True", "reason": "PyTorchJobRunning", "message": "running",
+             "lastTransitionTime": t, "lastUpdateTime": t}],
+            "replicaStatuses": {"Master": {"active": 1}, "Worker": {"active": 2}}}})
+    assert wait_phase(admin, namespace, "pj", api.RUNNING)["status"]["activeReplicas"] == 3
+
+
+def rank0_pod(admin: client.ApiClient, ns: str, job: str) -> None:
+    """A stand-in for the Job's rank-0 pod (no kubelet here): its status says Running at 127.0.0.1,
+    where the test's TrainerMetrics serves the progress gauges."""
+    core = client.CoreV1Api(admin)
+    core.create_namespaced_pod(ns, {
+        "metadata": {"name": f"{job}-0-abcde", "labels": {
+            "job-name": job, "batch.kubernetes.io/job-completion-index": "0"}},
+        "spec": {"containers": [{"name": "trainer", "image": api.DEFAULT_IMAGE}]}})
+    core.patch_namespaced_pod_status(f"{job}-0-abcde", ns, {"status": {
+        "phase": "Running", "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}]}})
+
+
+def terminate_rank0(admin: client.ApiClient, ns: str, job: str, message: str) -> None:
+    client.CoreV1Api(admin).patch_namespaced_pod_status(f"{job}-0-abcde", ns, {"status": {
+        "phase": "Succeeded",
+        "containerStatuses": [{
+            "name": "trainer", "image": api.DEFAULT_IMAGE, "imageID": "", "ready": False, "restartCount": 0,
+            "state": {"terminated": {"exitCode": 0, "reason": "Completed", "message": message}}}]}})
+
+
+def test_progress_and_summary_are_mirrored(admin: client.ApiClient, operator: OperatorThread,
+                                          trainer_metrics: TrainerMetrics, namespace: str) -> None:
+    create_training(admin, namespace, "pets", replicas=2, epochs=5)
+    the_job(admin, namespace, "pets")
+    trainer_metrics.set(epoch=2, total_epochs=5, train_loss=0.75, eval_accuracy=0.5, images_per_second=42.5,
+                        elapsed_seconds=60, eta_seconds=90)
+    rank0_pod(admin, namespace, "pets")
+    run_job(admin, namespace, "pets", 2)
+
+    def mirrored() -> dict[str, Any] | None:
+        st = (get_training(admin, namespace, "pets") or {}).get("status") or {}
+        return st if st.get("progress") == "2/5" and st.get("phase") == api.RUNNING else None
+
+    st = wait_for("rank 0's progress in the status of the running training", mirrored)
+    assert st["phase"] == api.RUNNING and st["evalAccuracy"] == 0.5 and st["trainLoss"] == 0.75
+    assert st["imagesPerSecond"] == 42.5 and st["etaSeconds"] == 90 and st["lastProgressTime"]
+    summary = {"status": "succeeded", "epochs": 5, "final_accuracy": 0.875, "best_accuracy": 0.9,
+               "final_train_loss": 0.25, "images_per_second": 50.0, "world_size": 2}
+    terminate_rank0(admin, namespace, "pets", json.dumps(summary))
+    finish_job(admin, namespace, "pets", 2)
+    st = wait_phase(admin, namespace, "pets", api.SUCCEEDED)["status"]
+    assert st["summary"] == summary
+    assert st["evalAccuracy"] == 0.875 and st["progress"] == "5/5" and st["etaSeconds"] == 0
+    assert "0.8750" in st["message"]
+
+
+def test_namespaced_operator_acts_only_in_its_namespaces(admin: client.ApiClient, operator: OperatorThread,
+                                                        operator_config: client.Configuration) -> None:
+    """`pets-operator run --namespace A`: trainings in A are handled, those elsewhere are not touched."""
+    import dataclasses
+    import secrets
+
+    core = client.CoreV1Api(admin)
+    watched, other = f"pt-a-{secrets.token_hex(3)}", f"pt-b-{secrets.token_hex(3)}"
+    for ns in (watched, other):
+        core.create_namespace({"metadata": {"name": ns}})
+    operator.stop()  # the cluster-wide one would handle both
+    scoped = OperatorThread(operator_config, ["--standalone"])
+    scoped.options = dataclasses.replace(scoped.options, namespaces=(watched,))
+    try:
+        scoped.start()
+        create_training(admin, other, "theirs")
+        create_training(admin, watched, "mine")
+        the_job(admin, watched, "mine")
+        wait_phase(admin, watched, "mine", api.PENDING)
+        # By now a cluster-wide operator would have handled "theirs" as well (created first).
+        theirs = get_training(admin, other, "theirs") or {}
+        assert jobs(admin, other) == [] and "status" not in theirs
+        assert not theirs["metadata"].get("finalizers")
+        client.CustomObjectsApi(admin).delete_namespaced_custom_object(
+            api.GROUP, api.VERSION, watched, api.PLURAL, "mine")
+        wait_for("the scoped operator to release its training",
+                 lambda: get_training(admin, watched, "mine") is None)
+    finally:
+        scoped.stop()
+        operator.start()
+    # The cluster-wide operator, back, picks up the other namespace's training.
+    the_job(admin, other, "theirs")
+    for ns in (watched, other):
+        core.delete_namespace(ns)

@@ -1,0 +1,192 @@
+"""spec -> Service, Indexed Job and PyTorchJob, checked field by field against the pod contract."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pets_operator import api, builders
+
+pytestmark = pytest.mark.unit
+
+TARGET = builders.Target(name="pets", namespace="team-a", cluster_domain="example.local")
+
+
+def spec(**overrides: Any) -> dict[str, Any]:
+    return api.resolve_spec({"replicas": 3, "processesPerReplica": 2, **overrides})
+
+
+def env_of(container: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+
+
+def test_defaults_are_the_recipe() -> None:
+    s = api.resolve_spec({})
+    assert s["replicas"] == 1 and s["epochs"] == 5 and s["model"] == "resnet50d"
+    assert s["learningRate"] == 0.03 and s["imageSize"] == 224 and s["freezeBackbone"] is True
+    assert s["dataset"] == {"synthetic": {"imagesPerClass": 20, "numClasses": 37}}
+    assert s["output"] == {"emptyDir": {}}
+    assert s["resources"] == {"cpu": "2", "memory": "4Gi", "gpu": 0, "gpuResourceName": "nvidia.com/gpu"}
+    assert s["backend"] == "auto" and s["masterPort"] == 29500 and s["maxRestarts"] == 3
+
+
+def test_headless_service() -> None:
+    svc = builders.build_service(spec(), TARGET)
+    assert svc["metadata"] == {"name": "pets", "namespace": "team-a",
+                               "labels": builders.labels("pets", "rendezvous")}
+    assert svc["spec"]["clusterIP"] == "None"
+    assert svc["spec"]["publishNotReadyAddresses"] is True
+    assert svc["spec"]["selector"] == {api.LABEL_TRAINING: "pets", api.LABEL_COMPONENT: "trainer"}
+    assert {p["port"] for p in svc["spec"]["ports"]} == {29500, 9090}
+
+
+def test_indexed_job_shape() -> None:
+    job = builders.build_job(spec(), TARGET)
+    js = job["spec"]
+    assert job["metadata"]["name"] == "pets"
+    assert js["completionMode"] == "Indexed"
+    assert js["completions"] == js["parallelism"] == 3
+    assert js["backoffLimit"] == 0 and js["suspend"] is False
+    pod = js["template"]["spec"]
+    assert pod["subdomain"] == "pets" and pod["restartPolicy"] == "Never"
+    # Service selects exactly the Job's pods.
+    svc = builders.build_service(spec(), TARGET)
+    assert svc["spec"]["selector"].items() <= js["template"]["metadata"]["labels"].items()
+    for key in ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/component",
+                "app.kubernetes.io/managed-by", "app.kubernetes.io/part-of"):
+        assert key in job["metadata"]["labels"] and key in js["template"]["metadata"]["labels"]
+
+
+def test_pod_security_context() -> None:
+    pod = builders.build_job(spec(), TARGET)["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["automountServiceAccountToken"] is False
+    (c,) = pod["containers"]
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False
+    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert c["terminationMessagePath"] == "/dev/termination-log"
+
+
+def test_pod_contract_env_and_args() -> None:
+    (c,) = builders.build_job(spec(), TARGET)["spec"]["template"]["spec"]["containers"]
+    env = env_of(c)
+    assert env["PETS_NUM_MACHINES"] == "3"
+    assert env["PETS_PROCS_PER_MACHINE"] == "2"
+    assert env["PETS_MAIN_ADDR"] == "pets-0.pets.team-a.svc.example.local"
+    assert env["PETS_MAIN_PORT"] == "29500"
+    assert env["PETS_MIXED_PRECISION"] == "fp16"
+    assert env["PETS_CPU_LIMIT"] == {
+        "resourceFieldRef": {"containerName": "trainer", "resource": "limits.cpu", "divisor": "1"}}
+    args = c["args"]
+    assert args[args.index("--summary-path") + 1] == "/dev/termination-log"
+    assert args[args.index("--metrics-port") + 1] == "9090"
+    assert args[args.index("--epochs") + 1] == "5"
+    assert args[args.index("--lr") + 1] == "0.03"
+    assert args[args.index("--data") + 1] == "synthetic"
+    assert "--pretrained" not in args and "--unfreeze" not in args
+    assert c["resources"]["requests"] == c["resources"]["limits"] == {"cpu": "2", "memory": "4Gi"}
+    assert c["image"] == api.DEFAULT_IMAGE
+
+
+def test_restart_attempt_names_and_main_address() -> None:
+    t = builders.Target("pets", "ns", attempt=2)
+    job = builders.build_job(spec(), t)
+    assert job["metadata"]["name"] == "pets-r2"
+    env = env_of(job["spec"]["template"]["spec"]["containers"][0])
+    assert env["PETS_MAIN_ADDR"] == "pets-r2-0.pets.ns.svc.cluster.local"
+    assert job["spec"]["template"]["spec"]["subdomain"] == "pets"  # the Service outlives attempts
+
+
+def test_gpu_pvc_and_scheduling_fields() -> None:
+    s = spec(
+        resources={"gpu": 2, "cpu": 8, "memory": "32Gi"}, processesPerReplica=2, pretrained=True,
+        freezeBackbone=False,
+        dataset={"persistentVolumeClaim": {"claimName": "pets-data", "path": "/images"}},
+        output={"persistentVolumeClaim": {"claimName": "out", "path": "/run1"}},
+        nodeSelector={"gpu": "yes"}, tolerations=[{"key": "gpu", "operator": "Exists"}],
+        priorityClassName="high", serviceAccountName="trainer", imagePullSecrets=[{"name": "reg"}],
+        image="registry.example/trainer:1", env=[{"name": "HF_HOME", "value": "/output/hf"}],
+        activeDeadlineSeconds=600, suspend=True,
+    )
+    job = builders.build_job(s, TARGET)
+    assert job["spec"]["activeDeadlineSeconds"] == 600 and job["spec"]["suspend"] is True
+    pod = job["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert c["resources"]["limits"] == {"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": "2"}
+    assert c["image"] == "registry.example/trainer:1"
+    assert "--pretrained" in c["args"] and "--unfreeze" in c["args"]
+    assert c["args"][c["args"].index("--data") + 1] == "/data/images"
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    assert mounts["data"]["readOnly"] is True and mounts["output"]["subPath"] == "run1"
+    vols = {v["name"]: v for v in pod["volumes"]}
+    assert vols["data"]["persistentVolumeClaim"] == {"claimName": "pets-data", "readOnly": True}
+    assert vols["output"]["persistentVolumeClaim"] == {"claimName": "out"}
+    assert pod["nodeSelector"] == {"gpu": "yes"} and pod["priorityClassName"] == "high"
+    assert pod["serviceAccountName"] == "trainer" and pod["imagePullSecrets"] == [{"name": "reg"}]
+    assert env_of(c)["HF_HOME"] == "/output/hf"
+
+
+def test_host_path_dataset() -> None:
+    job = builders.build_job(spec(dataset={"hostPath": {"path": "/srv/pets"}}), TARGET)
+    vols = {v["name"]: v for v in job["spec"]["template"]["spec"]["volumes"]}
+    assert vols["data"]["hostPath"] == {"path": "/srv/pets", "type": "Directory"}
+
+
+def test_dataset_must_have_exactly_one_source() -> None:
+    with pytest.raises(api.SpecError, match=r"spec\.dataset must set exactly one"):
+        builders.dataset_source({"dataset": {"synthetic": {}, "hostPath": {"path": "/x"}}})
+    with pytest.raises(api.SpecError, match=r"spec\.dataset"):
+        builders.dataset_source({"dataset": {}})
+
+
+def test_pytorchjob() -> None:
+    pj = builders.build_pytorchjob(spec(), TARGET)
+    assert pj["apiVersion"] == "kubeflow.org/v1" and pj["kind"] == "PyTorchJob"
+    rs = pj["spec"]["pytorchReplicaSpecs"]
+    assert rs["Master"]["replicas"] == 1 and rs["Worker"]["replicas"] == 2
+    c = rs["Master"]["template"]["spec"]["containers"][0]
+    assert c["name"] == "pytorch"
+    assert {p["name"] for p in c["ports"]} >= {"pytorchjob-port"}
+    env = env_of(c)
+    assert "PETS_MAIN_ADDR" not in env  # MASTER_ADDR from the training-operator is the fallback
+    assert env["PETS_NUM_MACHINES"] == "3"
+    assert rs["Master"]["template"] is not rs["Worker"]["template"]
+    single = builders.build_pytorchjob(spec(replicas=1), TARGET)
+    assert "Worker" not in single["spec"]["pytorchReplicaSpecs"]
+
+
+def test_backend_resolution() -> None:
+    assert builders.resolve_backend(spec(), pytorchjob_available=True) == "pytorchjob"
+    assert builders.resolve_backend(spec(), pytorchjob_available=False) == "job"
+    assert builders.resolve_backend(spec(backend="job"), pytorchjob_available=True) == "job"
+    with pytest.raises(api.SpecError, match="spec.backend is 'pytorchjob'"):
+        builders.resolve_backend(spec(backend="pytorchjob"), pytorchjob_available=False)
+    kinds = [m["kind"] for m in builders.build_children(spec(), TARGET, "job")]
+    assert kinds == ["Service", "Job"]
+
+
+@pytest.mark.parametrize(
+    ("bad", "field"),
+    [
+        ({"replicas": 0}, "spec.replicas"),
+        ({"epochs": "five"}, "spec.epochs"),
+        ({"learningRate": 0}, "spec.learningRate"),
+        ({"mixedPrecision": "fp8"}, "spec.mixedPrecision"),
+        ({"imagePullPolicy": "Sometimes"}, "spec.imagePullPolicy"),
+        ({"dataset": {"hostPath": {"path": "relative"}}}, "spec.dataset.hostPath.path"),
+        ({"resources": {"cpu": "lots"}}, "spec.resources.cpu"),
+        ({"env": [{"name": "1BAD"}]}, "spec.env[0].name"),
+        ({"colour": "blue"}, "spec"),
+    ],
+)
+def test_local_validation_names_the_field(bad: dict[str, Any], field: str) -> None:
+    with pytest.raises(api.SpecError) as err:
+        api.resolve_spec(bad)
+    assert str(err.value).startswith(field), str(err.value)
+
+
+def test_user_env_cannot_override_the_pod_contract() -> None:
+    with pytest.raises(api.SpecError, match=r"spec\.env\[1\]\.name 'PETS_MAIN_ADDR'"):
+        builders.build_job(spec(env=[{"name": "OK", "value": "1"}, {"name": "PETS_MAIN_ADDR", "value": "x"}]),
+                           TARGET)

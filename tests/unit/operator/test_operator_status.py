@@ -1,0 +1,210 @@
+"""(observed Job/PyTorchJob, progress, summary) -> status, conditions, events and actions."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from pets_operator import api, builders, status
+from pets_operator.progress import parse_progress
+
+pytestmark = pytest.mark.unit
+
+NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+TARGET = builders.Target("pets", "ns")
+
+
+def body(st: dict[str, Any] | None = None, **spec: Any) -> dict[str, Any]:
+    return {"metadata": {"name": "pets", "namespace": "ns", "generation": 3, "uid": "u1"},
+            "spec": spec, "status": st or {}}
+
+
+def job(conditions: list[dict[str, Any]] | None = None, attempt: int = 0, suspend: bool = False,
+        **st: Any) -> dict[str, Any]:
+    j = builders.build_job(api.resolve_spec({}), builders.Target("pets", "ns", attempt))
+    j["spec"]["suspend"] = suspend
+    j["status"] = {"conditions": [{"status": "True", **c} for c in conditions or []], **st}
+    return j
+
+
+def run(b: dict[str, Any], workload: dict[str, Any] | None, *, backend: str = "job", now: datetime = NOW,
+        **observed: Any) -> status.Plan:
+    spec = api.resolve_spec(b["spec"])
+    svc = builders.build_service(spec, TARGET) if backend == "job" else None
+    obs = status.Observed(backend=backend, workload=workload, service=svc, **observed)
+    return status.plan(b, spec, obs, TARGET, now)
+
+
+def cond(plan: status.Plan, ctype: str) -> dict[str, Any]:
+    return next(c for c in plan.status["conditions"] if c["type"] == ctype)
+
+
+def test_new_training_creates_service_and_job_once() -> None:
+    spec = api.resolve_spec({"replicas": 2})
+    p = status.plan(body(replicas=2), spec, status.Observed(backend="job", workload=None), TARGET, NOW)
+    assert [m["kind"] for m in p.create] == ["Service", "Job"]
+    assert p.status["phase"] == api.PENDING
+    assert p.status["observedGeneration"] == 3
+    assert p.status["children"] == {"service": "pets", "job": "pets"}
+    assert cond(p, "Progressing")["status"] == "True"
+    assert [e.reason for e in p.events] == ["Created"]
+    # Once both exist, nothing is created again (idempotent).
+    p2 = run(body(p.status, replicas=2), job())
+    assert p2.create == [] and p2.delete == []
+
+
+def test_running_with_progress_mirrored() -> None:
+    scrape = parse_progress(
+        "# TYPE pets_epoch gauge\npets_epoch 2\n# TYPE pets_total_epochs gauge\npets_total_epochs 5\n"
+        "# TYPE pets_eval_accuracy gauge\npets_eval_accuracy 0.875\n"
+        "# TYPE pets_train_loss gauge\npets_train_loss 0.5\n"
+        "# TYPE pets_eta_seconds gauge\npets_eta_seconds 30\n"
+        "# TYPE pets_images_per_second gauge\npets_images_per_second 123.5\n")
+    p = run(body({"phase": api.PENDING}), job(active=1, ready=1, startTime="2026-01-02T03:00:00Z"),
+            progress=scrape)
+    st = p.status
+    assert st["phase"] == api.RUNNING and st["activeReplicas"] == 1 and st["readyReplicas"] == 1
+    assert st["epoch"] == 2 and st["totalEpochs"] == 5 and st["progress"] == "2/5"
+    assert st["evalAccuracy"] == 0.875 and st["trainLoss"] == 0.5 and st["etaSeconds"] == 30.0
+    assert st["imagesPerSecond"] == 123.5
+    assert st["startTime"] == "2026-01-02T03:00:00Z"
+    assert cond(p, "Ready")["status"] == "True"
+    assert [e.reason for e in p.events] == [api.RUNNING]
+
+
+def test_succeeded_takes_the_summary() -> None:
+    summary = status.parse_summary(json.dumps({"status": "succeeded", "epochs": 5, "final_accuracy": 0.94,
+                                               "final_train_loss": 0.2, "images_per_second": 120.0}))
+    p = run(body({"phase": api.RUNNING}),
+            job([{"type": "Complete"}], succeeded=2, completionTime="2026-01-02T03:04:00Z"), summary=summary)
+    st = p.status
+    assert st["phase"] == api.SUCCEEDED and st["evalAccuracy"] == 0.94 and st["progress"] == "5/5"
+    assert st["completionTime"] == "2026-01-02T03:04:00Z" and st["summary"]["status"] == "succeeded"
+    assert cond(p, "Succeeded")["status"] == "True" and cond(p, "Progressing")["status"] == "False"
+    assert "0.9400" in st["message"]
+
+
+def test_failure_restarts_the_gang_then_fails() -> None:
+    failed = job([{"type": "Failed", "reason": "BackoffLimitExceeded", "message": "pod failed"}])
+    p = run(body({"phase": api.RUNNING}, maxRestarts=2), failed,
+            summary={"status": "failed", "error": "CUDA out of memory"})
+    assert p.status["phase"] == api.RESTARTING and p.status["restarts"] == 1
+    assert p.delete == [{"apiVersion": "batch/v1", "kind": "Job", "name": "pets", "namespace": "ns"}]
+    assert p.create == []
+    assert "CUDA out of memory" in p.status["message"]
+    assert [e.type for e in p.events] == ["Warning"]
+    assert p.status["children"]["job"] == "pets"  # switches to pets-r1 once the status is stored
+
+    # Next round: old Job still going away -> wait, do not create yet.
+    wait = run(body(p.status, maxRestarts=2), None, stale=[failed])
+    assert wait.create == [] and wait.status["phase"] == api.RESTARTING
+
+    # Old Job gone -> attempt 1 is created with its own name.
+    again = run(body(p.status, maxRestarts=2), None)
+    assert [m["metadata"]["name"] for m in again.create] == ["pets-r1"]
+    assert again.status["children"]["job"] == "pets-r1"
+
+    # Last allowed restart used up -> Failed, nothing deleted, nothing created.
+    final = run(body({"phase": api.RUNNING, "restarts": 2}, maxRestarts=2),
+                job([{"type": "Failed", "reason": "BackoffLimitExceeded"}], attempt=2))
+    assert final.status["phase"] == api.FAILED and final.delete == [] and final.create == []
+    assert cond(final, "Failed")["reason"] == "MaxRestartsExceeded"
+    assert any(e.type == "Warning" and e.reason == api.FAILED for e in final.events)
+
+
+def test_finished_is_terminal() -> None:
+    p = run(body({"phase": api.SUCCEEDED, "completionTime": "2026-01-02T03:00:00Z"}), None)
+    assert p.create == [] and p.status["phase"] == api.SUCCEEDED
+
+
+def test_suspend_and_resume_go_through_the_job() -> None:
+    p = run(body({"phase": api.RUNNING}, suspend=True), job(active=2))
+    assert p.suspend is True and p.status["phase"] == api.SUSPENDED
+    assert cond(p, "Suspended")["status"] == "True"
+    p2 = run(body(p.status, suspend=True), job([{"type": "Suspended"}], suspend=True))
+    assert p2.suspend is None and p2.status["phase"] == api.SUSPENDED
+    p3 = run(body(p2.status, suspend=False), job([{"type": "Suspended"}], suspend=True))
+    assert p3.suspend is False and p3.status["phase"] == api.PENDING
+    assert [e.reason for e in p3.events] == ["Resumed"]
+    # A training created suspended creates a suspended Job.
+    p4 = run(body(suspend=True), None)
+    assert p4.create[-1]["spec"]["suspend"] is True and p4.status["phase"] == api.SUSPENDED
+
+
+def test_condition_transition_time_moves_only_on_change() -> None:
+    p = run(body({"phase": api.PENDING}), job(active=1))
+    first = cond(p, "Ready")["lastTransitionTime"]
+    later = NOW + timedelta(minutes=5)
+    p2 = run(body(p.status), job(active=1), now=later)
+    assert cond(p2, "Ready")["lastTransitionTime"] == first
+    p3 = run(body(p2.status), job([{"type": "Complete"}]), now=later)
+    assert cond(p3, "Ready")["lastTransitionTime"] == "2026-01-02T03:09:05Z"
+
+
+def test_ttl_after_finished() -> None:
+    done = {"phase": api.SUCCEEDED, "completionTime": "2026-01-02T03:00:00Z"}
+    early = run(body(done, ttlSecondsAfterFinished=600), None)
+    assert not early.delete_self and early.requeue_after == pytest.approx(600 - 245)
+    late = run(body(done, ttlSecondsAfterFinished=60), None)
+    assert late.delete_self
+    assert not run(body(done), None).delete_self
+
+
+def test_pytorchjob_states() -> None:
+    pj = builders.build_pytorchjob(api.resolve_spec({"replicas": 2}), TARGET)
+    pj["status"] = {"conditions": [{"type": "Created", "status": "True"},
+                                   {"type": "Running", "status": "True"}],
+                    "replicaStatuses": {"Master": {"active": 1}, "Worker": {"active": 1}}}
+    p = run(body({"phase": api.PENDING}, replicas=2), pj, backend="pytorchjob")
+    assert p.status["phase"] == api.RUNNING and p.status["activeReplicas"] == 2
+    assert p.status["children"] == {"pytorchJob": "pets"}
+    pj["status"]["conditions"].append({"type": "Succeeded", "status": "True"})
+    assert run(body(p.status, replicas=2), pj, backend="pytorchjob").status["phase"] == api.SUCCEEDED
+
+
+def test_summary_parsing_is_lenient() -> None:
+    assert status.parse_summary(None) is None
+    assert status.parse_summary("Traceback: boom") is None
+    assert status.parse_summary("[1, 2]") is None
+    assert status.parse_summary('{"status": "failed", "error": "x"}') == {"status": "failed", "error": "x"}
+
+
+def test_progress_parser_ignores_other_metrics_and_nan() -> None:
+    text = ("# TYPE pets_epoch gauge\npets_epoch 3\n# TYPE pets_eta_seconds gauge\npets_eta_seconds NaN\n"
+            "# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total 1.5\n")
+    assert parse_progress(text) == {"pets_epoch": 3.0}
+
+
+def test_child_timestamps_in_either_rfc3339_form() -> None:
+    """The client library serialises times as '+00:00'; the status always gets the server's 'Z' form."""
+    j = job([{"type": "Complete"}], startTime="2026-01-02T03:00:00+00:00",
+            completionTime="2026-01-02T03:04:00+00:00")
+    p = run(body({"phase": api.RUNNING}, ttlSecondsAfterFinished=600), j)
+    assert p.status["startTime"] == "2026-01-02T03:00:00Z"
+    assert p.status["completionTime"] == "2026-01-02T03:04:00Z"
+    assert p.requeue_after == pytest.approx(600 - 5)
+
+
+def test_scrape_reads_a_real_prometheus_endpoint() -> None:
+    """The operator's scraper against prometheus_client's own HTTP server, as the trainer serves it."""
+    import socket
+
+    from pets_operator.progress import scrape
+    from prometheus_client import CollectorRegistry, Gauge, start_http_server
+
+    registry = CollectorRegistry()
+    Gauge("pets_epoch", "epoch", registry=registry).set(3)
+    Gauge("pets_eval_accuracy", "accuracy", registry=registry).set(0.9)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server, thread = start_http_server(port, addr="127.0.0.1", registry=registry)
+    try:
+        assert scrape("127.0.0.1", port) == {"pets_epoch": 3.0, "pets_eval_accuracy": 0.9}
+    finally:
+        server.shutdown()
+        thread.join(5)
+    with pytest.raises(OSError):
+        scrape("127.0.0.1", port, timeout=1)
