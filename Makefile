@@ -8,6 +8,7 @@ PY := $(VENV)/bin/python
 # Expensive things (Go builds, the wheelhouse, images' base) are cached here and reused.
 export PETS_CACHE ?= $(HOME)/.cache/pets-training
 CLUSTER ?= local
+export PETS_CLUSTER := $(CLUSTER)
 
 .PHONY: help
 help: ## list the targets
@@ -31,12 +32,12 @@ lint: install ## ruff and mypy
 # ---------------------------------------------------------------- tests
 .PHONY: test
 test: install tools ## unit tests, then integration tests against a real API server (brought up and down here)
-	$(VENV)/bin/pytest -m unit tests/unit
+	$(VENV)/bin/pytest -m unit tests/unit tests/cluster
 	$(MAKE) test-integration
 
 .PHONY: test-unit
 test-unit: install tools ## unit tests only (no cluster; the chart's tests run the real helm)
-	$(VENV)/bin/pytest -m unit tests/unit
+	$(VENV)/bin/pytest -m unit tests/unit tests/cluster
 
 .PHONY: tools
 tools: ## build (once, cached in $PETS_CACHE/bin) helm and the control plane's binaries
@@ -61,8 +62,8 @@ bench: install ## tutorial loop vs our trainer on the same JPEGs: images/s and t
 
 # ---------------------------------------------------------------- control plane and cluster (tests/cluster)
 .PHONY: test-integration
-test-integration: install ## integration tests against etcd + kube-apiserver + controller-manager
 # No pods run on the test control plane, so the Job controller is off and the tests drive Job status.
+test-integration: install ## integration tests against etcd + kube-apiserver + controller-manager
 	KCM_CONTROLLERS='*,-job' tests/cluster/run-with-control-plane.sh $(VENV)/bin/pytest -m integration tests/integration
 
 .PHONY: cluster-up
@@ -100,10 +101,10 @@ demo: ## from a fresh machine: cluster, images, chart, train petstraining.yaml t
 bench-e2e: install ## time from kubectl apply to pods Running and to the first step (median of 5)
 	tests/e2e/bench.sh $(CLUSTER)
 
-.PHONY: clean
-clean: ## remove build and test outputs (not the cache)
 .PHONY: bench-operator
 bench-operator: install ## operator memory (at rest, with 100 PetsTrainings) and create->Job latency p50/p99
 	KCM_CONTROLLERS='*,-job' tests/cluster/run-with-control-plane.sh $(PY) tests/integration/bench_operator.py
 
+.PHONY: clean
+clean: ## remove build and test outputs (not the cache)
 	rm -rf output bench-output .pytest_cache .mypy_cache .ruff_cache
