@@ -84,7 +84,8 @@ base-image: ## build the offline Debian bookworm base image
 	image/build.sh base
 
 .PHONY: test-images
-test-images: install ## build both images from the offline base and test them with docker
+test-images: install ## build both images from a clean engine (offline base) and test them with docker
+	image/build.sh clean
 	image/build.sh all
 	$(VENV)/bin/pytest -m e2e tests/e2e/test_images.py
 
