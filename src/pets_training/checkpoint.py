@@ -44,6 +44,18 @@ def newest_checkpoint(directory: Path) -> tuple[int, Path] | None:
     return found[-1] if found else None
 
 
+def publish(temp: Path, final: Path) -> None:
+    """Rename a finished temp checkpoint to its final name. In a directory shared by several machines
+    they all rename at the same moment: the first wins and the others drop their copy. Checking for
+    ``final`` before renaming would race, so the rename itself decides."""
+    try:
+        temp.rename(final)
+    except OSError:
+        if not (final / STATE_FILE).is_file():
+            raise
+        shutil.rmtree(temp)
+
+
 def save_atomically(
     directory: Path,
     epoch: int,
@@ -66,10 +78,7 @@ def save_atomically(
     wait_for_everyone()
     if is_node_main:
         (temp / STATE_FILE).write_text(json.dumps(trainer_state, indent=1))
-        if final.exists():
-            shutil.rmtree(temp)  # a shared directory: another machine renamed its copy first
-        else:
-            temp.rename(final)
+        publish(temp, final)
         for _, old in list_checkpoints(directory)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
     wait_for_everyone()

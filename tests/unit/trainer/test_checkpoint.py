@@ -6,6 +6,7 @@ from pets_training.checkpoint import (
     check_compatible,
     list_checkpoints,
     newest_checkpoint,
+    publish,
     read_trainer_state,
     save_atomically,
     temp_name,
@@ -30,6 +31,28 @@ def test_checkpoints_appear_complete_and_old_ones_are_pruned(tmp_path: Path) -> 
     assert epoch == 3 and (path / "model.safetensors").read_text() == "weights 3"
     assert read_trainer_state(path) == {"epoch": 3}
     assert not any(p.name.startswith(".tmp") for p in tmp_path.iterdir())
+
+
+def test_in_a_shared_directory_the_first_machine_to_rename_wins(tmp_path: Path) -> None:
+    # Two machines finish epoch 1 at the same moment; machine A's rename has already landed.
+    winner = _save(tmp_path, 1)
+    late = tmp_path / temp_name(1).replace("epoch_1", "epoch_1-other")
+    late.mkdir()
+    (late / "model.safetensors").write_text("weights of the other machine")
+    publish(late, winner)
+    assert not late.exists()
+    assert (winner / "model.safetensors").read_text() == "weights 1"
+
+
+def test_a_failed_rename_without_a_complete_winner_is_an_error(tmp_path: Path) -> None:
+    final = tmp_path / "epoch_1"
+    (final / "junk").mkdir(parents=True)  # not a checkpoint: no trainer state
+    temp = tmp_path / temp_name(1)
+    temp.mkdir()
+    (temp / "model.safetensors").write_text("weights")
+    with pytest.raises(OSError):
+        publish(temp, final)
+    assert temp.exists()
 
 
 def test_a_crash_mid_save_leaves_nothing_that_resume_would_pick(tmp_path: Path) -> None:
