@@ -1,0 +1,34 @@
+# shellcheck shell=bash
+# Shared by run.sh, demo.sh and bench.sh: where the cluster is, and how images reach its node.
+
+E2E_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+export PETS_STATE=${PETS_STATE:-/tmp/pets-training-cluster}
+export PETS_CACHE=${PETS_CACHE:-$HOME/.cache/pets-training}
+VERSION=$(python3 -c 'import sys, tomllib; print(tomllib.load(open(sys.argv[1], "rb"))["project"]["version"])' \
+  "$E2E_ROOT/pyproject.toml")
+export VERSION
+
+die() { printf '[%s] error: %s\n' "$(basename "$0")" "$*" >&2; exit 1; }
+
+# use_cluster local|kind: export KUBECONFIG and PETS_CLUSTER for that kind of cluster.
+use_cluster() {
+  export PETS_CLUSTER=$1
+  case "$1" in
+    local) export KUBECONFIG=${KUBECONFIG:-$PETS_STATE/kubeconfig} ;;
+    kind) export KUBECONFIG=${KUBECONFIG:-$PETS_STATE/kind-kubeconfig} ;;
+    *) die "CLUSTER must be local or kind, got '$1'" ;;
+  esac
+}
+
+require_cluster() {
+  kubectl get nodes >/dev/null 2>&1 \
+    || die "no cluster answers with KUBECONFIG=$KUBECONFIG: start one with 'make cluster-up CLUSTER=$PETS_CLUSTER'"
+}
+
+# load_images: put the operator and trainer images (built by image/build.sh) into the node.
+load_images() {
+  local image
+  for image in operator trainer; do
+    "$E2E_ROOT/tests/cluster/load-image.sh" "pets-training/$image:$VERSION"
+  done
+}

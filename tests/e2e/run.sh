@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# shellcheck source-path=SCRIPTDIR
+# make e2e: on the running cluster, build (cached) and load the images, then run the e2e suite:
+# the cluster smoke checks first, then the chart, the operator and the trainer end to end.
+#
+#   tests/e2e/run.sh [local|kind] [pytest args...]
+set -euo pipefail
+# shellcheck source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+cd "$E2E_ROOT"
+use_cluster "${1:-local}"
+shift || true
+require_cluster
+
+log() { printf '[e2e] %s\n' "$*" >&2; }
+t0=$SECONDS
+image/build.sh all
+log "images built in $((SECONDS - t0)) s"
+t0=$SECONDS
+load_images
+log "images loaded into the node in $((SECONDS - t0)) s"
+t0=$SECONDS
+.venv/bin/pytest -m e2e tests/e2e/test_cluster_smoke.py tests/e2e/test_training.py "$@"
+log "e2e suite passed in $((SECONDS - t0)) s"
