@@ -40,7 +40,7 @@ last=""
 fmt='{.status.phase} epoch {.status.epoch}/{.status.totalEpochs} loss {.status.trainLoss} accuracy {.status.evalAccuracy} images/s {.status.imagesPerSecond} eta {.status.etaSeconds}s restarts {.status.restarts}'
 while :; do
   line=$(kubectl -n "$NAMESPACE" get pt "$name" -o jsonpath="$fmt" 2>/dev/null || true)
-  if [[ $line != "$last" ]]; then
+  if [[ $line != "$last" && $line != " "* ]]; then  # (no status yet: nothing to show)
     printf '%s  %s\n' "$(date +%H:%M:%S)" "$line"
     last=$line
   fi
@@ -63,7 +63,8 @@ Results:
   summary:   kubectl -n $NAMESPACE get pt $name -o jsonpath='{.status.summary}'
   table:     kubectl -n $NAMESPACE get pt
   logs:      kubectl -n $NAMESPACE logs -l training.pets.dev/training=$name --prefix
-  files:     the trainer's output volume (spec.output): progress.jsonl, summary.json,
-             model.safetensors, metrics.png, checkpoints/
+  files:     progress.jsonl, summary.json, model.safetensors, metrics.png and checkpoints/ are
+             written to the pods' output volume: an emptyDir in this sample (gone with the pods);
+             set spec.output.persistentVolumeClaim to keep them (docs/operator.md)
   cluster:   KUBECONFIG=$KUBECONFIG; stop it with 'make cluster-down'
 EOT
