@@ -313,9 +313,8 @@ def training_function(
                     epoch + 1,
                     cfg.max_epochs_this_run,
                 )
-                accelerator.wait_for_everyone()
-                return None
-        return _finish(
+                return _end(accelerator, None)
+        summary = _finish(
             accelerator,
             module,
             cfg,
@@ -324,9 +323,18 @@ def training_function(
             output_dir,
             elapsed_before + time.perf_counter() - run_start,
         )
+        return _end(accelerator, summary)
     finally:
         if metrics is not None:
             metrics.close()
+
+
+def _end(accelerator: Accelerator, result: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Every rank waits, then leaves the process group. A gloo group left to the interpreter's exit
+    can abort a rank ("terminate called without an active exception") after a run that succeeded."""
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
+    return result
 
 
 def _finish(

@@ -30,3 +30,5 @@ if accelerator.is_main_process:
         "metrics": metrics,
     }
     print("RESULT " + json.dumps(result), flush=True)
+accelerator.wait_for_everyone()
+accelerator.end_training()  # leave the gloo group cleanly, or a rank may abort at exit
