@@ -43,6 +43,9 @@ class Context:
     cluster_domain: str = api.DEFAULT_CLUSTER_DOMAIN
     progress_port: int = api.METRICS_PORT
     poll_active: float = POLL_ACTIVE
+    # Watching a fixed list of namespaces: the chart grants Roles only, so kopf must not scan
+    # cluster-wide namespaces and CRDs (it would retry 403s for about a minute before starting).
+    fixed_namespaces: bool = False
     triggers: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
     phases: metrics.PhaseBook = field(default_factory=metrics.PhaseBook)
 
@@ -331,6 +334,7 @@ def register(registry: kopf.OperatorRegistry, ctx: Context) -> None:
         settings.posting.level = logging.WARNING  # our own Events go through kopf.event()
         settings.watching.server_timeout = 300
         settings.networking.request_timeout = 60
+        settings.scanning.disabled = ctx.fixed_namespaces
 
     @kopf.on.login(registry=registry)
     def login(**_: Any) -> kopf.ConnectionInfo:

@@ -52,6 +52,7 @@ def build(options: RunOptions, cfg: client.Configuration) -> tuple[kopf.Operator
         cluster_domain=options.cluster_domain,
         poll_active=options.progress_poll_seconds,
         progress_port=options.progress_port,
+        fixed_namespaces=bool(options.namespaces),
     )
     handlers.register(registry, ctx)
     return registry, ctx
