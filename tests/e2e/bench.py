@@ -34,10 +34,6 @@ SPEC: dict[str, Any] = {
 }
 
 
-def kubectl(*args: str) -> str:
-    return subprocess.run(["kubectl", *args], check=True, text=True, capture_output=True).stdout
-
-
 def first_step_time(namespace: str, pod: str, deadline: float) -> dt.datetime:
     while time.monotonic() < deadline:
         logs = subprocess.run(["kubectl", "-n", namespace, "logs", "--timestamps", pod],
@@ -73,9 +69,8 @@ def one_run(api: Any, namespace: str, name: str, timeout_s: float) -> tuple[floa
             running.add(pod.metadata.name)
         if len(running) >= SPEC["replicas"]:
             stream.stop()
-    else:
-        if len(running) < SPEC["replicas"]:
-            raise SystemExit(f"pods of {name} not all Running after {timeout_s:.0f} s: {sorted(running)}")
+    if len(running) < SPEC["replicas"]:
+        raise SystemExit(f"pods of {name} not all Running after {timeout_s:.0f} s: {sorted(running)}")
     to_running = time.monotonic() - start
     first = first_step_time(namespace, rank0, start + timeout_s)
     to_first_step = (first - applied).total_seconds()
