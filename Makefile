@@ -18,7 +18,9 @@ help: ## list the targets
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -e '.[trainer,operator,dev]'
+	# No pip cache: it would keep another 3 GB copy of torch's wheels (the images take theirs from
+	# the wheelhouse in $$PETS_CACHE).
+	$(VENV)/bin/pip install --no-cache-dir -e '.[trainer,operator,dev]'
 	touch $@
 
 .PHONY: install

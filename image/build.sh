@@ -193,28 +193,39 @@ cmd_wheelhouse() {
   for name in "${@:-${IMAGES[@]}}"; do fill_wheelhouse "$name"; done
 }
 
-# The build context gets the wheelhouses that the build reads (.dockerignore lets .whl/ in), as hard
-# links from the cache, so staging costs nothing. The legacy builder runs every stage before the
-# target, and the Dockerfile has the operator's stages first: the operator needs its own wheelhouse,
-# the trainer both (the operator's is 17 MB). The trainer's 3 GB stay out of the operator's context.
-stage_wheelhouse() {
-  local target=$1 name
-  rm -rf "$ROOT/.whl"
-  mkdir -p "$ROOT/.whl"
-  for name in "${IMAGES[@]}"; do
-    fill_wheelhouse "$name"
-    cp -al "$PETS_CACHE/wheelhouse/$name" "$ROOT/.whl/$name" 2>/dev/null ||
-      cp -a "$PETS_CACHE/wheelhouse/$name" "$ROOT/.whl/$name"
-    [[ $name != "$target" ]] || break
+# The build reads the wheelhouse over loopback (docker build --network host): a static file server on
+# 127.0.0.1 for the length of one build. The port is fixed, because the legacy builder keys its layer
+# cache on build-arg values. The wheels never enter the build context or a layer.
+WHEELHOUSE_PORT=${PETS_WHEELHOUSE_PORT:-38471}
+WHEELHOUSE_URL=http://127.0.0.1:$WHEELHOUSE_PORT
+WHEELHOUSE_PID=
+
+serve_wheelhouse() {
+  local tries
+  "$PETS_PYTHON" -m http.server --bind 127.0.0.1 --directory "$PETS_CACHE/wheelhouse" "$WHEELHOUSE_PORT" \
+    >"$PETS_CACHE/wheelhouse-server.log" 2>&1 &
+  WHEELHOUSE_PID=$!
+  for ((tries = 0; tries < 50; tries++)); do
+    kill -0 "$WHEELHOUSE_PID" 2>/dev/null ||
+      die "the wheelhouse server could not listen on 127.0.0.1:$WHEELHOUSE_PORT (in use? set PETS_WHEELHOUSE_PORT): $(tail -n 3 "$PETS_CACHE/wheelhouse-server.log")"
+    "$PETS_PYTHON" -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=1)' \
+      "$WHEELHOUSE_URL/" 2>/dev/null && return 0
+    sleep 0.2
   done
+  die "the wheelhouse server on $WHEELHOUSE_URL did not answer within 10 s"
+}
+
+stop_wheelhouse() {
+  [[ -z $WHEELHOUSE_PID ]] || kill "$WHEELHOUSE_PID" 2>/dev/null || true
+  WHEELHOUSE_PID=
 }
 
 # ---------------------------------------------------------------- images
-# A cold trainer build holds its 3 GB context, the wheels' layer, the installed venv (6 GB) and the
-# final image's copy of it at once: about 20 GB under the engine's root.
+# A cold trainer build holds the fetched wheels (3 GB, in the build container until pip is done) and
+# the installed venv (6 GB) at once: about 10 GB under the engine's root.
 warn_if_low_on_disk() {
   local name=$1 root free_gb need_gb=2
-  [[ $name != trainer ]] || need_gb=20
+  [[ $name != trainer ]] || need_gb=10
   root=$(docker info --format '{{.DockerRootDir}}' 2>/dev/null) || return 0
   free_gb=$(df -P -BG "$root" | awk 'NR == 2 { sub("G", "", $4); print $4 }')
   if ((free_gb < need_gb)); then
@@ -224,7 +235,7 @@ warn_if_low_on_disk() {
 }
 
 build_image() {
-  local name=$1 tag base source revision start
+  local name=$1 tag base source revision start previous
   tag=$(image_tag "$name")
   base=${PETS_BASE_IMAGE:-$BASE_TAG}
   source=${PETS_IMAGE_SOURCE:-$(git -C "$ROOT" remote get-url origin 2>/dev/null || echo unknown)}
@@ -233,19 +244,34 @@ build_image() {
     revision=$revision-dirty
   fi
   warn_if_low_on_disk "$name"
-  stage_wheelhouse "$name"
-  trap 'rm -rf "$ROOT/.whl"' EXIT
+  # The trainer's build stage also reads the operator's wheelhouse (the build backend).
+  local wheel_args=() wheels sets=(operator)
+  [[ $name == operator ]] || sets+=("$name")
+  for wheels in "${sets[@]}"; do
+    fill_wheelhouse "$wheels"
+    wheel_args+=(--build-arg "${wheels^^}_WHEELS=$(cat "$PETS_CACHE/wheelhouse/$wheels/.complete")")
+  done
+  previous=$(docker image inspect "$tag" --format '{{.Id}}' 2>/dev/null || true)
+  serve_wheelhouse
+  trap stop_wheelhouse EXIT
   log "building $tag FROM $base (revision $revision)"
   start=$SECONDS
-  docker build -f image/Dockerfile --target "$name" \
+  docker build --network host -f image/Dockerfile --target "$name" \
     --build-arg BASE_IMAGE="$base" \
+    --build-arg WHEELHOUSE="$WHEELHOUSE_URL" \
+    "${wheel_args[@]}" \
     --build-arg VERSION="$(version)" \
     --build-arg REVISION="$revision" \
     --build-arg SOURCE="$source" \
     -t "$tag" . || die "docker build of $tag failed"
-  rm -rf "$ROOT/.whl"
+  stop_wheelhouse
   trap - EXIT
   log "built $tag in $((SECONDS - start)) s: $(docker image inspect "$tag" --format '{{.Size}}' | numfmt --to=iec)"
+  # The image this tag named before is superseded: remove it (its code layer; the dependency layers
+  # it shares with the new image stay). A container still using it keeps it.
+  if [[ -n $previous && $previous != "$(docker image inspect "$tag" --format '{{.Id}}')" ]]; then
+    docker image rm "$previous" >/dev/null 2>&1 && log "removed the superseded ${previous:7:12}" || true
+  fi
 }
 
 cmd_image() {

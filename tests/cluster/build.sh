@@ -21,8 +21,11 @@ KIND_VERSION="${KIND_VERSION:-v0.30.0}"
 K8S_VERSION="$(k8s_version)"
 
 export GOTOOLCHAIN=local GOWORK=off GOFLAGS=-buildvcs=false CGO_ENABLED=0
-# One Go build cache for every build here, kept with the binaries so CI can cache one directory.
-export GOCACHE="${GOCACHE:-$PETS_CACHE/go-build}"
+# One Go build cache for every build here. It only speeds up rebuilding a version already built (the
+# binaries themselves are cached in $PETS_BIN) and grows to about 5 GB, so ours is removed after each
+# run; a GOCACHE of the caller's is left alone.
+OWN_GOCACHE="$PETS_CACHE/go-build"
+export GOCACHE="${GOCACHE:-$OWN_GOCACHE}"
 mkdir -p "$PETS_BIN" "$GOCACHE"
 
 CONTROL_PLANE_PACKAGES=(etcd-server openssl curl)
@@ -210,6 +213,12 @@ main() {
       *) die "unknown build target '$t' (expected all, control-plane, node, kind, smoke-image or print-bin)" ;;
     esac
   done
+  if [[ $GOCACHE == "$OWN_GOCACHE" && -d $GOCACHE ]]; then
+    local mb
+    mb=$(du -sm "$GOCACHE" | cut -f1)
+    ((mb < 2)) || log "removing the Go build cache ($mb MB)"
+    rm -rf "$GOCACHE"
+  fi
   log "build ${targets[*]}: done in $((SECONDS - t0)) s; binaries in $PETS_BIN"
 }
 

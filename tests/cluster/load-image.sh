@@ -2,7 +2,9 @@
 # shellcheck source-path=SCRIPTDIR
 # Load an image into the local node's containerd (namespace k8s.io), without a registry.
 #
-# usage: load-image.sh IMAGE            docker save IMAGE | ctr images import -  (needs docker)
+# usage: load-image.sh IMAGE            docker save IMAGE | ctr images import -  (needs docker); a no-op
+#                                       when containerd has that docker image already, and the image the
+#                                       name pointed to before is removed
 #        load-image.sh --archive FILE   an OCI or docker archive made elsewhere (no docker needed)
 # PETS_CLUSTER=kind loads into the kind cluster instead (kind load docker-image / image-archive).
 # Pods then use the image with imagePullPolicy IfNotPresent or Never. Docker names are imported
@@ -30,6 +32,39 @@ sock="$PETS_STATE/containerd/containerd.sock"
 [[ -S "$sock" ]] || die "no containerd socket at $sock: is the local cluster up (tests/cluster/cluster.sh up local)?"
 ctr_() { ctr --address "$sock" --namespace k8s.io "$@"; }
 
+# Which docker image an import came from, so loading the same image again is a no-op.
+ID_LABEL=dev.pets-training.docker-id
+
+# containerd's name for a docker name: pets-training/trainer:0.1.0 -> docker.io/pets-training/trainer:0.1.0
+containerd_ref() {
+  local name=$1
+  [[ $name == */* ]] || name=library/$name
+  [[ ${name%%/*} == *[.:]* || ${name%%/*} == localhost ]] || name=docker.io/$name
+  echo "$name"
+}
+
+# The image REF named before, and every other name of it (the CRI adds "sha256:<config>" names), is
+# removed, so its content and unpacked layers (12 GB for the trainer) do not pile up across loads.
+# A container that still uses them keeps them alive.
+remove_superseded() {
+  local digest names
+  digest=$(ctr_ images ls "name==$1" | awk 'NR == 2 { print $3 }')
+  [[ -n $digest ]] || return 0
+  mapfile -t names < <(ctr_ images ls | awk -v d="$digest" 'NR > 1 && $3 == d { print $1 }')
+  log "removing the superseded $1 (${digest:7:12}; ${#names[@]} names)"
+  ctr_ images rm --sync "${names[@]}" >/dev/null
+}
+
+# Images left with only their "sha256:" name (their tag moved on by an earlier import).
+remove_orphans() {
+  local orphans
+  mapfile -t orphans < <(ctr_ images ls | awk 'NR > 1 { if ($1 ~ /^sha256:/) id[$1] = $3; else named[$3] = 1 }
+    END { for (r in id) if (!(id[r] in named)) print r }')
+  [[ ${#orphans[@]} -gt 0 ]] || return 0
+  log "removing ${#orphans[@]} image(s) no name refers to any more"
+  ctr_ images rm --sync "${orphans[@]}" >/dev/null
+}
+
 t0=$SECONDS
 case "${1:-}" in
   --archive)
@@ -41,9 +76,18 @@ case "${1:-}" in
     ;;
   *)
     command -v docker >/dev/null || die "docker not found: load-image.sh IMAGE needs docker (or use --archive FILE)"
-    docker image inspect "$1" >/dev/null 2>&1 || die "image '$1' is not in docker (docker images lists what is)"
+    id=$(docker image inspect --format '{{.Id}}' "$1" 2>/dev/null) ||
+      die "image '$1' is not in docker (docker images lists what is)"
+    ref=$(containerd_ref "$1")
+    if ctr_ images ls "name==$ref" | grep -q "$ID_LABEL=$id"; then
+      log "$ref is already in containerd (docker image ${id:7:12}): nothing to load"
+      exit 0
+    fi
+    remove_superseded "$ref"
+    remove_orphans
     log "docker save $1 | ctr import"
     docker save "$1" | ctr_ images import -
+    ctr_ images label "$ref" "$ID_LABEL=$id" >/dev/null
     ;;
 esac
 log "loaded in $((SECONDS - t0)) s"
