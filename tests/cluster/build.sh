@@ -21,9 +21,9 @@ KIND_VERSION="${KIND_VERSION:-v0.30.0}"
 K8S_VERSION="$(k8s_version)"
 
 export GOTOOLCHAIN=local GOWORK=off GOFLAGS=-buildvcs=false CGO_ENABLED=0
-# One Go build cache for every build here. It only speeds up rebuilding a version already built (the
-# binaries themselves are cached in $PETS_BIN) and grows to about 5 GB, so ours is removed after each
-# run; a GOCACHE of the caller's is left alone.
+# One Go build cache for every build here (the node's binaries reuse most of the control plane's
+# packages). It grows to about 5 GB, so once every Go binary of the control plane and the node is
+# cached, ours is removed: nothing is left that it would speed up. A GOCACHE of the caller's stays.
 OWN_GOCACHE="$PETS_CACHE/go-build"
 export GOCACHE="${GOCACHE:-$OWN_GOCACHE}"
 mkdir -p "$PETS_BIN" "$GOCACHE"
@@ -193,6 +193,14 @@ build_node() {
   build_coredns_image
 }
 
+go_binaries_all_cached() {
+  local name
+  for name in kube-apiserver kube-controller-manager kubectl kube-scheduler kubelet kube-proxy; do
+    is_cached "$name" "$K8S_VERSION" || return 1
+  done
+  is_cached helm "$HELM_VERSION" && is_cached coredns "$COREDNS_VERSION"
+}
+
 main() {
   local targets=("$@") t t0=$SECONDS
   [[ ${#targets[@]} -gt 0 ]] || targets=(all)
@@ -213,7 +221,7 @@ main() {
       *) die "unknown build target '$t' (expected all, control-plane, node, kind, smoke-image or print-bin)" ;;
     esac
   done
-  if [[ $GOCACHE == "$OWN_GOCACHE" && -d $GOCACHE ]]; then
+  if [[ $GOCACHE == "$OWN_GOCACHE" && -d $GOCACHE ]] && go_binaries_all_cached; then
     local mb
     mb=$(du -sm "$GOCACHE" | cut -f1)
     ((mb < 2)) || log "removing the Go build cache ($mb MB)"
