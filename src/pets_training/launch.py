@@ -135,10 +135,14 @@ def wait_for_address(
 ) -> None:
     """Wait until ``host`` resolves (a headless Service publishes a pod's name only once the pod exists).
 
-    DNS offers nothing to watch, so this polls with backoff (0.5 s doubling to 5 s) up to ``timeout``.
+    DNS offers nothing to watch, so this polls with backoff (0.5 s, then every 1 s) up to ``timeout``. The cap
+    is short because CoreDNS caches the negative answer for a few seconds anyway: a longer sleep only adds
+    to the time this machine starts after pod 0 is published.
     """
-    deadline = clock() + timeout
+    start = clock()
+    deadline = start + timeout
     delay = 0.5
+    next_report = start
     while True:
         try:
             resolve(host)
@@ -150,9 +154,11 @@ def wait_for_address(
                     f"{err}. Check that the headless Service exists and publishes not-ready addresses, and "
                     "that pod 0 is scheduled."
                 ) from None
-            log.info("waiting for %s to resolve (%s)", host, err)
+            if clock() >= next_report:  # a line every 10 s, not one per lookup
+                log.info("waiting for %s to resolve (%s; %.0f s so far)", host, err, clock() - start)
+                next_report += 10.0
             sleep(min(delay, max(0.0, deadline - clock())))
-            delay = min(delay * 2, 5.0)
+            delay = min(delay * 2, 1.0)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -39,18 +39,21 @@ from .progress import (
 from .resources import cpu_limit, plan_cpu
 
 log = logging.getLogger("pets_training")
+rank_log = logging.getLogger("pets_training.rank")  # INFO on every rank: one "ready" line per process
 
 StepHook = Callable[[int, int], None]  # (global step, images in this step across all processes)
 
 
 def setup_logging(rank: int | None = None) -> None:
-    """INFO lines from the main process, warnings and errors from every process, each with its rank."""
+    """INFO lines from the main process (and ``rank_log`` from every process), warnings and errors from every
+    process, each with its rank."""
     if rank is None:
         rank = int(os.environ.get("RANK", "0"))
     root = logging.getLogger()
     if not root.handlers:
         logging.basicConfig(format=f"%(asctime)s %(levelname)s [rank {rank}] %(message)s", datefmt="%H:%M:%S")
     logging.getLogger("pets_training").setLevel(logging.INFO if rank == 0 else logging.WARNING)
+    rank_log.setLevel(logging.INFO)
 
 
 class Normalise:
@@ -154,6 +157,16 @@ def training_function(
     cpu = plan_cpu(limit.cpus, local_processes, cfg.threads, cfg.num_workers)
     torch.set_num_threads(cpu.threads)
     set_seed(cfg.seed)
+    rank_log.info(
+        "rank %d of %d ready: machine %d, local rank %d, device %s, %d threads, mixed precision %s",
+        accelerator.process_index,
+        world,
+        accelerator.process_index // local_processes,
+        accelerator.local_process_index,
+        accelerator.device,
+        torch.get_num_threads(),
+        accelerator.mixed_precision,
+    )
 
     if main:
         output_dir.mkdir(parents=True, exist_ok=True)

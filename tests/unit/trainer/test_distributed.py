@@ -80,6 +80,8 @@ def test_two_process_accelerate_launch_learns_the_easy_set(tmp_path: Path) -> No
     assert (out / "metrics.png").stat().st_size > 1000
     assert "mixed precision bf16" in output and "epoch 3/3: train loss" in output
     assert "serving Prometheus metrics on port" in output  # rank 0 only: rank 1 binding it too would crash
+    assert "rank 0 of 2 ready: machine 0, local rank 0" in output
+    assert "rank 1 of 2 ready: machine 0, local rank 1" in output  # every rank logs this line
 
 
 @pytest.mark.timeout(240)
@@ -156,6 +158,7 @@ def test_two_pets_launch_machines_on_localhost_train_one_model(tmp_path: Path) -
     for index, (proc, output) in enumerate(zip(procs, outputs, strict=True)):
         assert proc.returncode == 0, f"machine {index}:\n{output[-5000:]}"
     assert "--machine_rank 0" in outputs[0] and "--machine_rank 1" in outputs[1]
+    assert "rank 1 of 2 ready: machine 1, local rank 0" in outputs[1]
     summary = read_json(tmp_path / "machine0" / "summary.json")
     assert summary["world_size"] == 2 and summary["final_accuracy"] >= 0.9
     assert not (tmp_path / "machine1" / "summary.json").exists()  # rank 0 reports

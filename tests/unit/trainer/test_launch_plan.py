@@ -112,12 +112,17 @@ def test_wait_for_address_is_bounded_and_says_what_to_check() -> None:
         calls.append(host)
         raise OSError("Name or service not known")
 
+    sleeps: list[float] = []
+
     def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
         now[0] += seconds
 
     with pytest.raises(LaunchError, match=r"'pets-0.pets' did not resolve within 12 s .*headless Service"):
         wait_for_address("pets-0.pets", 12, resolve=unresolvable, clock=lambda: now[0], sleep=sleep)
-    assert 3 <= len(calls) <= 10 and now[0] == pytest.approx(12.0)
+    assert now[0] == pytest.approx(12.0)
+    assert sleeps[:3] == [0.5, 1.0, 1.0] and max(sleeps) == 1.0  # capped at 1 s: CoreDNS negative cache
+    assert len(calls) == len(sleeps) + 1 == 14  # 0.5 s, 11 x 1 s, the last 0.5 s to the deadline
 
     answers = iter([OSError("not yet"), OSError("not yet"), "10.0.0.1"])
 
