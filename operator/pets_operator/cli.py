@@ -128,21 +128,25 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"pets-operator render: {exc}", file=sys.stderr)
             return 2
         return 0
-    from pets_operator.runner import RunOptions, run_operator
+    from pets_operator.runner import NoClusterError, RunOptions, run_operator
 
-    run_operator(
-        RunOptions(
-            namespaces=tuple(args.namespace),
-            liveness_port=args.liveness_port,
-            metrics_port=args.metrics_port,
-            peering_name=None if args.standalone else args.peering,
-            priority=args.priority,
-            log_format=args.log_format,
-            verbose=args.verbose,
-            default_image=args.default_image,
-            cluster_domain=args.cluster_domain,
+    try:
+        run_operator(
+            RunOptions(
+                namespaces=tuple(args.namespace),
+                liveness_port=args.liveness_port,
+                metrics_port=args.metrics_port,
+                peering_name=None if args.standalone else args.peering,
+                priority=args.priority,
+                log_format=args.log_format,
+                verbose=args.verbose,
+                default_image=args.default_image,
+                cluster_domain=args.cluster_domain,
+            )
         )
-    )
+    except NoClusterError as exc:
+        print(f"pets-operator run: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

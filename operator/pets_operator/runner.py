@@ -6,10 +6,11 @@ import asyncio
 import logging
 import os
 import threading
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
 
 import kopf
+import yaml
 from kubernetes import client, config
 
 from pets_operator import api, handlers
@@ -33,13 +34,49 @@ class RunOptions:
     progress_port: int = api.METRICS_PORT  # the trainer's contract port; tests point it elsewhere
 
 
+class NoClusterError(RuntimeError):
+    """No cluster credentials to load; the message says what was looked for and how to fix it."""
+
+
+def kubeconfig_path(env: Mapping[str, str], kubeconfig: str | None = None) -> str:
+    """The kubeconfig to load: the explicit path, else $KUBECONFIG (may list several), else the default."""
+    return kubeconfig or env.get("KUBECONFIG") or "~/.kube/config"
+
+
+def missing_cluster(env: Mapping[str, str], kubeconfig: str | None = None) -> str | None:
+    """None when there are credentials to try, else one line saying what was looked for and how to fix it."""
+    if kubeconfig is None and env.get("KUBERNETES_SERVICE_HOST"):
+        return None
+    path = kubeconfig_path(env, kubeconfig)
+    if any(os.path.isfile(os.path.expanduser(p)) for p in path.split(os.pathsep) if p):
+        return None
+    source = "given" if kubeconfig else "from KUBECONFIG" if env.get("KUBECONFIG") else "the default"
+    in_cluster = "not used" if kubeconfig else "KUBERNETES_SERVICE_HOST is unset"
+    return (
+        f"no cluster to connect to: in-cluster config: {in_cluster}; "
+        f"kubeconfig: {path} ({source}) not found. "
+        "Run the operator in a cluster (its service account is used), or set KUBECONFIG to a kubeconfig file."
+    )
+
+
 def load_client_config(kubeconfig: str | None = None) -> client.Configuration:
     """In-cluster service account credentials, else the kubeconfig (explicit path, $KUBECONFIG, default)."""
+    reason = missing_cluster(os.environ, kubeconfig)
+    if reason:
+        raise NoClusterError(reason)
     cfg = client.Configuration()
-    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
-        config.load_incluster_config(client_configuration=cfg)
-    else:
-        config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+    try:
+        if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+            config.load_incluster_config(client_configuration=cfg)
+        else:
+            # resolved here: the client library reads $KUBECONFIG once, when it is imported
+            path = kubeconfig_path(os.environ, kubeconfig)
+            config.load_kube_config(config_file=path, client_configuration=cfg)
+    except config.ConfigException as exc:
+        raise NoClusterError(f"cannot load cluster credentials: {exc}") from None
+    except yaml.YAMLError as exc:
+        path = kubeconfig_path(os.environ, kubeconfig)
+        raise NoClusterError(f"cannot load cluster credentials: {path} is not valid YAML: {exc}") from None
     return cfg
 
 
@@ -92,7 +129,8 @@ class QuietWatches(logging.Filter):
 
 
 def run_operator(options: RunOptions) -> None:
-    """Blocking entry point of `pets-operator run`."""
+    """Blocking entry point of `pets-operator run`; raises NoClusterError before anything starts."""
+    cfg = load_client_config(options.kubeconfig)
     kopf.configure(
         debug=options.verbose,
         verbose=options.verbose,
@@ -105,7 +143,6 @@ def run_operator(options: RunOptions) -> None:
         from prometheus_client import start_http_server
 
         start_http_server(options.metrics_port)
-    cfg = load_client_config(options.kubeconfig)
     scope = "all namespaces" if not options.namespaces else ", ".join(options.namespaces)
     peering = f"peering {options.peering_name!r}" if options.peering_name else "standalone"
     log.info(f"pets-operator starting: watching {scope}; {peering}; API {cfg.host}; "

@@ -6,13 +6,14 @@ Also a contract test: the trainer flags the operator generates parse with the tr
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from pets_operator import api, builders, cli
+from pets_operator import api, builders, cli, runner
 
 pytestmark = pytest.mark.unit
 
@@ -81,6 +82,42 @@ def test_run_flags() -> None:
         cli.build_parser().parse_args(["run", "--peering", "x", "--standalone"])
     with pytest.raises(SystemExit):
         cli.build_parser().parse_args(["run", "--metrics-port", "70000"])
+
+
+def test_run_without_a_cluster_says_what_it_looked_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`docker run` of the operator image outside a cluster: exit 2 and one line, not a traceback."""
+    missing = tmp_path / "missing-kubeconfig"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
+    env.update(HOME=str(tmp_path), KUBECONFIG=str(missing))
+    exe = Path(sys.executable).with_name("pets-operator")
+    proc = subprocess.run([str(exe), "run"], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("pets-operator run: no cluster to connect to")
+    assert "KUBERNETES_SERVICE_HOST is unset" in line and f"{missing} (from KUBECONFIG) not found" in line
+    assert "set KUBECONFIG" in line
+
+    env.pop("KUBECONFIG")
+    monkeypatch.setenv("HOME", str(tmp_path))  # ~ in the default path
+    assert "~/.kube/config (the default) not found" in (runner.missing_cluster(env) or "")
+    assert runner.missing_cluster({**env, "KUBERNETES_SERVICE_HOST": "10.0.0.1"}) is None
+    (tmp_path / "config").write_text("apiVersion: v1\nkind: Config\n")
+    assert runner.missing_cluster({"KUBECONFIG": f"{missing}:{tmp_path / 'config'}"}) is None
+
+
+def test_run_with_a_broken_kubeconfig_names_the_file(tmp_path: Path) -> None:
+    broken = tmp_path / "kubeconfig"
+    broken.write_text("clusters: [\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
+    env.update(HOME=str(tmp_path), KUBECONFIG=str(broken))
+    exe = Path(sys.executable).with_name("pets-operator")
+    proc = subprocess.run([str(exe), "run"], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert f"pets-operator run: cannot load cluster credentials: {broken} is not valid YAML" in proc.stderr
 
 
 def test_trainer_accepts_the_generated_flags() -> None:
