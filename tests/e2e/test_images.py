@@ -168,6 +168,14 @@ def test_operator_help_runs(operator: dict) -> None:
         assert command in proc.stdout, proc.stdout
 
 
+def test_operator_outside_a_cluster_says_so(operator: dict) -> None:
+    """`docker run` of the operator with no cluster: exit 2 and what it looked for, no traceback."""
+    proc = docker("run", "--rm", OPERATOR, check=False)
+    assert proc.returncode == 2, output(proc)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert "no cluster to connect to" in proc.stderr and "KUBERNETES_SERVICE_HOST is unset" in proc.stderr
+
+
 def test_operator_renders_the_sample(operator: dict) -> None:
     sample = REPO / "petstraining.yaml"
     # `docker run -i` with the sample on stdin: no bind mount, so no file permissions in the way.
