@@ -84,15 +84,22 @@ def test_run_flags() -> None:
         cli.build_parser().parse_args(["run", "--metrics-port", "70000"])
 
 
+def run_outside_a_cluster(
+    home: Path, kubeconfig: Path
+) -> tuple[subprocess.CompletedProcess[str], dict[str, str]]:
+    """`pets-operator run` with no in-cluster environment, HOME=home and KUBECONFIG=kubeconfig."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
+    env.update(HOME=str(home), KUBECONFIG=str(kubeconfig))
+    exe = Path(sys.executable).with_name("pets-operator")
+    return subprocess.run([str(exe), "run"], env=env, capture_output=True, text=True, timeout=60), env
+
+
 def test_run_without_a_cluster_says_what_it_looked_for(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`docker run` of the operator image outside a cluster: exit 2 and one line, not a traceback."""
     missing = tmp_path / "missing-kubeconfig"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
-    env.update(HOME=str(tmp_path), KUBECONFIG=str(missing))
-    exe = Path(sys.executable).with_name("pets-operator")
-    proc = subprocess.run([str(exe), "run"], env=env, capture_output=True, text=True, timeout=60)
+    proc, env = run_outside_a_cluster(tmp_path, missing)
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
     (line,) = proc.stderr.strip().splitlines()
@@ -111,10 +118,7 @@ def test_run_without_a_cluster_says_what_it_looked_for(
 def test_run_with_a_broken_kubeconfig_names_the_file(tmp_path: Path) -> None:
     broken = tmp_path / "kubeconfig"
     broken.write_text("clusters: [\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
-    env.update(HOME=str(tmp_path), KUBECONFIG=str(broken))
-    exe = Path(sys.executable).with_name("pets-operator")
-    proc = subprocess.run([str(exe), "run"], env=env, capture_output=True, text=True, timeout=60)
+    proc, _ = run_outside_a_cluster(tmp_path, broken)
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
     assert f"pets-operator run: cannot load cluster credentials: {broken} is not valid YAML" in proc.stderr
