@@ -1,7 +1,7 @@
 """`pets-operator`: run the operator, or render what it would create for a PetsTraining.
 
     pets-operator run [--namespace NS ...] [--liveness-port 8080] [--metrics-port 8000]
-                      [--peering NAME | --standalone] [--log-format json|plain]
+                      [--peering NAME | --standalone] [--priority N|auto] [--log-format json|plain]
     pets-operator render -f petstraining.yaml [--backend job|pytorchjob]
     pets-operator crd            # print the CustomResourceDefinition (the chart's crds/ file)
 
@@ -12,6 +12,7 @@ Service and Job (or PyTorchJob) the operator would create, as a YAML stream.
 from __future__ import annotations
 
 import argparse
+import random
 import sys
 from collections.abc import Sequence
 
@@ -30,6 +31,21 @@ def _positive_port(text: str) -> int:
     if not 0 <= port <= 65535:
         raise argparse.ArgumentTypeError(f"port must be within 0..65535 (0 disables it), got {port}")
     return port
+
+
+# A replica with priority "auto" draws one from this range: kopf pauses every replica when two share
+# a priority, so the replicas of one Deployment must not; a collision is about one in a billion.
+AUTO_PRIORITY_RANGE = (1, 1_000_000_000)
+
+
+def _priority(text: str) -> int:
+    """`--priority`: an integer, or `auto` for a random one (replicas of one Deployment)."""
+    if text == "auto":
+        return random.SystemRandom().randint(*AUTO_PRIORITY_RANGE)
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"priority must be an integer or 'auto', got {text!r}") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -69,8 +85,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="do not use peering (a single replica, or tests)",
     )
     run.add_argument(
-        "--priority", type=int, default=0,
-        help="peering priority of this replica; the highest active one acts (default 0)",
+        "--priority", type=_priority, default=0, metavar="N|auto",
+        help="peering priority of this replica; the highest live one acts, the others stand by. "
+        "'auto' draws a random one, so replicas of one Deployment never tie (a tie pauses them all) "
+        "(default 0)",
     )
     run.add_argument(
         "--log-format", choices=["json", "plain"], default="json",

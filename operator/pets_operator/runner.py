@@ -144,7 +144,8 @@ def run_operator(options: RunOptions) -> None:
 
         start_http_server(options.metrics_port)
     scope = "all namespaces" if not options.namespaces else ", ".join(options.namespaces)
-    peering = f"peering {options.peering_name!r}" if options.peering_name else "standalone"
+    peering = (f"peering {options.peering_name!r} with priority {options.priority}" if options.peering_name
+               else "standalone")
     log.info(f"pets-operator starting: watching {scope}; {peering}; API {cfg.host}; "
              f"metrics :{options.metrics_port}; health :{options.liveness_port}/healthz")
     asyncio.run(operator_coroutine(options, cfg))  # type: ignore[arg-type]

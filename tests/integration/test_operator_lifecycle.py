@@ -8,12 +8,21 @@ the operator must follow. The garbage collector is real, so deletion goes throug
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
 import urllib.request
+from collections.abc import Iterator
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import OperatorThread, TrainerMetrics, wait_for
+import yaml
+from conftest import OperatorThread, TrainerMetrics, free_port, wait_for
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from pets_operator import api, rbac
@@ -392,3 +401,109 @@ def test_namespaced_operator_acts_only_in_its_namespaces(admin: client.ApiClient
     the_job(admin, other, "theirs")
     for ns in (watched, other):
         core.delete_namespace(ns)
+
+
+# ---------------------------------------------------------------- operator replicas as processes
+
+PAUSED = "Pausing operations in favour of"
+RESUMED = "Resuming operations after the pause"
+
+
+class Replica:
+    """One `pets-operator run` process; its log goes to a file the test reads."""
+
+    def __init__(self, name: str, kubeconfig: Path, args: list[str], log: Path) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
+        env["KUBECONFIG"] = str(kubeconfig)
+        own = ("--liveness-port", "--metrics-port", "--log-format")
+        argv = [a for a in args if not a.startswith(own)]
+        argv += [f"--liveness-port={free_port()}", "--metrics-port=0", "--log-format=plain"]
+        exe = Path(sys.executable).with_name("pets-operator")
+        self.name, self.log = name, log
+        self.proc = subprocess.Popen([str(exe), *argv], env=env, stdout=log.open("w"),
+                                     stderr=subprocess.STDOUT)
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def priority(self) -> int | None:
+        found = re.search(r"with priority (\d+)", self.text())
+        return int(found.group(1)) if found else None
+
+    def acting(self) -> bool:
+        """kopf starts paused and logs each change: acting when its last such line is a resume."""
+        text = self.text()
+        return text.rfind(RESUMED) > text.rfind(PAUSED)
+
+    def stop(self, timeout: float = 60) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                pytest.fail(f"replica {self.name} did not stop in {timeout:g} s; log:\n{self.text()[-3000:]}")
+
+
+def write_kubeconfig(path: Path, cfg: client.Configuration) -> Path:
+    """The chart ServiceAccount's credentials (the `operator_config` fixture) as a kubeconfig file."""
+    token = cfg.api_key["authorization"].removeprefix("Bearer ")
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "sa",
+        "clusters": [{"name": "test",
+                      "cluster": {"server": cfg.host, "certificate-authority": cfg.ssl_ca_cert}}],
+        "users": [{"name": "sa", "user": {"token": token}}],
+        "contexts": [{"name": "sa", "context": {"cluster": "test", "user": "sa"}}],
+    }))
+    return path
+
+
+@pytest.fixture()
+def replicas(operator_config: client.Configuration, chart_rbac: dict[str, Any],
+             tmp_path: Path) -> Iterator[list[Replica]]:
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", operator_config)
+    assert "--priority=auto" in chart_rbac["args"], chart_rbac["args"]
+    started = [Replica(n, kubeconfig, chart_rbac["args"], tmp_path / f"{n}.log") for n in ("a", "b")]
+    yield started
+    for replica in started:  # gracefully: a killed replica's peering record would pause others for 60 s
+        replica.stop()
+
+
+# ---------------------------------------------------------------- two replicas (peering)
+# Each replica is a real `pets-operator run` process with the chart's arguments (so `--priority=auto`,
+# a random priority each) and the chart ServiceAccount's token, as the chart runs `replicaCount: 2`.
+
+# `namespace` before `operator_paused`: the in-process operator is back before the namespace's
+# trainings are deleted, so their finalizers are released.
+def test_one_replica_acts_and_the_other_takes_over(
+    admin: client.ApiClient, operator: OperatorThread, namespace: str, operator_paused: None,
+    replicas: list[Replica],
+) -> None:
+    # Both join the peering: the one with the higher (random) priority acts, the other stays paused.
+    wait_for("both replicas to start", lambda: all(r.priority() is not None for r in replicas), timeout=60)
+    active, standby = sorted(replicas, key=lambda r: r.priority() or 0, reverse=True)
+    assert active.priority() != standby.priority()
+    wait_for("the higher-priority replica to act", active.acting, timeout=60)
+    wait_for("the other to stand by", lambda: not standby.acting(), timeout=30)
+
+    create_training(admin, namespace, "first", replicas=2)
+    the_job(admin, namespace, "first")
+    run_job(admin, namespace, "first", 2)
+    wait_phase(admin, namespace, "first", api.RUNNING)
+    time.sleep(3)  # room for a second Job or a standby's handler, if either were going to happen
+    assert [j.metadata.name for j in jobs(admin, namespace)] == ["first"]
+    assert "created Job first" in active.text()
+    assert "first" not in standby.text(), standby.text()[-3000:]
+
+    stopped_at = time.monotonic()
+    active.stop()
+    wait_for("the standby to resume", standby.acting, timeout=30)
+    handover = time.monotonic() - stopped_at
+    # The new active replica follows the training that exists, and handles the ones created after.
+    finish_job(admin, namespace, "first", 2)
+    wait_phase(admin, namespace, "first", api.SUCCEEDED)
+    create_training(admin, namespace, "second", replicas=2)
+    the_job(admin, namespace, "second")
+    assert "created Job second" in standby.text()
+    assert sorted(j.metadata.name for j in jobs(admin, namespace)) == ["first", "second"]
+    print(f"hand-over: the standby resumed {handover:.1f} s after SIGTERM to the active replica")

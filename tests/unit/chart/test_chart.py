@@ -184,6 +184,7 @@ def test_deployment_defaults(helm: str) -> None:
     assert c["imagePullPolicy"] == "IfNotPresent"
     assert c["args"][0] == "run"
     assert "--peering=pets-training" in c["args"]
+    assert "--priority=auto" in c["args"]  # replicas of the Deployment must not tie (see docs/chart.md)
     assert "--liveness-port=8080" in c["args"] and "--metrics-port=8000" in c["args"]
     assert not any(a.startswith("--namespace") for a in c["args"])
     for probe in ("livenessProbe", "readinessProbe"):
@@ -325,6 +326,7 @@ def test_names_are_release_scoped(helm: str) -> None:
         ("logFormat=xml", "logFormat"),
         ("replicaCount=-1", "replicaCount"),
         ("peering.enabled=maybe", "enabled"),
+        ("peering.priority=high", "priority"),
         ("unknownTopLevel=1", "unknownTopLevel"),
         ("image.digest=latest", "digest"),
         ("metrics.serviceMonitor.interval=often", "interval"),

@@ -84,6 +84,18 @@ def test_run_flags() -> None:
         cli.build_parser().parse_args(["run", "--metrics-port", "70000"])
 
 
+def test_priority_auto_draws_a_number_per_replica(capsys: pytest.CaptureFixture[str]) -> None:
+    parse = cli.build_parser().parse_args
+    assert parse(["run", "--priority", "7"]).priority == 7
+    assert parse(["run"]).priority == 0
+    drawn = {parse(["run", "--priority", "auto"]).priority for _ in range(20)}
+    low, high = cli.AUTO_PRIORITY_RANGE
+    assert all(low <= p <= high for p in drawn) and len(drawn) > 1, drawn
+    with pytest.raises(SystemExit):
+        parse(["run", "--priority", "high"])
+    assert "priority must be an integer or 'auto', got 'high'" in capsys.readouterr().err
+
+
 def run_outside_a_cluster(
     home: Path, kubeconfig: Path
 ) -> tuple[subprocess.CompletedProcess[str], dict[str, str]]:
