@@ -10,15 +10,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from conftest import cache_dir, cluster_kubeconfig  # tests/e2e/conftest.py (pytest puts its dir on sys.path)
+from polling import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -62,16 +62,7 @@ def helm_binary() -> str:
     return str(candidate) if candidate.is_file() else "helm"
 
 
-def wait_until(what: str, probe: Callable[[], Any], timeout_s: float, interval_s: float = 2.0) -> Any:
-    """Poll `probe` until it returns something truthy; fail naming `what` and the last value."""
-    deadline = time.monotonic() + timeout_s
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(interval_s)
-    pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}; last seen: {last!r}")
+POLL_S = 2.0  # the cluster's API and kubectl, polled on a 2-core machine that also trains
 
 
 class Trainings:
@@ -107,12 +98,12 @@ class Trainings:
                 pytest.fail(f"{self.namespace}/{name} Failed: {json.dumps(status, indent=1)}\n"
                             f"{self.describe(name)}")
             return status if status.get("phase") == phase else None
-        return wait_until(f"{self.namespace}/{name} phase {phase}", probe, timeout_s)
+        return wait_for(f"{self.namespace}/{name} phase {phase}", probe, timeout_s, POLL_S)
 
     def wait_epoch(self, name: str, epoch: int, timeout_s: float = TRAIN_TIMEOUT_S) -> dict[str, Any]:
-        return wait_until(f"{self.namespace}/{name} status.epoch >= {epoch}",
-                          lambda: (s := self.status(name)) and (s.get("epoch") or 0) >= epoch and s,
-                          timeout_s)
+        return wait_for(f"{self.namespace}/{name} status.epoch >= {epoch}",
+                        lambda: (s := self.status(name)) and (s.get("epoch") or 0) >= epoch and s,
+                        timeout_s, POLL_S)
 
     def jobs(self, name: str) -> list[Any]:
         return self.batch.list_namespaced_job(
@@ -168,9 +159,9 @@ def trainings(kube_api: Any, operator_release: str) -> Iterator[Trainings]:
     core = client.CoreV1Api(kube_api)
     name = f"e2e-{uuid.uuid4().hex[:6]}"
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
-    wait_until(f"namespace {name} default ServiceAccount",
-               lambda: core.list_namespaced_service_account(
-                   name, field_selector="metadata.name=default").items, 60, 0.5)
+    wait_for(f"namespace {name} default ServiceAccount",
+             lambda: core.list_namespaced_service_account(
+                 name, field_selector="metadata.name=default").items, 60, 0.5)
     trainings = Trainings(kube_api, name)
     try:
         yield trainings
@@ -222,7 +213,7 @@ def test_training_succeeds_across_two_ranks(trainings: Trainings) -> None:
             pytest.fail(f"Failed: {status}\n{trainings.describe(name)}")
         return status if status.get("phase") == "Succeeded" else None
 
-    status = wait_until(f"{name} Succeeded", progressed, TRAIN_TIMEOUT_S, 1.0)
+    status = wait_for(f"{name} Succeeded", progressed, TRAIN_TIMEOUT_S, 1.0)
 
     assert status["epoch"] == spec["epochs"] and status["totalEpochs"] == spec["epochs"]
     assert 0.0 <= status["evalAccuracy"] <= 1.0
@@ -282,7 +273,7 @@ def test_operator_deleted_mid_run_keeps_one_job_and_resumes_status(trainings: Tr
         return any(p.metadata.name not in old and p.status.phase == "Running"
                    and all(c.ready for c in (p.status.container_statuses or [])) for p in pods)
 
-    wait_until("a new operator pod ready", new_operator_ready, 300)
+    wait_for("a new operator pod ready", new_operator_ready, 300, POLL_S)
     status = trainings.wait_phase(name, "Succeeded")
     assert status["epoch"] == 3, status
     assert len(trainings.jobs(name)) == 1
@@ -311,8 +302,8 @@ def test_suspend_then_resume(trainings: Trainings) -> None:
     trainings.wait_phase(name, "Suspended", 120)
     (job,) = trainings.jobs(name)
     assert job.spec.suspend is True
-    wait_until("the suspended Job's pods to go", lambda: not [
-        p for p in trainings.pods(name) if p.status.phase in ("Pending", "Running")], 120)
+    wait_for("the suspended Job's pods to go", lambda: not [
+        p for p in trainings.pods(name) if p.status.phase in ("Pending", "Running")], 120, POLL_S)
 
     trainings.patch_spec(name, {"suspend": False})
     status = trainings.wait_phase(name, "Succeeded")
@@ -331,4 +322,4 @@ def test_deleting_the_training_removes_every_child(trainings: Trainings) -> None
             trainings.namespace, label_selector=f"{GROUP}/training={name}").items
         return not trainings.jobs(name) and not trainings.pods(name) and not services
 
-    wait_until(f"every child of {name} to be deleted", gone, 180)
+    wait_for(f"every child of {name} to be deleted", gone, 180, POLL_S)

@@ -13,8 +13,7 @@ import secrets
 import shutil
 import subprocess
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ import yaml
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from pets_operator import api, runner
+from polling import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "pets-training"
@@ -50,18 +50,6 @@ def sh(*args: str, stdin: str | None = None) -> str:
     if res.returncode != 0:
         pytest.fail(f"{' '.join(args)} exited {res.returncode}:\n{res.stdout}\n{res.stderr}", pytrace=False)
     return res.stdout
-
-
-def wait_for(what: str, probe: Callable[[], Any], timeout: float = 60.0, interval: float = 0.2) -> Any:
-    """Poll `probe` until it returns something truthy; fail naming `what` and the last value."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(interval)
-    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}; last seen: {last!r}", pytrace=False)
 
 
 @pytest.fixture(scope="session")
