@@ -7,14 +7,13 @@ manifests implement is docs/contract.md.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import Any
 
 from pets_operator import api
 
 CONTAINER = "trainer"
-PYTORCH_CONTAINER = "pytorch"  # the container name the training-operator looks for
+PORT_NAME = "rendezvous"
 TERMINATION_LOG = "/dev/termination-log"
 RUN_AS = 1000
 
@@ -31,7 +30,7 @@ class Target:
 
 
 def job_name(name: str, attempt: int) -> str:
-    """The Job (or PyTorchJob) of one attempt: `<name>` first, `<name>-r<N>` after the Nth restart."""
+    """The workload of one attempt: `<name>` first, `<name>-r<N>` after the Nth restart."""
     return name if attempt == 0 else f"{name}-r{attempt}"
 
 
@@ -148,20 +147,22 @@ def _resources(spec: dict[str, Any]) -> dict[str, Any]:
     return {"requests": dict(amounts), "limits": dict(amounts)}
 
 
-def _env(spec: dict[str, Any], target: Target, *, pytorchjob: bool) -> list[dict[str, Any]]:
+def _env(spec: dict[str, Any], target: Target, *, container_name: str,
+         headless_service: bool) -> list[dict[str, Any]]:
+    """The pod contract's environment (docs/contract.md): where this pod sits in the gang, nothing else.
+
+    The recipe (mixed precision, output directory...) travels as trainer flags, see `trainer_args`.
+    """
     env: list[dict[str, Any]] = [
         {"name": "PETS_NUM_MACHINES", "value": str(spec["replicas"])},
         {"name": "PETS_PROCS_PER_MACHINE", "value": str(spec["processesPerReplica"])},
         {"name": "PETS_MAIN_PORT", "value": str(spec["masterPort"])},
-        {"name": "PETS_MIXED_PRECISION", "value": spec["mixedPrecision"]},
-        {"name": "PETS_OUTPUT_DIR", "value": api.OUTPUT_DIR},
-        {"name": "PETS_CHECKPOINT_DIR", "value": f"{api.OUTPUT_DIR}/checkpoints"},
         {"name": "PETS_CPU_LIMIT", "valueFrom": {"resourceFieldRef": {
-            "containerName": PYTORCH_CONTAINER if pytorchjob else CONTAINER,
-            "resource": "limits.cpu", "divisor": "1"}}},
+            "containerName": container_name, "resource": "limits.cpu", "divisor": "1"}}},
     ]
-    if not pytorchjob:
-        # Under a PyTorchJob the training-operator sets MASTER_ADDR, which the launcher falls back to.
+    if headless_service:
+        # Without our headless Service (a controller that names the main pod itself), the controller
+        # sets MASTER_ADDR, which the launcher falls back to.
         env.insert(2, {"name": "PETS_MAIN_ADDR", "value": main_address(target)})
     for i, extra in enumerate(spec.get("env") or []):
         if extra["name"].startswith("PETS_") or extra["name"] in api.RESERVED_ENV:
@@ -171,18 +172,19 @@ def _env(spec: dict[str, Any], target: Target, *, pytorchjob: bool) -> list[dict
     return env
 
 
-def pod_template(spec: dict[str, Any], target: Target, *, pytorchjob: bool = False) -> dict[str, Any]:
-    """The trainer pod (same for the Indexed Job and for every PyTorchJob replica)."""
+def pod_template(spec: dict[str, Any], target: Target, *, container_name: str = CONTAINER,
+                 port_name: str = PORT_NAME, headless_service: bool = True) -> dict[str, Any]:
+    """The trainer pod, the same for every backend. A backend whose controller looks for its own
+    container and port names passes them; `headless_service` puts the pod behind our Service."""
     volumes, mounts = _volumes(spec)
     container: dict[str, Any] = {
-        "name": PYTORCH_CONTAINER if pytorchjob else CONTAINER,
+        "name": container_name,
         "image": spec.get("image") or target.default_image,
         "imagePullPolicy": spec["imagePullPolicy"],
         "args": trainer_args(spec),
-        "env": _env(spec, target, pytorchjob=pytorchjob),
+        "env": _env(spec, target, container_name=container_name, headless_service=headless_service),
         "ports": [
-            {"name": "pytorchjob-port" if pytorchjob else "rendezvous", "containerPort": spec["masterPort"],
-             "protocol": "TCP"},
+            {"name": port_name, "containerPort": spec["masterPort"], "protocol": "TCP"},
             {"name": "metrics", "containerPort": api.METRICS_PORT, "protocol": "TCP"},
         ],
         "resources": _resources(spec),
@@ -209,7 +211,7 @@ def pod_template(spec: dict[str, Any], target: Target, *, pytorchjob: bool = Fal
         "containers": [container],
         "volumes": volumes,
     }
-    if not pytorchjob:
+    if headless_service:
         pod["subdomain"] = service_name(target.name)
     for key in ("nodeSelector", "tolerations", "affinity", "priorityClassName", "serviceAccountName",
                 "imagePullSecrets"):
@@ -222,6 +224,16 @@ def pod_template(spec: dict[str, Any], target: Target, *, pytorchjob: bool = Fal
             "annotations": {api.ANNOTATION_ATTEMPT: str(target.attempt)},
         },
         "spec": pod,
+    }
+
+
+def workload_metadata(target: Target) -> dict[str, Any]:
+    """Metadata of one attempt's workload, whatever its kind."""
+    return {
+        "name": job_name(target.name, target.attempt),
+        "namespace": target.namespace,
+        "labels": labels(target.name, "training-job"),
+        "annotations": {api.ANNOTATION_ATTEMPT: str(target.attempt)},
     }
 
 
@@ -254,12 +266,7 @@ def build_job(spec: dict[str, Any], target: Target) -> dict[str, Any]:
     job: dict[str, Any] = {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": {
-            "name": job_name(target.name, target.attempt),
-            "namespace": target.namespace,
-            "labels": labels(target.name, "training-job"),
-            "annotations": {api.ANNOTATION_ATTEMPT: str(target.attempt)},
-        },
+        "metadata": workload_metadata(target),
         "spec": {
             "completionMode": "Indexed",
             "completions": spec["replicas"],
@@ -273,48 +280,3 @@ def build_job(spec: dict[str, Any], target: Target) -> dict[str, Any]:
     if spec.get("activeDeadlineSeconds"):
         job["spec"]["activeDeadlineSeconds"] = spec["activeDeadlineSeconds"]
     return job
-
-
-def build_pytorchjob(spec: dict[str, Any], target: Target) -> dict[str, Any]:
-    """Kubeflow PyTorchJob (kubeflow.org/v1): one Master and replicas-1 Workers, same launcher."""
-    template = pod_template(spec, target, pytorchjob=True)
-    replica_specs: dict[str, Any] = {
-        "Master": {"replicas": 1, "restartPolicy": "Never", "template": template},
-    }
-    if spec["replicas"] > 1:
-        replica_specs["Worker"] = {"replicas": spec["replicas"] - 1, "restartPolicy": "Never",
-                                   "template": copy.deepcopy(template)}
-    run_policy: dict[str, Any] = {"cleanPodPolicy": "None", "backoffLimit": 0,
-                                  "suspend": bool(spec["suspend"])}
-    if spec.get("activeDeadlineSeconds"):
-        run_policy["activeDeadlineSeconds"] = spec["activeDeadlineSeconds"]
-    return {
-        "apiVersion": "kubeflow.org/v1",
-        "kind": "PyTorchJob",
-        "metadata": {
-            "name": job_name(target.name, target.attempt),
-            "namespace": target.namespace,
-            "labels": labels(target.name, "training-job"),
-            "annotations": {api.ANNOTATION_ATTEMPT: str(target.attempt)},
-        },
-        "spec": {"runPolicy": run_policy, "pytorchReplicaSpecs": replica_specs},
-    }
-
-
-def resolve_backend(spec: dict[str, Any], pytorchjob_available: bool) -> str:
-    backend = spec["backend"]
-    if backend == "auto":
-        return "pytorchjob" if pytorchjob_available else "job"
-    if backend == "pytorchjob" and not pytorchjob_available:
-        raise api.SpecError(
-            "spec.backend is 'pytorchjob' but the kubeflow.org PyTorchJob CRD is not installed; "
-            "install the Kubeflow training-operator or use backend 'job'"
-        )
-    return str(backend)
-
-
-def build_children(spec: dict[str, Any], target: Target, backend: str) -> list[dict[str, Any]]:
-    """Everything one attempt needs, in creation order."""
-    if backend == "pytorchjob":
-        return [build_pytorchjob(spec, target)]
-    return [build_service(spec, target), build_job(spec, target)]

@@ -2,11 +2,12 @@
 
     pets-operator run [--namespace NS ...] [--liveness-port 8080] [--metrics-port 8000]
                       [--peering NAME | --standalone] [--priority N|auto] [--log-format json|plain]
-    pets-operator render -f petstraining.yaml [--backend job|pytorchjob]
+    pets-operator render -f petstraining.yaml [--backend NAME]  # a name of backends.BACKENDS
     pets-operator crd            # print the CustomResourceDefinition (the chart's crds/ file)
 
 `render` needs no cluster: it applies the CRD's defaults and validation locally and prints the
-Service and Job (or PyTorchJob) the operator would create, as a YAML stream.
+children the operator would create (the backend's workload, and its Service where it uses one),
+as a YAML stream.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import random
 import sys
 from collections.abc import Sequence
 
-from pets_operator import api
+from pets_operator import api, backends
 
 DEFAULT_LIVENESS_PORT = 8080
 DEFAULT_METRICS_PORT = 8000
@@ -110,8 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     render.add_argument("-f", "--filename", required=True, help="PetsTraining YAML file, or - for stdin")
     render.add_argument(
-        "--backend", choices=["job", "pytorchjob"], default=None,
-        help="resolve backend 'auto' to this (default: job, as when the PyTorchJob CRD is absent)",
+        "--backend", choices=list(backends.BACKENDS), default=None,
+        help="resolve backend 'auto' to this (default: job, as on a cluster that serves no other "
+             "backend's CRD)",
     )
     render.add_argument("--namespace", default=None,
                         help="namespace when the file sets none (default: default)")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import json
 import logging
 import time
 from collections.abc import Mapping
@@ -21,9 +20,8 @@ import kopf
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from pets_operator import api, builders, metrics, progress, status
-
-PYTORCHJOB_GROUP, PYTORCHJOB_VERSION, PYTORCHJOB_PLURAL = "kubeflow.org", "v1", "pytorchjobs"
+from pets_operator import api, backends, builders, metrics, progress, status
+from pets_operator.cluster import Cluster, api_message, owned_by, served_backends
 
 # Seconds between reconciliations when nothing triggers one.
 POLL_ACTIVE = 10.0
@@ -49,18 +47,6 @@ class Context:
     triggers: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
     phases: metrics.PhaseBook = field(default_factory=metrics.PhaseBook)
 
-    def pytorchjob_available(self) -> bool:
-        """Whether kubeflow.org/v1 pytorchjobs is served (API discovery). Asked only while a training
-        with backend auto has no backend recorded yet, so a CRD installed later is seen at once."""
-        try:
-            res = client.CustomObjectsApi(self.api_client).get_api_resources(
-                PYTORCHJOB_GROUP, PYTORCHJOB_VERSION)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-            return False
-        return any(r.name == PYTORCHJOB_PLURAL for r in res.resources)
-
     def trigger(self, namespace: str, name: str) -> None:
         event = self.triggers.get((namespace, name))
         if event is not None:
@@ -71,128 +57,12 @@ def _transient(exc: ApiException) -> bool:
     return exc.status in (409, 429) or exc.status is None or exc.status >= 500
 
 
-def _api_message(exc: ApiException) -> str:
-    try:
-        return str(json.loads(exc.body or "{}").get("message") or exc.body or exc.reason)
-    except (TypeError, ValueError, AttributeError):
-        return str(exc.body or exc.reason)
+Logger = logging.Logger | logging.LoggerAdapter[Any]
 
 
-def _owned_by(obj: dict[str, Any], uid: str) -> bool:
-    return any(ref.get("uid") == uid and ref.get("controller")
-               for ref in (obj.get("metadata") or {}).get("ownerReferences") or [])
-
-
-class Cluster:
-    """Blocking Kubernetes calls for one PetsTraining; run in a worker thread."""
-
-    def __init__(self, ctx: Context, namespace: str, name: str):
-        self.ctx, self.namespace, self.name = ctx, namespace, name
-        self.core = client.CoreV1Api(ctx.api_client)
-        self.batch = client.BatchV1Api(ctx.api_client)
-        self.custom = client.CustomObjectsApi(ctx.api_client)
-        self.selector = f"{api.LABEL_TRAINING}={name}"
-
-    def _dict(self, obj: Any) -> dict[str, Any]:
-        return self.ctx.api_client.sanitize_for_serialization(obj)  # type: ignore[no-any-return]
-
-    def get_training(self) -> dict[str, Any] | None:
-        try:
-            return cast(dict[str, Any], self.custom.get_namespaced_custom_object(
-                api.GROUP, api.VERSION, self.namespace, api.PLURAL, self.name))
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-
-    def workloads(self, backend: str) -> list[dict[str, Any]]:
-        if backend == "job":
-            items = self.batch.list_namespaced_job(self.namespace, label_selector=self.selector).items
-            return [self._dict(i) | {"apiVersion": "batch/v1", "kind": "Job"} for i in items]
-        out = cast(dict[str, Any], self.custom.list_namespaced_custom_object(
-            PYTORCHJOB_GROUP, PYTORCHJOB_VERSION, self.namespace, PYTORCHJOB_PLURAL,
-            label_selector=self.selector))
-        return [i | {"apiVersion": f"{PYTORCHJOB_GROUP}/{PYTORCHJOB_VERSION}", "kind": "PyTorchJob"}
-                for i in out.get("items", [])]
-
-    def service(self) -> dict[str, Any] | None:
-        try:
-            return self._dict(self.core.read_namespaced_service(builders.service_name(self.name),
-                                                                self.namespace))
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-
-    def rank0_pod(self, backend: str, workload: str) -> dict[str, Any] | None:
-        if backend == "job":
-            sel = f"job-name={workload},batch.kubernetes.io/job-completion-index=0"
-        else:
-            sel = f"training.kubeflow.org/job-name={workload},training.kubeflow.org/replica-type=master"
-        found = self.core.list_namespaced_pod(self.namespace, label_selector=sel).items
-        pods = [self._dict(p) for p in found]
-        if not pods:
-            return None
-        return max(pods, key=lambda p: str(p["metadata"].get("creationTimestamp") or ""))
-
-    def create(self, manifest: dict[str, Any]) -> bool:
-        """Create a child; False when it already exists (an earlier reconcile or operator made it)."""
-        ns = manifest["metadata"]["namespace"]
-        try:
-            if manifest["kind"] == "Service":
-                self.core.create_namespaced_service(ns, cast(client.V1Service, manifest))
-            elif manifest["kind"] == "Job":
-                self.batch.create_namespaced_job(ns, cast(client.V1Job, manifest))
-            else:
-                self.custom.create_namespaced_custom_object(
-                    PYTORCHJOB_GROUP, PYTORCHJOB_VERSION, ns, PYTORCHJOB_PLURAL, manifest)
-        except ApiException as exc:
-            if exc.status == 409:
-                return False
-            raise
-        metrics.CHILDREN_CREATED.labels(kind=manifest["kind"]).inc()
-        return True
-
-    def delete(self, ref: dict[str, Any]) -> None:
-        body = client.V1DeleteOptions(propagation_policy="Foreground")
-        try:
-            if ref["kind"] == "Job":
-                self.batch.delete_namespaced_job(ref["name"], ref["namespace"], body=body)
-            elif ref["kind"] == "Service":
-                self.core.delete_namespaced_service(ref["name"], ref["namespace"], body=body)
-            else:
-                self.custom.delete_namespaced_custom_object(
-                    PYTORCHJOB_GROUP, PYTORCHJOB_VERSION, ref["namespace"], PYTORCHJOB_PLURAL, ref["name"],
-                    body=body)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-
-    def set_suspend(self, backend: str, name: str, value: bool) -> None:
-        if backend == "job":
-            self.batch.patch_namespaced_job(name, self.namespace, {"spec": {"suspend": value}})
-        else:
-            self.custom.patch_namespaced_custom_object(
-                PYTORCHJOB_GROUP, PYTORCHJOB_VERSION, self.namespace, PYTORCHJOB_PLURAL, name,
-                {"spec": {"runPolicy": {"suspend": value}}})
-
-    def patch_status(self, new_status: dict[str, Any]) -> None:
-        self.custom.patch_namespaced_custom_object_status(
-            api.GROUP, api.VERSION, self.namespace, api.PLURAL, self.name, {"status": new_status})
-
-    def delete_training(self) -> None:
-        try:
-            self.custom.delete_namespaced_custom_object(
-                api.GROUP, api.VERSION, self.namespace, api.PLURAL, self.name,
-                body=client.V1DeleteOptions(propagation_policy="Background"))
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-
-
-def _observe_progress(cl: Cluster, backend: str, workload: dict[str, Any], phase_hint: str,
-                      logger: logging.Logger | logging.LoggerAdapter[Any]) -> tuple[
-                          dict[str, float] | None, dict[str, Any] | None]:
+def _observe_progress(cl: Cluster, backend: backends.Backend, workload: dict[str, Any], phase_hint: str,
+                      progress_port: int, logger: Logger
+                      ) -> tuple[dict[str, float] | None, dict[str, Any] | None]:
     """Rank 0's live gauges (while running) and its termination message (once finished)."""
     pod = cl.rank0_pod(backend, workload["metadata"]["name"])
     if pod is None:
@@ -206,26 +76,22 @@ def _observe_progress(cl: Cluster, backend: str, workload: dict[str, Any], phase
     ip = (pod.get("status") or {}).get("podIP")
     if ip and (pod.get("status") or {}).get("phase") == "Running" and phase_hint not in api.FINISHED_PHASES:
         try:
-            live = progress.scrape(ip, cl.ctx.progress_port) or None
+            live = progress.scrape(ip, progress_port) or None
         except (OSError, ValueError) as exc:
             logger.debug(f"progress endpoint of rank 0 ({ip}) not readable yet: {exc}")
     return live, summary
 
 
-def _spec_failure(cl: Cluster, body: dict[str, Any], exc: api.SpecError, now: datetime) -> None:
-    st = dict(body.get("status") or {})
-    st.update(phase=api.FAILED, message=str(exc), observedGeneration=body["metadata"].get("generation"))
-    conds = [c for c in st.get("conditions") or [] if c.get("type") != "Failed"]
-    conds.append({"type": "Failed", "status": "True", "reason": "InvalidSpec", "message": str(exc),
-                  "lastTransitionTime": now.strftime("%Y-%m-%dT%H:%M:%SZ")})
-    st["conditions"] = conds
-    cl.patch_status(st)
+def _resolve_backend(ctx: Context, spec: dict[str, Any], old_status: dict[str, Any]) -> backends.Backend:
+    """`auto` is decided once, then kept in status.backend; discovery is asked only while undecided."""
+    if spec["backend"] == "auto" and old_status.get("backend") in backends.BACKENDS:
+        return backends.get(old_status["backend"])
+    return backends.resolve(spec, served_backends(ctx.api_client))
 
 
-def reconcile_once(ctx: Context, namespace: str, name: str,
-                   logger: logging.Logger | logging.LoggerAdapter[Any]) -> float | None:
+def reconcile_once(ctx: Context, namespace: str, name: str, logger: Logger) -> float | None:
     """One observe -> plan -> act round. Returns seconds until the next round (None: object gone)."""
-    cl = Cluster(ctx, namespace, name)
+    cl = Cluster(ctx.api_client, namespace, name)
     body = cl.get_training()
     if body is None or body["metadata"].get("deletionTimestamp"):
         ctx.phases.set(namespace, name, None)
@@ -234,20 +100,13 @@ def reconcile_once(ctx: Context, namespace: str, name: str,
     old_status = body.get("status") or {}
     try:
         spec = api.resolve_spec(body.get("spec"))
-        if spec["backend"] != "auto":
-            backend = builders.resolve_backend(spec, spec["backend"] == "job" or ctx.pytorchjob_available())
-        else:  # auto: decided once, then kept (status.backend)
-            backend = old_status.get("backend") or builders.resolve_backend(spec, ctx.pytorchjob_available())
+        backend = _resolve_backend(ctx, spec, old_status)
         builders.dataset_source(spec)
+    except backends.BackendUnavailable as exc:  # the CRD may be installed later: wait for it
+        _carry_out(ctx, cl, body, status.plan_backend_unavailable(body, str(exc), now), logger)
+        return POLL_IDLE
     except api.SpecError as exc:
-        if "not installed" in str(exc):  # the PyTorchJob CRD may be installed later: wait for it
-            kopf.warn(cast(kopf.Body, body), reason="BackendUnavailable", message=str(exc))
-            cl.patch_status({"phase": api.PENDING, "message": str(exc)})
-            ctx.phases.set(namespace, name, api.PENDING)
-            return POLL_IDLE
-        kopf.warn(cast(kopf.Body, body), reason="InvalidSpec", message=str(exc))
-        _spec_failure(cl, body, exc, now)
-        ctx.phases.set(namespace, name, api.FAILED)
+        _carry_out(ctx, cl, body, status.plan_invalid(body, str(exc), now), logger)
         raise kopf.PermanentError(str(exc)) from exc
 
     restarts = int(old_status.get("restarts") or 0)
@@ -255,55 +114,60 @@ def reconcile_once(ctx: Context, namespace: str, name: str,
     uid = body["metadata"]["uid"]
     current, stale = None, []
     for w in cl.workloads(backend):
-        if not _owned_by(w, uid):
+        if not owned_by(w, uid):
             continue  # same label, another owner: not ours to touch
         if w["metadata"]["name"] == current_name and not w["metadata"].get("deletionTimestamp"):
             current = w
         else:
             stale.append(w)
     # Workloads already being deleted need no second delete, but still block the next attempt.
-    deleting = [w for w in stale if w["metadata"].get("deletionTimestamp")]
-    to_delete = [w for w in stale if not w["metadata"].get("deletionTimestamp")]
+    deleting = {w["metadata"]["name"] for w in stale if w["metadata"].get("deletionTimestamp")}
 
-    service = cl.service() if backend == "job" else None
-    if service is not None and not _owned_by(service, uid):
+    service = cl.service() if backend.uses_service else None
+    if service is not None and not owned_by(service, uid):
         raise kopf.TemporaryError(
             f"Service {namespace}/{service['metadata']['name']} exists and is not owned by this "
             "PetsTraining; delete or rename it", delay=POLL_IDLE)
 
-    live = summary = None
+    live = summary = state = None
     if current is not None:
-        hint = (status.job_state if backend == "job" else status.pytorchjob_state)(current, spec["replicas"])
-        live, summary = _observe_progress(cl, backend, current, hint.phase, logger)
+        state = backend.state(current, spec["replicas"])
+        live, summary = _observe_progress(cl, backend, current, state.phase, ctx.progress_port, logger)
 
     target = builders.Target(name, namespace, restarts, ctx.default_image, ctx.cluster_domain)
-    observed = status.Observed(backend=backend, workload=current, stale=to_delete + deleting,
-                               service=service, progress=live, summary=summary)
+    observed = status.Observed(backend=backend, workload=current, stale=stale, service=service,
+                               progress=live, summary=summary, state=state)
     result = status.plan(body, spec, observed, target, now)
-    result.delete = [r for r in result.delete if r["name"] not in {w["metadata"]["name"] for w in deleting}]
+    result.delete = [r for r in result.delete if r["name"] not in deleting]
+    return _carry_out(ctx, cl, body, result, logger, restarts=restarts)
 
+
+def _carry_out(ctx: Context, cl: Cluster, body: dict[str, Any], result: status.Plan, logger: Logger,
+               restarts: int = 0) -> float | None:
+    """Act on a Plan; returns seconds until the next round (None: the training is gone)."""
     # Children first (creation is idempotent by name, so a crash before the status write is harmless);
     # then the status; deletions last: a restart's new attempt number must be stored before the old
     # workload goes, or a crash in between could restart the same attempt twice.
+    kbody = cast(kopf.Body, body)
     for manifest in result.create:
-        kopf.adopt(manifest, owner=cast(kopf.Body, body))
+        kopf.adopt(manifest, owner=kbody)
         if cl.create(manifest):
             logger.info(f"created {manifest['kind']} {manifest['metadata']['name']}")
         else:
             logger.info(f"{manifest['kind']} {manifest['metadata']['name']} already exists; not recreated")
     new_status = result.status
-    if new_status != old_status:
+    if new_status != (body.get("status") or {}):
         cl.patch_status(new_status)
     for ref in result.delete:
         logger.info(f"deleting {ref['kind']} {ref['name']} (previous attempt)")
         cl.delete(ref)
-    if result.suspend is not None and current is not None:
-        cl.set_suspend(backend, current["metadata"]["name"], result.suspend)
+    if result.suspend is not None and result.suspend_workload:
+        cl.set_suspend(backends.get(new_status["backend"]), result.suspend_workload, result.suspend)
     for ev in result.events:
-        kopf.event(cast(kopf.Body, body), type=ev.type, reason=ev.reason, message=ev.message)
+        kopf.event(kbody, type=ev.type, reason=ev.reason, message=ev.message)
     if new_status.get("phase") == api.RESTARTING and new_status.get("restarts", 0) > restarts:
         metrics.RESTARTS.inc()
-    ctx.phases.set(namespace, name, new_status.get("phase"))
+    ctx.phases.set(cl.namespace, cl.name, new_status.get("phase"))
     if result.delete_self:
         logger.info("ttlSecondsAfterFinished expired: deleting the PetsTraining")
         cl.delete_training()
@@ -343,7 +207,7 @@ def register(registry: kopf.OperatorRegistry, ctx: Context) -> None:
     @kopf.daemon(api.GROUP, api.VERSION, api.PLURAL, registry=registry, cancellation_timeout=10,
                  id="training")
     async def training(name: str, namespace: str | None, stopped: kopf.DaemonStopped, body: kopf.Body,
-                       logger: logging.Logger | logging.LoggerAdapter[Any], **_: Any) -> None:
+                       logger: Logger, **_: Any) -> None:
         assert namespace is not None  # PetsTraining is namespaced
         key = (namespace, name)
         trigger = ctx.triggers.setdefault(key, asyncio.Event())
@@ -356,7 +220,7 @@ def register(registry: kopf.OperatorRegistry, ctx: Context) -> None:
                 except ApiException as exc:
                     metrics.ERRORS.labels(kind=f"api_{exc.status}").inc()
                     metrics.RECONCILES.labels(result="error").inc()
-                    detail = f"API error {exc.status} {exc.reason}: {_api_message(exc)}"
+                    detail = f"API error {exc.status} {exc.reason}: {api_message(exc)}"
                     if exc.status in (400, 422):  # a manifest the server refuses: retrying cannot help
                         kopf.warn(body, reason="Rejected", message=detail)
                         raise kopf.PermanentError(detail) from exc
@@ -389,8 +253,10 @@ def register(registry: kopf.OperatorRegistry, ctx: Context) -> None:
         if namespace and meta.get("generation") != status.get("observedGeneration"):
             ctx.trigger(namespace, name)
 
-    @kopf.on.event("batch", "v1", "jobs", registry=registry, labels={api.LABEL_MANAGED_BY: api.MANAGED_BY},
-                   id=JOB_WATCH_ID)
+    # Jobs are watched (always served); other backends' workloads are polled, so an operator whose
+    # cluster lacks their CRD starts cleanly.
+    @kopf.on.event(backends.JOB.group, backends.JOB.version, backends.JOB.plural, registry=registry,
+                   labels={api.LABEL_MANAGED_BY: api.MANAGED_BY}, id=JOB_WATCH_ID)
     def job_changed(namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
         owner = labels.get(api.LABEL_TRAINING)
         if owner and namespace:

@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from pets_operator import api, builders
+from pets_operator import api, backends, builders
 
 
 def render_object(
@@ -44,9 +44,8 @@ def render_object(
         cluster_domain=cluster_domain,
     )
     # No cluster to ask: an explicit spec.backend wins, and 'auto' becomes --backend (default job).
-    available = backend == "pytorchjob" or spec["backend"] == "pytorchjob"
-    chosen = builders.resolve_backend(spec, pytorchjob_available=available)
-    return builders.build_children(spec, target, chosen)
+    served = {name for name in (backend, spec["backend"]) if name and name != "auto"}
+    return backends.resolve(spec, served).children(spec, target)
 
 
 def render_file(filename: str, **kwargs: Any) -> str:

@@ -9,22 +9,29 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from pets_operator import api, builders
+from pets_operator.backends import Backend, WorkloadState, parse_timestamp, timestamp
 
 
 @dataclass(frozen=True)
 class Observed:
     """What the operator saw in the cluster for one PetsTraining."""
 
-    backend: str  # job | pytorchjob (already resolved)
-    workload: dict[str, Any] | None  # the current attempt's Job or PyTorchJob
+    backend: Backend  # already resolved
+    workload: dict[str, Any] | None  # the current attempt's workload
     stale: list[dict[str, Any]] = field(default_factory=list)  # workloads of older attempts
-    service: dict[str, Any] | None = None  # the headless Service (job backend)
+    service: dict[str, Any] | None = None  # the headless Service (backends that use one)
     progress: dict[str, float] | None = None  # rank 0's gauges, parsed (see progress.py)
     summary: dict[str, Any] | None = None  # rank 0's termination message, parsed
+    state: WorkloadState | None = None  # `backend.state(workload)`, read once by the observer
+
+    def workload_state(self, replicas: int) -> WorkloadState | None:
+        if self.workload is None:
+            return None
+        return self.state or self.backend.state(self.workload, replicas)
 
 
 @dataclass
@@ -40,92 +47,10 @@ class Plan:
     create: list[dict[str, Any]] = field(default_factory=list)
     delete: list[dict[str, Any]] = field(default_factory=list)  # objects (kind/name/namespace)
     suspend: bool | None = None  # set the workload's suspend to this
+    suspend_workload: str | None = None  # the workload whose suspend to set
     events: list[Event] = field(default_factory=list)
     delete_self: bool = False  # TTL after finish expired
     requeue_after: float | None = None  # seconds until the plan should be made again at the latest
-
-
-def _ts(now: datetime) -> str:
-    return now.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _parse_ts(text: str) -> datetime:
-    """RFC 3339 as the API server writes it ('...Z') or as the client serialises it ('...+00:00')."""
-    value = datetime.fromisoformat(text)
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
-
-
-def _norm_ts(text: Any) -> str | None:
-    """A timestamp from a child's status, written back in the API server's own form (UTC, 'Z')."""
-    if not text:
-        return None
-    return _ts(_parse_ts(str(text)).astimezone(UTC))
-
-
-def _conditions(workload: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
-    if not workload:
-        return {}
-    return {c.get("type", ""): c for c in (workload.get("status") or {}).get("conditions") or []
-            if c.get("status") == "True"}
-
-
-@dataclass(frozen=True)
-class WorkloadState:
-    phase: str  # one of api.PHASES (never Restarting: that is the operator's decision)
-    reason: str
-    message: str
-    active: int = 0
-    ready: int = 0
-    start_time: str | None = None
-    completion_time: str | None = None
-
-
-def job_state(job: dict[str, Any], replicas: int) -> WorkloadState:
-    """An Indexed Job's status -> the phase it implies."""
-    conds = _conditions(job)
-    st = job.get("status") or {}
-    active, ready = int(st.get("active") or 0), int(st.get("ready") or 0)
-    start, done = _norm_ts(st.get("startTime")), _norm_ts(st.get("completionTime"))
-    if "Complete" in conds or "SuccessCriteriaMet" in conds:
-        c = conds.get("Complete") or conds["SuccessCriteriaMet"]
-        return WorkloadState(api.SUCCEEDED, "JobComplete", c.get("message") or
-                             f"all {replicas} ranks finished", active, ready, start, done)
-    if "Failed" in conds or "FailureTarget" in conds:
-        c = conds.get("Failed") or conds["FailureTarget"]
-        reason = c.get("reason") or "JobFailed"
-        return WorkloadState(api.FAILED, reason, c.get("message") or f"Job failed ({reason})",
-                             active, ready, start, _norm_ts(c.get("lastTransitionTime")))
-    if (job.get("spec") or {}).get("suspend") or "Suspended" in conds:
-        return WorkloadState(api.SUSPENDED, "JobSuspended", "the Job is suspended", active, ready, start)
-    if active > 0:
-        return WorkloadState(api.RUNNING, "PodsRunning", f"{ready}/{replicas} pods ready, {active} active",
-                             active, ready, start)
-    return WorkloadState(api.PENDING, "WaitingForPods", "waiting for the Job's pods", active, ready, start)
-
-
-def pytorchjob_state(pj: dict[str, Any], replicas: int) -> WorkloadState:
-    """A PyTorchJob's status -> the phase it implies."""
-    conds = _conditions(pj)
-    st = pj.get("status") or {}
-    rstat = st.get("replicaStatuses") or {}
-    active = sum(int((v or {}).get("active") or 0) for v in rstat.values())
-    start, done = _norm_ts(st.get("startTime")), _norm_ts(st.get("completionTime"))
-    if "Succeeded" in conds:
-        return WorkloadState(api.SUCCEEDED, "PyTorchJobSucceeded", conds["Succeeded"].get("message") or
-                             "PyTorchJob succeeded", active, active, start, done)
-    if "Failed" in conds:
-        c = conds["Failed"]
-        return WorkloadState(api.FAILED, c.get("reason") or "PyTorchJobFailed",
-                             c.get("message") or "PyTorchJob failed", active, active, start,
-                             done or _norm_ts(c.get("lastTransitionTime")))
-    if "Suspended" in conds or ((pj.get("spec") or {}).get("runPolicy") or {}).get("suspend"):
-        return WorkloadState(api.SUSPENDED, "PyTorchJobSuspended", "the PyTorchJob is suspended",
-                             active, active, start)
-    if "Running" in conds or active > 0:
-        return WorkloadState(api.RUNNING, "PodsRunning", f"{active}/{replicas} pods active",
-                             active, active, start)
-    return WorkloadState(api.PENDING, "WaitingForPods", "waiting for the PyTorchJob's pods", active,
-                         active, start)
 
 
 def parse_summary(message: str | None) -> dict[str, Any] | None:
@@ -145,13 +70,13 @@ def _set_condition(conditions: list[dict[str, Any]], ctype: str, status: bool, r
     for cond in conditions:
         if cond["type"] == ctype:
             if cond.get("status") != value:
-                cond["lastTransitionTime"] = _ts(now)
+                cond["lastTransitionTime"] = timestamp(now)
             cond.update(status=value, reason=reason, message=message)
             if generation is not None:
                 cond["observedGeneration"] = generation
             return
     new: dict[str, Any] = {"type": ctype, "status": value, "reason": reason, "message": message,
-           "lastTransitionTime": _ts(now)}
+           "lastTransitionTime": timestamp(now)}
     if generation is not None:
         new["observedGeneration"] = generation
     conditions.append(new)
@@ -184,7 +109,7 @@ def _mirror_progress(status: dict[str, Any], progress: dict[str, float], now: da
     if "epoch" in status and "totalEpochs" in status:
         status["progress"] = f"{status['epoch']}/{status['totalEpochs']}"
     if changed:  # an unchanged scrape writes nothing, so an idle poll costs no API write
-        status["lastProgressTime"] = _ts(now)
+        status["lastProgressTime"] = timestamp(now)
 
 
 def _mirror_summary(status: dict[str, Any], summary: dict[str, Any], total_epochs: int) -> None:
@@ -209,30 +134,23 @@ def plan(
     target: builders.Target,
     now: datetime,
 ) -> Plan:
-    """Decide the next step for one PetsTraining. `target.attempt` is ignored: it comes from status."""
+    """Decide the next step for one PetsTraining. `target.attempt` must be status.restarts."""
     meta = body.get("metadata") or {}
     old = dict(body.get("status") or {})
     status: dict[str, Any] = json.loads(json.dumps(old))  # deep copy, JSON-only
     status.setdefault("conditions", [])
     generation = meta.get("generation")
     restarts = int(old.get("restarts") or 0)
-    attempt_target = builders.Target(target.name, target.namespace, restarts, target.default_image,
-                                     target.cluster_domain)
+    backend = observed.backend
     result = Plan(status=status)
     old_phase = old.get("phase")
 
     status["observedGeneration"] = generation
-    status["backend"] = observed.backend
+    status["backend"] = backend.name
     status["replicas"] = spec["replicas"]
     status["restarts"] = restarts
     status.setdefault("totalEpochs", spec["epochs"])
-    children: dict[str, Any] = {}
-    if observed.backend == "job":
-        children = {"service": builders.service_name(target.name),
-                    "job": builders.job_name(target.name, restarts)}
-    else:
-        children = {"pytorchJob": builders.job_name(target.name, restarts)}
-    status["children"] = children
+    status["children"] = backend.children_names(target.name, restarts)
 
     # Older attempts' workloads are always cleaned up (a restart deletes, then recreates).
     result.delete += [_ref(w) for w in observed.stale]
@@ -242,25 +160,26 @@ def plan(
         _ttl(result, spec, status, now)
         return result
 
-    desired = builders.build_children(spec, attempt_target, observed.backend)
-    if observed.backend == "job" and observed.service is None:
-        result.create.append(desired[0])
-    if observed.workload is None:
+    service = backend.build_service(spec, target)
+    if service is not None and observed.service is None:
+        result.create.append(service)
+    ws = observed.workload_state(spec["replicas"])
+    if observed.workload is None or ws is None:
         if observed.stale:
             phase, reason, message = api.RESTARTING, "WaitingForOldAttempt", \
                 "waiting for the previous attempt's workload to go away"
         else:
-            result.create.append(desired[-1])
+            workload = backend.build_workload(spec, target)
+            result.create.append(workload)
             phase = api.SUSPENDED if spec["suspend"] else (api.RESTARTING if restarts else api.PENDING)
             reason = "Created"
-            message = f"created {desired[-1]['kind']} {desired[-1]['metadata']['name']}"
+            message = f"created {workload['kind']} {workload['metadata']['name']}"
             result.events.append(Event("Normal", "Created", message))
         status["activeReplicas"] = 0
         status["readyReplicas"] = 0
-        _apply_phase(result, old_phase, phase, reason, message, spec, now, generation)
+        _apply_phase(result, old_phase, phase, reason, message, now, generation)
         return result
 
-    ws = (job_state if observed.backend == "job" else pytorchjob_state)(observed.workload, spec["replicas"])
     status["activeReplicas"] = ws.active
     status["readyReplicas"] = ws.ready
     if ws.start_time and not status.get("startTime"):
@@ -270,7 +189,7 @@ def plan(
 
     phase, reason, message = ws.phase, ws.reason, ws.message
     if phase == api.SUCCEEDED:
-        status["completionTime"] = ws.completion_time or _ts(now)
+        status["completionTime"] = ws.completion_time or timestamp(now)
         if observed.summary:
             _mirror_summary(status, observed.summary, spec["epochs"])
         acc = status.get("evalAccuracy")
@@ -288,15 +207,15 @@ def plan(
             result.events.append(Event("Warning", "Restarting", message))
             result.requeue_after = 0.0
         else:
-            status["completionTime"] = ws.completion_time or _ts(now)
+            status["completionTime"] = ws.completion_time or timestamp(now)
             reason = "MaxRestartsExceeded" if spec["maxRestarts"] else ws.reason
             message = (f"failed after {restarts} restart(s): {detail}" if spec["maxRestarts"]
                        else f"failed: {detail}")
     else:
         # Suspend / resume go through the workload's own suspend field.
-        suspended_now = bool(_workload_suspend(observed.backend, observed.workload))
-        if suspended_now != bool(spec["suspend"]):
+        if backend.is_suspended(observed.workload) != bool(spec["suspend"]):
             result.suspend = bool(spec["suspend"])
+            result.suspend_workload = observed.workload["metadata"]["name"]
             if spec["suspend"]:
                 phase, reason, message = api.SUSPENDED, "Suspending", "suspending the training"
             else:
@@ -304,21 +223,38 @@ def plan(
             result.events.append(Event("Normal", "Suspended" if spec["suspend"] else "Resumed", message))
         elif restarts and phase == api.PENDING:
             phase = api.RESTARTING
-    _apply_phase(result, old_phase, phase, reason, message, spec, now, generation)
+    _apply_phase(result, old_phase, phase, reason, message, now, generation)
     if phase in api.FINISHED_PHASES:
         _ttl(result, spec, status, now)
     return result
 
 
-def _workload_suspend(backend: str, workload: dict[str, Any]) -> bool:
-    spec = workload.get("spec") or {}
-    if backend == "job":
-        return bool(spec.get("suspend"))
-    return bool((spec.get("runPolicy") or {}).get("suspend"))
+def plan_invalid(body: dict[str, Any], error: str, now: datetime) -> Plan:
+    """A spec the operator cannot act on (the API server let it through): Failed, with the reason."""
+    return _plan_without_workload(body, api.FAILED, "InvalidSpec", error, now)
+
+
+def plan_backend_unavailable(body: dict[str, Any], error: str, now: datetime) -> Plan:
+    """The spec names a backend whose CRD is not served: Pending until it is (checked on every poll)."""
+    return _plan_without_workload(body, api.PENDING, "BackendUnavailable", error, now)
+
+
+def _plan_without_workload(body: dict[str, Any], phase: str, reason: str, message: str,
+                           now: datetime) -> Plan:
+    old = dict(body.get("status") or {})
+    status: dict[str, Any] = json.loads(json.dumps(old))
+    status.setdefault("conditions", [])
+    generation = (body.get("metadata") or {}).get("generation")
+    status["observedGeneration"] = generation
+    result = Plan(status=status)
+    _apply_phase(result, old.get("phase"), phase, reason, message, now, generation)
+    # One Warning per new reason, not one per poll (nor a second one for the phase change).
+    result.events = [Event("Warning", reason, message)] if old.get("message") != message else []
+    return result
 
 
 def _apply_phase(result: Plan, old_phase: str | None, phase: str, reason: str, message: str,
-                 spec: dict[str, Any], now: datetime, generation: int | None) -> None:
+                 now: datetime, generation: int | None) -> None:
     status = result.status
     conditions = status["conditions"]
     status["phase"] = phase
@@ -338,7 +274,7 @@ def _apply_phase(result: Plan, old_phase: str | None, phase: str, reason: str, m
         elif phase == api.FAILED:
             result.events.append(Event("Warning", phase, message))
     if phase == api.RUNNING and not status.get("startTime"):
-        status["startTime"] = _ts(now)
+        status["startTime"] = timestamp(now)
 
 
 def _ttl(result: Plan, spec: dict[str, Any], status: dict[str, Any], now: datetime) -> None:
@@ -346,7 +282,7 @@ def _ttl(result: Plan, spec: dict[str, Any], status: dict[str, Any], now: dateti
     done = status.get("completionTime")
     if ttl is None or not done:
         return
-    left = (_parse_ts(done) - now).total_seconds() + ttl
+    left = (parse_timestamp(done) - now).total_seconds() + ttl
     if left <= 0:
         result.delete_self = True
     else:

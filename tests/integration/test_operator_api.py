@@ -16,7 +16,7 @@ import yaml
 from conftest import REPO, sh, tool
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from pets_operator import api, builders
+from pets_operator import api, backends, builders
 
 pytestmark = pytest.mark.integration
 
@@ -156,7 +156,7 @@ def test_fields_are_immutable_while_running(admin: client.ApiClient, crd: dict[s
 
 def _children(spec: dict[str, Any], ns: str, backend: str) -> list[dict[str, Any]]:
     target = builders.Target("dry", ns, attempt=1)
-    return builders.build_children(api.resolve_spec(spec), target, backend)
+    return backends.get(backend).children(api.resolve_spec(spec), target)
 
 
 BUILD_CASES = {

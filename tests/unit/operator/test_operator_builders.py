@@ -1,4 +1,5 @@
-"""spec -> Service, Indexed Job and PyTorchJob, checked field by field against the pod contract."""
+"""spec -> Service and Indexed Job, checked field by field against the pod contract (backends: see
+test_operator_backends.py)."""
 
 from __future__ import annotations
 
@@ -75,7 +76,8 @@ def test_pod_contract_env_and_args() -> None:
     assert env["PETS_PROCS_PER_MACHINE"] == "2"
     assert env["PETS_MAIN_ADDR"] == "pets-0.pets.team-a.svc.example.local"
     assert env["PETS_MAIN_PORT"] == "29500"
-    assert env["PETS_MIXED_PRECISION"] == "fp16"
+    # The recipe travels as flags only (one channel each), not also as environment variables.
+    assert not {"PETS_MIXED_PRECISION", "PETS_OUTPUT_DIR", "PETS_CHECKPOINT_DIR"} & set(env)
     assert env["PETS_CPU_LIMIT"] == {
         "resourceFieldRef": {"containerName": "trainer", "resource": "limits.cpu", "divisor": "1"}}
     args = c["args"]
@@ -83,6 +85,8 @@ def test_pod_contract_env_and_args() -> None:
     assert args[args.index("--metrics-port") + 1] == "9090"
     assert args[args.index("--epochs") + 1] == "5"
     assert args[args.index("--lr") + 1] == "0.03"
+    assert args[args.index("--mixed-precision") + 1] == "fp16"
+    assert args[args.index("--output-dir") + 1] == "/output"
     assert args[args.index("--data") + 1] == "synthetic"
     assert "--pretrained" not in args and "--unfreeze" not in args
     assert c["resources"]["requests"] == c["resources"]["limits"] == {"cpu": "2", "memory": "4Gi"}
@@ -138,32 +142,6 @@ def test_dataset_must_have_exactly_one_source() -> None:
         builders.dataset_source({"dataset": {"synthetic": {}, "hostPath": {"path": "/x"}}})
     with pytest.raises(api.SpecError, match=r"spec\.dataset"):
         builders.dataset_source({"dataset": {}})
-
-
-def test_pytorchjob() -> None:
-    pj = builders.build_pytorchjob(spec(), TARGET)
-    assert pj["apiVersion"] == "kubeflow.org/v1" and pj["kind"] == "PyTorchJob"
-    rs = pj["spec"]["pytorchReplicaSpecs"]
-    assert rs["Master"]["replicas"] == 1 and rs["Worker"]["replicas"] == 2
-    c = rs["Master"]["template"]["spec"]["containers"][0]
-    assert c["name"] == "pytorch"
-    assert {p["name"] for p in c["ports"]} >= {"pytorchjob-port"}
-    env = env_of(c)
-    assert "PETS_MAIN_ADDR" not in env  # MASTER_ADDR from the training-operator is the fallback
-    assert env["PETS_NUM_MACHINES"] == "3"
-    assert rs["Master"]["template"] is not rs["Worker"]["template"]
-    single = builders.build_pytorchjob(spec(replicas=1), TARGET)
-    assert "Worker" not in single["spec"]["pytorchReplicaSpecs"]
-
-
-def test_backend_resolution() -> None:
-    assert builders.resolve_backend(spec(), pytorchjob_available=True) == "pytorchjob"
-    assert builders.resolve_backend(spec(), pytorchjob_available=False) == "job"
-    assert builders.resolve_backend(spec(backend="job"), pytorchjob_available=True) == "job"
-    with pytest.raises(api.SpecError, match="spec.backend is 'pytorchjob'"):
-        builders.resolve_backend(spec(backend="pytorchjob"), pytorchjob_available=False)
-    kinds = [m["kind"] for m in builders.build_children(spec(), TARGET, "job")]
-    assert kinds == ["Service", "Job"]
 
 
 @pytest.mark.parametrize(

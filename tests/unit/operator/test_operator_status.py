@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from pets_operator import api, builders, status
+from pets_operator import api, backends, builders, status
 from pets_operator.progress import parse_progress
 
 pytestmark = pytest.mark.unit
@@ -32,9 +32,11 @@ def job(conditions: list[dict[str, Any]] | None = None, attempt: int = 0, suspen
 def run(b: dict[str, Any], workload: dict[str, Any] | None, *, backend: str = "job", now: datetime = NOW,
         **observed: Any) -> status.Plan:
     spec = api.resolve_spec(b["spec"])
-    svc = builders.build_service(spec, TARGET) if backend == "job" else None
-    obs = status.Observed(backend=backend, workload=workload, service=svc, **observed)
-    return status.plan(b, spec, obs, TARGET, now)
+    chosen = backends.get(backend)
+    target = builders.Target("pets", "ns", int((b.get("status") or {}).get("restarts") or 0))
+    obs = status.Observed(backend=chosen, workload=workload, service=chosen.build_service(spec, target),
+                          **observed)
+    return status.plan(b, spec, obs, target, now)
 
 
 def cond(plan: status.Plan, ctype: str) -> dict[str, Any]:
@@ -43,7 +45,7 @@ def cond(plan: status.Plan, ctype: str) -> dict[str, Any]:
 
 def test_new_training_creates_service_and_job_once() -> None:
     spec = api.resolve_spec({"replicas": 2})
-    p = status.plan(body(replicas=2), spec, status.Observed(backend="job", workload=None), TARGET, NOW)
+    p = status.plan(body(replicas=2), spec, status.Observed(backend=backends.JOB, workload=None), TARGET, NOW)
     assert [m["kind"] for m in p.create] == ["Service", "Job"]
     assert p.status["phase"] == api.PENDING
     assert p.status["observedGeneration"] == 3
@@ -152,18 +154,6 @@ def test_ttl_after_finished() -> None:
     assert not run(body(done), None).delete_self
 
 
-def test_pytorchjob_states() -> None:
-    pj = builders.build_pytorchjob(api.resolve_spec({"replicas": 2}), TARGET)
-    pj["status"] = {"conditions": [{"type": "Created", "status": "True"},
-                                   {"type": "Running", "status": "True"}],
-                    "replicaStatuses": {"Master": {"active": 1}, "Worker": {"active": 1}}}
-    p = run(body({"phase": api.PENDING}, replicas=2), pj, backend="pytorchjob")
-    assert p.status["phase"] == api.RUNNING and p.status["activeReplicas"] == 2
-    assert p.status["children"] == {"pytorchJob": "pets"}
-    pj["status"]["conditions"].append({"type": "Succeeded", "status": "True"})
-    assert run(body(p.status, replicas=2), pj, backend="pytorchjob").status["phase"] == api.SUCCEEDED
-
-
 def test_summary_parsing_is_lenient() -> None:
     assert status.parse_summary(None) is None
     assert status.parse_summary("Traceback: boom") is None
@@ -208,3 +198,31 @@ def test_scrape_reads_a_real_prometheus_endpoint() -> None:
         thread.join(5)
     with pytest.raises(OSError):
         scrape("127.0.0.1", port, timeout=1)
+
+
+def test_invalid_spec_plan_fails_with_one_event() -> None:
+    p = status.plan_invalid(body({"phase": api.PENDING}), "spec.dataset: bad", NOW)
+    assert p.status["phase"] == api.FAILED and p.status["message"] == "spec.dataset: bad"
+    assert cond(p, "Failed") == {"type": "Failed", "status": "True", "reason": "InvalidSpec",
+                                 "message": "spec.dataset: bad", "lastTransitionTime": "2026-01-02T03:04:05Z",
+                                 "observedGeneration": 3}
+    assert [(e.type, e.reason) for e in p.events] == [("Warning", "InvalidSpec")]
+    assert p.create == [] and p.delete == []
+    # The same reason again (an operator restart) writes nothing new and emits no second Event.
+    again = status.plan_invalid(body(p.status), "spec.dataset: bad", NOW + timedelta(seconds=30))
+    assert again.status == p.status and again.events == []
+
+
+def test_backend_unavailable_plan_waits_pending() -> None:
+    p = status.plan_backend_unavailable(body(), "spec.backend is 'pytorchjob' but ...", NOW)
+    assert p.status["phase"] == api.PENDING
+    assert cond(p, "Progressing")["reason"] == "BackendUnavailable"
+    assert [e.reason for e in p.events] == ["BackendUnavailable"]
+    assert status.plan_backend_unavailable(body(p.status), "spec.backend is 'pytorchjob' but ...",
+                                           NOW).events == []
+
+
+def test_target_attempt_names_the_workload_after_a_restart() -> None:
+    p = run(body({"phase": api.RESTARTING, "restarts": 2}), None)
+    assert [m["metadata"]["name"] for m in p.create] == ["pets-r2"]
+    assert p.status["children"] == {"service": "pets", "job": "pets-r2"}

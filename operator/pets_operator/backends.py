@@ -1,0 +1,246 @@
+"""Each workload backend as one object: where its API lives, what it builds, how its state reads.
+
+A backend is the kind of object that runs the gang of trainer pods. The Indexed Job (with a headless
+Service for stable pod names) is always there; a Kubeflow PyTorchJob is used where the training-operator's
+CRD is served. Everything that differs between them is answered here and nowhere else: builders, the
+status planner, the handlers and `render` ask the backend. A third backend (JobSet, say) is one more
+subclass and one more entry in `BACKENDS`.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, ClassVar
+
+from pets_operator import api, builders
+
+
+class BackendUnavailable(api.SpecError):
+    """The spec asks for a backend whose API the cluster does not serve (yet): the training waits."""
+
+
+@dataclass(frozen=True)
+class WorkloadState:
+    """What a workload's own status says, in PetsTraining terms."""
+
+    phase: str  # one of api.PHASES (never Restarting: that is the operator's decision)
+    reason: str
+    message: str
+    active: int = 0
+    ready: int = 0
+    start_time: str | None = None
+    completion_time: str | None = None
+
+
+def timestamp(now: datetime) -> str:
+    """RFC 3339 the way the API server writes it (UTC, seconds, 'Z')."""
+    return now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_timestamp(text: str) -> datetime:
+    """RFC 3339 as the API server writes it ('...Z') or as the client serialises it ('...+00:00')."""
+    value = datetime.fromisoformat(text)
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+def _norm_ts(text: Any) -> str | None:
+    """A timestamp from a child's status, written back in the API server's own form."""
+    return timestamp(parse_timestamp(str(text))) if text else None
+
+
+def _true_conditions(workload: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c.get("type", ""): c for c in (workload.get("status") or {}).get("conditions") or []
+            if c.get("status") == "True"}
+
+
+class Backend:
+    """The interface every backend answers. Subclasses are stateless singletons."""
+
+    name: ClassVar[str]  # the value of spec.backend / status.backend
+    group: ClassVar[str]
+    version: ClassVar[str]
+    plural: ClassVar[str]
+    kind: ClassVar[str]
+    children_key: ClassVar[str]  # the key of status.children that names the workload
+    uses_service: ClassVar[bool]  # whether the operator creates the headless Service
+    always_served: ClassVar[bool]  # built into Kubernetes: no discovery needed
+    install_hint: ClassVar[str] = ""  # what to install when its API is not served
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    def build_workload(self, spec: dict[str, Any], target: builders.Target) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def state(self, workload: dict[str, Any], replicas: int) -> WorkloadState:
+        raise NotImplementedError
+
+    def rank0_selector(self, workload_name: str) -> str:
+        """Label selector of the pod that runs machine rank 0 (its progress and termination message)."""
+        raise NotImplementedError
+
+    def suspend_patch(self, value: bool) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def is_suspended(self, workload: dict[str, Any]) -> bool:
+        raise NotImplementedError
+
+    def build_service(self, spec: dict[str, Any], target: builders.Target) -> dict[str, Any] | None:
+        return builders.build_service(spec, target) if self.uses_service else None
+
+    def children(self, spec: dict[str, Any], target: builders.Target) -> list[dict[str, Any]]:
+        """Everything one attempt needs, in creation order (the Service before the pods that use it)."""
+        service = self.build_service(spec, target)
+        return ([service] if service else []) + [self.build_workload(spec, target)]
+
+    def children_names(self, name: str, attempt: int) -> dict[str, str]:
+        """status.children for one attempt."""
+        names = {"service": builders.service_name(name)} if self.uses_service else {}
+        return names | {self.children_key: builders.job_name(name, attempt)}
+
+
+class JobBackend(Backend):
+    """An Indexed Job (rank = completion index) and a headless Service for `<job>-<index>.<svc>`."""
+
+    name, group, version, plural, kind = "job", "batch", "v1", "jobs", "Job"
+    children_key, uses_service, always_served = "job", True, True
+
+    def build_workload(self, spec: dict[str, Any], target: builders.Target) -> dict[str, Any]:
+        return builders.build_job(spec, target)
+
+    def state(self, workload: dict[str, Any], replicas: int) -> WorkloadState:
+        conds = _true_conditions(workload)
+        st = workload.get("status") or {}
+        active, ready = int(st.get("active") or 0), int(st.get("ready") or 0)
+        start, done = _norm_ts(st.get("startTime")), _norm_ts(st.get("completionTime"))
+        if "Complete" in conds or "SuccessCriteriaMet" in conds:
+            c = conds.get("Complete") or conds["SuccessCriteriaMet"]
+            return WorkloadState(api.SUCCEEDED, "JobComplete", c.get("message") or
+                                 f"all {replicas} ranks finished", active, ready, start, done)
+        if "Failed" in conds or "FailureTarget" in conds:
+            c = conds.get("Failed") or conds["FailureTarget"]
+            reason = c.get("reason") or "JobFailed"
+            return WorkloadState(api.FAILED, reason, c.get("message") or f"Job failed ({reason})",
+                                 active, ready, start, _norm_ts(c.get("lastTransitionTime")))
+        if self.is_suspended(workload) or "Suspended" in conds:
+            return WorkloadState(api.SUSPENDED, "JobSuspended", "the Job is suspended", active, ready, start)
+        if active > 0:
+            return WorkloadState(api.RUNNING, "PodsRunning",
+                                 f"{ready}/{replicas} pods ready, {active} active", active, ready, start)
+        return WorkloadState(api.PENDING, "WaitingForPods", "waiting for the Job's pods",
+                             active, ready, start)
+
+    def rank0_selector(self, workload_name: str) -> str:
+        return f"job-name={workload_name},batch.kubernetes.io/job-completion-index=0"
+
+    def suspend_patch(self, value: bool) -> dict[str, Any]:
+        return {"spec": {"suspend": value}}
+
+    def is_suspended(self, workload: dict[str, Any]) -> bool:
+        return bool((workload.get("spec") or {}).get("suspend"))
+
+
+class PyTorchJobBackend(Backend):
+    """A Kubeflow PyTorchJob (kubeflow.org/v1): one Master and replicas-1 Workers, same launcher.
+
+    The training-operator injects MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE and gives the Master a
+    Service of its own, so the operator sets no main address and creates no Service.
+    """
+
+    name, group, version, plural, kind = "pytorchjob", "kubeflow.org", "v1", "pytorchjobs", "PyTorchJob"
+    children_key, uses_service, always_served = "pytorchJob", False, False
+    install_hint = "install the Kubeflow training-operator"
+    CONTAINER = "pytorch"  # the container name the training-operator looks for
+    PORT_NAME = "pytorchjob-port"  # the port name it reads the rendezvous port from
+
+    def build_workload(self, spec: dict[str, Any], target: builders.Target) -> dict[str, Any]:
+        template = builders.pod_template(spec, target, container_name=self.CONTAINER,
+                                         port_name=self.PORT_NAME, headless_service=False)
+        replica_specs: dict[str, Any] = {
+            "Master": {"replicas": 1, "restartPolicy": "Never", "template": template},
+        }
+        if spec["replicas"] > 1:
+            replica_specs["Worker"] = {"replicas": spec["replicas"] - 1, "restartPolicy": "Never",
+                                       "template": copy.deepcopy(template)}
+        run_policy: dict[str, Any] = {"cleanPodPolicy": "None", "backoffLimit": 0,
+                                      "suspend": bool(spec["suspend"])}
+        if spec.get("activeDeadlineSeconds"):
+            run_policy["activeDeadlineSeconds"] = spec["activeDeadlineSeconds"]
+        return {
+            "apiVersion": self.api_version,
+            "kind": self.kind,
+            "metadata": builders.workload_metadata(target),
+            "spec": {"runPolicy": run_policy, "pytorchReplicaSpecs": replica_specs},
+        }
+
+    def state(self, workload: dict[str, Any], replicas: int) -> WorkloadState:
+        conds = _true_conditions(workload)
+        st = workload.get("status") or {}
+        rstat = st.get("replicaStatuses") or {}
+        active = sum(int((v or {}).get("active") or 0) for v in rstat.values())
+        start, done = _norm_ts(st.get("startTime")), _norm_ts(st.get("completionTime"))
+        if "Succeeded" in conds:
+            return WorkloadState(api.SUCCEEDED, "PyTorchJobSucceeded", conds["Succeeded"].get("message") or
+                                 "PyTorchJob succeeded", active, active, start, done)
+        if "Failed" in conds:
+            c = conds["Failed"]
+            return WorkloadState(api.FAILED, c.get("reason") or "PyTorchJobFailed",
+                                 c.get("message") or "PyTorchJob failed", active, active, start,
+                                 done or _norm_ts(c.get("lastTransitionTime")))
+        if "Suspended" in conds or self.is_suspended(workload):
+            return WorkloadState(api.SUSPENDED, "PyTorchJobSuspended", "the PyTorchJob is suspended",
+                                 active, active, start)
+        if "Running" in conds or active > 0:
+            return WorkloadState(api.RUNNING, "PodsRunning", f"{active}/{replicas} pods active",
+                                 active, active, start)
+        return WorkloadState(api.PENDING, "WaitingForPods", "waiting for the PyTorchJob's pods", active,
+                             active, start)
+
+    def rank0_selector(self, workload_name: str) -> str:
+        return f"training.kubeflow.org/job-name={workload_name},training.kubeflow.org/replica-type=master"
+
+    def suspend_patch(self, value: bool) -> dict[str, Any]:
+        return {"spec": {"runPolicy": {"suspend": value}}}
+
+    def is_suspended(self, workload: dict[str, Any]) -> bool:
+        return bool(((workload.get("spec") or {}).get("runPolicy") or {}).get("suspend"))
+
+
+JOB = JobBackend()
+PYTORCHJOB = PyTorchJobBackend()
+BACKENDS: dict[str, Backend] = {b.name: b for b in (JOB, PYTORCHJOB)}
+AUTO_PREFERENCE = [PYTORCHJOB, JOB]  # what `backend: auto` picks, first served wins
+
+
+def get(name: str) -> Backend:
+    """The backend recorded in status.backend (or named in spec.backend)."""
+    try:
+        return BACKENDS[name]
+    except KeyError:
+        raise api.SpecError(f"spec.backend must be one of {', '.join(['auto', *BACKENDS])}, "
+                            f"got {name!r}") from None
+
+
+def for_kind(api_version: str, kind: str) -> Backend | None:
+    """The backend whose workload has this apiVersion/kind (None for other children, e.g. a Service)."""
+    return next((b for b in BACKENDS.values() if (b.api_version, b.kind) == (api_version, kind)), None)
+
+
+def resolve(spec: dict[str, Any], served: set[str]) -> Backend:
+    """spec.backend -> the backend to use, given the names of the backends whose API is served.
+
+    `auto` picks the first served of AUTO_PREFERENCE; a named backend that is not served raises
+    BackendUnavailable (the training waits: the CRD may be installed later).
+    """
+    wanted = spec["backend"]
+    if wanted == "auto":
+        return next(b for b in AUTO_PREFERENCE if b.always_served or b.name in served)
+    backend = get(wanted)
+    if not backend.always_served and backend.name not in served:
+        raise BackendUnavailable(
+            f"spec.backend is {wanted!r} but the {backend.group} {backend.kind} CRD is not installed; "
+            f"{backend.install_hint} or use backend 'job'")
+    return backend

@@ -1,0 +1,143 @@
+"""The Kubernetes adapter: blocking API calls for one PetsTraining, run in a worker thread.
+
+It decides nothing: `handlers.reconcile_once` asks it what is there, `status.plan` decides, and it
+carries the Plan out. Workloads are reached through their backend's API coordinates, so a new
+backend needs no change here.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, cast
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from pets_operator import api, backends, builders, metrics
+
+
+def api_message(exc: ApiException) -> str:
+    """The API server's own message from an error response."""
+    try:
+        return str(json.loads(exc.body or "{}").get("message") or exc.body or exc.reason)
+    except (TypeError, ValueError, AttributeError):
+        return str(exc.body or exc.reason)
+
+
+def owned_by(obj: dict[str, Any], uid: str) -> bool:
+    return any(ref.get("uid") == uid and ref.get("controller")
+               for ref in (obj.get("metadata") or {}).get("ownerReferences") or [])
+
+
+def served_backends(api_client: client.ApiClient) -> set[str]:
+    """Names of the backends whose API the cluster serves now (API discovery)."""
+    custom = client.CustomObjectsApi(api_client)
+    served = set()
+    for backend in backends.BACKENDS.values():
+        if backend.always_served:
+            served.add(backend.name)
+            continue
+        try:
+            res = custom.get_api_resources(backend.group, backend.version)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            continue
+        if any(r.name == backend.plural for r in res.resources):
+            served.add(backend.name)
+    return served
+
+
+class Cluster:
+    """Blocking Kubernetes calls for one PetsTraining."""
+
+    def __init__(self, api_client: client.ApiClient, namespace: str, name: str):
+        self.api_client, self.namespace, self.name = api_client, namespace, name
+        self.core = client.CoreV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
+        self.selector = f"{api.LABEL_TRAINING}={name}"
+
+    def _dict(self, obj: Any) -> dict[str, Any]:
+        return self.api_client.sanitize_for_serialization(obj)  # type: ignore[no-any-return]
+
+    def get_training(self) -> dict[str, Any] | None:
+        try:
+            return cast(dict[str, Any], self.custom.get_namespaced_custom_object(
+                api.GROUP, api.VERSION, self.namespace, api.PLURAL, self.name))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def workloads(self, backend: backends.Backend) -> list[dict[str, Any]]:
+        out = cast(dict[str, Any], self.custom.list_namespaced_custom_object(
+            backend.group, backend.version, self.namespace, backend.plural, label_selector=self.selector))
+        return [i | {"apiVersion": backend.api_version, "kind": backend.kind} for i in out.get("items", [])]
+
+    def service(self) -> dict[str, Any] | None:
+        try:
+            return self._dict(self.core.read_namespaced_service(builders.service_name(self.name),
+                                                                self.namespace))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def rank0_pod(self, backend: backends.Backend, workload: str) -> dict[str, Any] | None:
+        """The newest pod of machine rank 0 (after a pod replacement, the old one may linger)."""
+        found = self.core.list_namespaced_pod(self.namespace, label_selector=backend.rank0_selector(workload))
+        pods = [self._dict(p) for p in found.items]
+        if not pods:
+            return None
+        return max(pods, key=lambda p: str(p["metadata"].get("creationTimestamp") or ""))
+
+    def create(self, manifest: dict[str, Any]) -> bool:
+        """Create a child; False when it already exists (an earlier reconcile or operator made it)."""
+        ns = manifest["metadata"]["namespace"]
+        try:
+            backend = backends.for_kind(manifest["apiVersion"], manifest["kind"])
+            if backend is not None:
+                self.custom.create_namespaced_custom_object(backend.group, backend.version, ns,
+                                                            backend.plural, manifest)
+            elif manifest["kind"] == "Service":
+                self.core.create_namespaced_service(ns, cast(client.V1Service, manifest))
+            else:
+                raise ValueError(f"no API known for {manifest['apiVersion']} {manifest['kind']}")
+        except ApiException as exc:
+            if exc.status == 409:
+                return False
+            raise
+        metrics.CHILDREN_CREATED.labels(kind=manifest["kind"]).inc()
+        return True
+
+    def delete(self, ref: dict[str, Any]) -> None:
+        body = client.V1DeleteOptions(propagation_policy="Foreground")
+        try:
+            backend = backends.for_kind(ref["apiVersion"], ref["kind"])
+            if backend is not None:
+                self.custom.delete_namespaced_custom_object(backend.group, backend.version, ref["namespace"],
+                                                            backend.plural, ref["name"], body=body)
+            elif ref["kind"] == "Service":
+                self.core.delete_namespaced_service(ref["name"], ref["namespace"], body=body)
+            else:
+                raise ValueError(f"no API known for {ref['apiVersion']} {ref['kind']}")
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    def set_suspend(self, backend: backends.Backend, name: str, value: bool) -> None:
+        self.custom.patch_namespaced_custom_object(backend.group, backend.version, self.namespace,
+                                                   backend.plural, name, backend.suspend_patch(value))
+
+    def patch_status(self, new_status: dict[str, Any]) -> None:
+        self.custom.patch_namespaced_custom_object_status(
+            api.GROUP, api.VERSION, self.namespace, api.PLURAL, self.name, {"status": new_status})
+
+    def delete_training(self) -> None:
+        try:
+            self.custom.delete_namespaced_custom_object(
+                api.GROUP, api.VERSION, self.namespace, api.PLURAL, self.name,
+                body=client.V1DeleteOptions(propagation_policy="Background"))
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
