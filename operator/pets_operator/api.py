@@ -1,15 +1,20 @@
-"""The PetsTraining API: names, defaults and the OpenAPI schema, in one place.
+"""The PetsTraining API: names, defaults, the OpenAPI schema and the cross-field rules, in one place.
 
 This module is the single source of truth for the CRD: `pets_operator.crd` turns `SPEC_SCHEMA` and
 `STATUS_SCHEMA` into the CustomResourceDefinition that the chart ships (a unit test checks the
 committed file matches), and `resolve_spec` applies the very same defaults and validation locally
-(for `pets-operator render`, which runs without an API server).
+(for `pets-operator render`, which runs without an API server). Each cross-field rule is one `Rule`
+in `RULES`: its CEL (the CRD's x-kubernetes-validations) and its Python twin sit side by side, and
+the local error is the API server's error text for that rule.
 """
 
 from __future__ import annotations
 
 import copy
 import functools
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 GROUP = "training.pets.dev"
@@ -113,6 +118,172 @@ RESERVED_ENV = [
 ]
 
 
+# ----------------------------------------------------------------------------- cross-field rules
+#
+# Each rule is written once, here: the CEL the API server evaluates (generated into the CRD's
+# x-kubernetes-validations) and the Python check `resolve_spec`/`check_name` run locally, with the
+# message both give. The API server reports a failed rule as
+#     <path>: Invalid value: "object": <message>
+# where <path> is the path of the node the rule sits on (spec, spec.env[0]) followed by the rule's
+# fieldPath; `Rule.error` builds exactly that text, so `pets-operator render` refuses a spec with the
+# words `kubectl apply` would print. The immutable-while-running transition rules (`_immutable_rules`,
+# which compare with oldSelf) are CEL-only: render has no old object to compare with.
+
+
+def _has(value: dict[str, Any], key: str) -> bool:
+    """CEL's has(self.key) on a defaulted value (nulls are pruned before defaulting, as the server does)."""
+    return isinstance(value, dict) and value.get(key) is not None
+
+
+def _re2(pattern: str) -> str:
+    """A Go (RE2) pattern for Python's re: Go's `$` is the end of the text, Python's `$` also matches
+    before a final newline, so a final `$` becomes `\\Z`."""
+    return pattern.removesuffix("$") + r"\Z" if pattern.endswith("$") else pattern
+
+
+def _matches(pattern: str, text: str) -> bool:
+    """CEL's string.matches."""
+    return re.search(_re2(pattern), text) is not None
+
+
+@dataclass(frozen=True, eq=False)
+class Rule:
+    """One cross-field validation rule: its CEL, its Python twin and its message, side by side.
+
+    at: where the rule sits: "" (the whole object), "spec", "spec.dataset", or "spec.env[]" (each
+        item of spec.env). `self` in `cel` and the argument of `check` are the defaulted value there.
+    check: the Python twin of `cel`: True when the value passes.
+    field_path: CEL's fieldPath, relative to `at` (".masterPort"): the field the server's error names.
+    example_spec, example_name: a spec (and metadata.name) that breaks this rule and no other; the
+        unit and integration tests submit it to render and to the API server.
+    """
+
+    id: str
+    at: str
+    cel: str
+    message: str
+    check: Callable[[Any], bool]
+    example_spec: dict[str, Any] = field(default_factory=dict)
+    example_name: str = "example"
+    field_path: str = ""
+
+    def validation(self) -> dict[str, str]:
+        """The x-kubernetes-validations entry of the CRD."""
+        out = {"rule": self.cel, "message": self.message}
+        if self.field_path:
+            out["fieldPath"] = self.field_path
+        return out
+
+    def error(self, path: str) -> str:
+        """The API server's error text when the value at `path` (spec, spec.env[0]) fails the rule.
+
+        Every rule sits on an object, so the server shows the value as "object".
+        """
+        return f'{(path + self.field_path).lstrip(".")}: Invalid value: "object": {self.message}'
+
+
+NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+_DATASET_SOURCES = ["synthetic", "persistentVolumeClaim", "hostPath"]
+_OUTPUT_VOLUMES = ["persistentVolumeClaim", "emptyDir"]
+
+
+def _exactly_one(keys: list[str]) -> str:
+    return "[" + ", ".join(f"has(self.{k})" for k in keys) + "].filter(x, x).size() == 1"
+
+
+RULES: list[Rule] = [
+    Rule(
+        id="name",
+        at="",
+        cel=f"self.metadata.name.size() <= {MAX_NAME_LENGTH} && self.metadata.name.matches('{NAME_PATTERN}')",
+        message=f"metadata.name must be a DNS label of at most {MAX_NAME_LENGTH} characters starting "
+                "with a letter (it names the Job, the Service and the pods)",
+        check=lambda obj: len(obj["metadata"]["name"]) <= MAX_NAME_LENGTH
+        and _matches(NAME_PATTERN, obj["metadata"]["name"]),
+        example_name="9lives",
+        field_path=".metadata.name",
+    ),
+    Rule(
+        id="dataset-exactly-one",
+        at="spec.dataset",
+        cel=_exactly_one(_DATASET_SOURCES),
+        message="spec.dataset must set exactly one of " + ", ".join(_DATASET_SOURCES),
+        check=lambda dataset: sum(_has(dataset, k) for k in _DATASET_SOURCES) == 1,
+        example_spec={"dataset": {"synthetic": {}, "hostPath": {"path": "/srv/pets"}}},
+    ),
+    Rule(
+        id="output-exactly-one",
+        at="spec.output",
+        cel=_exactly_one(_OUTPUT_VOLUMES),
+        message="spec.output must set exactly one of " + ", ".join(_OUTPUT_VOLUMES),
+        check=lambda output: sum(_has(output, k) for k in _OUTPUT_VOLUMES) == 1,
+        example_spec={"output": {"emptyDir": {}, "persistentVolumeClaim": {"claimName": "out"}}},
+    ),
+    Rule(
+        id="env-not-reserved",
+        at="spec.env[]",
+        cel="!self.name.startsWith('PETS_') && !(self.name in "
+            + "[" + ", ".join(f"'{n}'" for n in RESERVED_ENV) + "])",
+        message="spec.env[].name must not start with PETS_ or be one of "
+                + ", ".join(RESERVED_ENV) + " (they belong to the pod contract)",
+        check=lambda env: not env["name"].startswith("PETS_") and env["name"] not in RESERVED_ENV,
+        example_spec={"env": [{"name": "OK", "value": "1"}, {"name": "PETS_MAIN_ADDR", "value": "x"}]},
+        field_path=".name",
+    ),
+    Rule(
+        id="weights-or-pretrained",
+        at="spec",
+        cel="!(has(self.pretrained) && self.pretrained && has(self.weights))",
+        message="spec.weights and spec.pretrained=true are mutually exclusive: pick one source of weights",
+        check=lambda spec: not (_has(spec, "pretrained") and spec["pretrained"] and _has(spec, "weights")),
+        example_spec={"pretrained": True, "weights": "/w.safetensors"},
+        field_path=".weights",
+    ),
+    Rule(
+        id="master-port-not-metrics-port",
+        at="spec",
+        cel=f"!has(self.masterPort) || self.masterPort != {METRICS_PORT}",
+        message=f"spec.masterPort must not be {METRICS_PORT}, the trainer's metrics port",
+        check=lambda spec: not _has(spec, "masterPort") or spec["masterPort"] != METRICS_PORT,
+        example_spec={"masterPort": METRICS_PORT},
+        field_path=".masterPort",
+    ),
+    Rule(
+        id="processes-fit-gpus",
+        at="spec",
+        cel="!has(self.resources) || !has(self.resources.gpu) || self.resources.gpu == 0 || "
+            "!has(self.processesPerReplica) || self.processesPerReplica <= self.resources.gpu",
+        message="spec.processesPerReplica must not exceed spec.resources.gpu on GPU pods",
+        check=lambda spec: not _has(spec, "resources") or not _has(spec["resources"], "gpu")
+        or spec["resources"]["gpu"] == 0 or not _has(spec, "processesPerReplica")
+        or spec["processesPerReplica"] <= spec["resources"]["gpu"],
+        example_spec={"processesPerReplica": 4, "resources": {"gpu": 2}},
+        field_path=".processesPerReplica",
+    ),
+    Rule(
+        id="output-claim-writable",
+        at="spec",
+        cel="!has(self.output) || !has(self.output.persistentVolumeClaim) || "
+            "!has(self.output.persistentVolumeClaim.readOnly) || "
+            "!self.output.persistentVolumeClaim.readOnly",
+        message="spec.output.persistentVolumeClaim.readOnly must be false: the trainer writes there",
+        check=lambda spec: not _has(spec, "output") or not _has(spec["output"], "persistentVolumeClaim")
+        or not _has(spec["output"]["persistentVolumeClaim"], "readOnly")
+        or not spec["output"]["persistentVolumeClaim"]["readOnly"],
+        example_spec={"output": {"persistentVolumeClaim": {"claimName": "out", "readOnly": True}}},
+        field_path=".output.persistentVolumeClaim.readOnly",
+    ),
+]
+
+
+def rules_at(at: str) -> list[Rule]:
+    return [r for r in RULES if r.at == at]
+
+
+def _validations(at: str) -> list[dict[str, str]]:
+    return [r.validation() for r in rules_at(at)]
+
+
 def _quantity(description: str, default: str | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {
         "description": description,
@@ -196,11 +367,7 @@ SPEC_SCHEMA: dict[str, Any] = _obj(
                     required=["path"]),
             },
             default={"synthetic": {}},
-            rules=[{
-                "rule": "[has(self.synthetic), has(self.persistentVolumeClaim), has(self.hostPath)]"
-                        ".filter(x, x).size() == 1",
-                "message": "spec.dataset must set exactly one of synthetic, persistentVolumeClaim, hostPath",
-            }]),
+            rules=_validations("spec.dataset")),
         "output": _obj(
             "Where the trainer writes progress, checkpoints and the final model (mounted at /output). "
             "With emptyDir a gang restart starts from scratch; use a claim to resume from the newest "
@@ -211,10 +378,7 @@ SPEC_SCHEMA: dict[str, Any] = _obj(
                                  {"sizeLimit": _quantity("Size limit of the emptyDir.")}),
             },
             default={"emptyDir": {}},
-            rules=[{
-                "rule": "[has(self.persistentVolumeClaim), has(self.emptyDir)].filter(x, x).size() == 1",
-                "message": "spec.output must set exactly one of persistentVolumeClaim, emptyDir",
-            }]),
+            rules=_validations("spec.output")),
         "image": _str("Trainer image; the operator's --default-image when unset. Immutable while running.",
                       pattern=IMAGE, min_length=1, max_length=512),
         "imagePullPolicy": _str("Pull policy of the trainer image.", default="IfNotPresent",
@@ -230,8 +394,11 @@ SPEC_SCHEMA: dict[str, Any] = _obj(
             "Per-pod resources. Requests equal limits (Guaranteed QoS); the CPU limit also sizes the "
             "trainer's threads.",
             {
-                "cpu": _quantity("CPU of each pod (request = limit).", default="2"),
-                "memory": _quantity("Memory of each pod (request = limit).", default="4Gi"),
+                # Sized so a default training schedules on a small (2-CPU) node: the default recipe
+                # (resnet50d, 224 px, batch 64) peaked at 1.26 GiB RSS in one process on CPU
+                # (docs/operator.md); the rest is room for DataLoader workers and page cache.
+                "cpu": _quantity("CPU of each pod (request = limit).", default="1"),
+                "memory": _quantity("Memory of each pod (request = limit).", default="3Gi"),
                 "gpu": _int("GPUs of each pod; 0 trains on CPU.", default=0, minimum=0, maximum=16),
                 "gpuResourceName": _str("Extended resource name of the GPUs.", default="nvidia.com/gpu",
                                         pattern=r"^([a-z0-9.-]+/)?[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$",
@@ -269,12 +436,7 @@ SPEC_SCHEMA: dict[str, Any] = _obj(
             "items": _obj("An environment variable.", {
                 "name": _str("Variable name.", pattern=ENV_NAME, min_length=1, max_length=128),
                 "value": _str("Value.", max_length=32768),
-            }, required=["name"], rules=[{
-                "rule": "!self.name.startsWith('PETS_') && !(self.name in "
-                        + "[" + ", ".join(f"'{n}'" for n in RESERVED_ENV) + "])",
-                "message": "spec.env[].name must not start with PETS_ or be one of "
-                           + ", ".join(RESERVED_ENV) + " (they belong to the pod contract)",
-            }]),
+            }, required=["name"], rules=_validations("spec.env[]")),
         },
         "backend": _str("job: an Indexed Job and a headless Service; pytorchjob: a Kubeflow "
                         "PyTorchJob; auto: pytorchjob when its CRD is installed, else job. "
@@ -288,24 +450,24 @@ SPEC_SCHEMA: dict[str, Any] = _obj(
         "ttlSecondsAfterFinished": _int(
             "Delete the PetsTraining (and so every child) this many seconds after it finished.",
             minimum=0, maximum=31536000),
+        "scheduling": _obj(
+            "Bounds on waiting. Time spent Suspended (by the user or a queue) does not count.",
+            {
+                "pendingTimeoutSeconds": _int(
+                    "Fail the training when its pods have not all started running this many seconds "
+                    "after it began to wait (unschedulable, image pull errors, volumes...); the "
+                    "failure names the reason it waited for. Unset: wait as long as it takes.",
+                    minimum=1, maximum=2592000),
+                "stallTimeoutSeconds": _int(
+                    "Seconds without progress after which a Running training gets the Stalled "
+                    "condition. Unset: 20 of its own steps, at least 2 minutes.",
+                    minimum=10, maximum=2592000),
+            }),
         "suspend": _bool("Suspend the training: the Job is suspended and its pods removed; false "
                          "resumes it (Kueue can drive this).", False),
     },
     default={},
-    rules=[
-        {"rule": "!(has(self.pretrained) && self.pretrained && has(self.weights))",
-         "message": "spec.weights and spec.pretrained=true are mutually exclusive: "
-                    "pick one source of weights"},
-        {"rule": "!has(self.masterPort) || self.masterPort != 9090",
-         "message": "spec.masterPort must not be 9090, the trainer's metrics port"},
-        {"rule": "!has(self.resources) || !has(self.resources.gpu) || self.resources.gpu == 0 || "
-                 "!has(self.processesPerReplica) || self.processesPerReplica <= self.resources.gpu",
-         "message": "spec.processesPerReplica must not exceed spec.resources.gpu on GPU pods"},
-        {"rule": "!has(self.output) || !has(self.output.persistentVolumeClaim) || "
-                 "!has(self.output.persistentVolumeClaim.readOnly) || "
-                 "!self.output.persistentVolumeClaim.readOnly",
-         "message": "spec.output.persistentVolumeClaim.readOnly must be false: the trainer writes there"},
-    ],
+    rules=_validations("spec"),
 )
 
 # Fields of spec that cannot change while the training is Running or Restarting.
@@ -317,17 +479,19 @@ IMMUTABLE_WHILE_RUNNING = [
 
 
 def _immutable_rules() -> list[dict[str, str]]:
+    """Transition rules (they compare with oldSelf), so CEL-only: not `Rule`s, and not checked by
+    `resolve_spec`, because `pets-operator render` has no old object to compare with."""
     running = ("has(oldSelf.status) && has(oldSelf.status.phase) && "
                "oldSelf.status.phase in ['Running', 'Restarting']")
     rules = []
-    for field in IMMUTABLE_WHILE_RUNNING:
-        same = (f"has(self.spec.{field}) == has(oldSelf.spec.{field}) && "
-                f"(!has(self.spec.{field}) || self.spec.{field} == oldSelf.spec.{field})")
+    for key in IMMUTABLE_WHILE_RUNNING:
+        same = (f"has(self.spec.{key}) == has(oldSelf.spec.{key}) && "
+                f"(!has(self.spec.{key}) || self.spec.{key} == oldSelf.spec.{key})")
         rules.append({
             "rule": f"!({running}) || ({same})",
-            "message": f"spec.{field} is immutable while the training is running; suspend it or "
+            "message": f"spec.{key} is immutable while the training is running; suspend it or "
                        f"recreate the PetsTraining",
-            "fieldPath": f".spec.{field}",
+            "fieldPath": f".spec.{key}",
             "reason": "FieldValueForbidden",
         })
     return rules
@@ -367,6 +531,27 @@ STATUS_SCHEMA: dict[str, Any] = _obj("Observed state, written by the operator.",
                 "description": "The trainer's final summary (its termination message)."},
     "startTime": {"type": "string", "format": "date-time", "description": "When the first attempt started."},
     "completionTime": {"type": "string", "format": "date-time", "description": "When it finished."},
+    "pendingSince": {"type": "string", "format": "date-time",
+                     "description": "When the current wait for pods began (cleared once they all run)."},
+    "disruptions": {"type": "integer",
+                    "description": "Of the restarts, those the cluster caused (evicted, preempted, node "
+                                   "lost): they do not count against spec.maxRestarts."},
+    "step": {"type": "integer", "description": "Optimizer steps taken so far (rank 0)."},
+    "stepsTotal": {"type": "integer", "description": "Optimizer steps of the whole run."},
+    "lastFailure": _obj("The failure that ended the last attempt, classified.", {
+        "cause": _str("PermanentError, ExitCode, OOMKilled, Evicted, Preempted or NodeLost."),
+        "pod": _str("The pod whose failure ended the attempt (the first to fail)."),
+        "rank": {"type": "integer", "description": "Its machine rank."},
+        "node": _str("The node it ran on."),
+        "exitCode": {"type": "integer", "description": "The trainer container's exit code."},
+        "message": _str("The trainer's own reason, or the cluster's."),
+        "logTail": _str("The last lines of that container's log."),
+        "time": {"type": "string", "format": "date-time", "description": "When it failed."},
+    }),
+    "lastCheckpoint": _obj("The newest checkpoint a restart would resume from (with a claim output).", {
+        "epoch": {"type": "integer", "description": "Epoch of the checkpoint."},
+        "time": {"type": "string", "format": "date-time", "description": "When the operator saw it."},
+    }),
     "children": _obj("Objects the operator created.", {
         "job": _str("Name of the Job."),
         "service": _str("Name of the headless Service."),
@@ -383,20 +568,13 @@ def object_schema() -> dict[str, Any]:
         "properties": {
             "apiVersion": {"type": "string"},
             "kind": {"type": "string"},
-            "metadata": {"type": "object"},
+            # name declared (the only field a CRD may restrict) so the name rule's fieldPath can point at it
+            "metadata": {"type": "object", "properties": {"name": {"type": "string"}}},
             "spec": copy.deepcopy(SPEC_SCHEMA),
             "status": copy.deepcopy(STATUS_SCHEMA),
         },
         "required": ["spec"],
-        "x-kubernetes-validations": [
-            {
-                "rule": f"self.metadata.name.size() <= {MAX_NAME_LENGTH} && "
-                        "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
-                "message": f"metadata.name must be a DNS label of at most {MAX_NAME_LENGTH} characters "
-                           "starting with a letter (it names the Job, the Service and the pods)",
-            },
-            *_immutable_rules(),
-        ],
+        "x-kubernetes-validations": [*_validations(""), *_immutable_rules()],
     }
 
 
@@ -404,13 +582,19 @@ def object_schema() -> dict[str, Any]:
 
 
 def apply_defaults(schema: dict[str, Any], value: Any) -> Any:
-    """Fill in schema defaults the way the API server does (structural defaulting), recursively."""
+    """Fill in schema defaults the way the API server does (structural defaulting), recursively.
+
+    As on the server, a null in a declared field (none of ours is nullable) is dropped first, and then
+    defaulted like a missing one.
+    """
     if not isinstance(value, dict) or schema.get("type") != "object":
         if isinstance(value, list) and "items" in schema:
             return [apply_defaults(schema["items"], item) for item in value]
         return value
-    out = dict(value)
-    for key, sub in schema.get("properties", {}).items():
+    props = schema.get("properties", {})
+    out = {k: v for k, v in value.items()
+           if v is not None or (k not in props and not isinstance(schema.get("additionalProperties"), dict))}
+    for key, sub in props.items():
         if key not in out and "default" in sub:
             out[key] = copy.deepcopy(sub["default"])
         if key in out:
@@ -419,13 +603,16 @@ def apply_defaults(schema: dict[str, Any], value: Any) -> Any:
 
 
 def _json_schema(schema: Any) -> Any:
-    """The CRD schema as plain JSON Schema (draft 4): Kubernetes extensions dropped."""
+    """The CRD schema as plain JSON Schema (draft 4): Kubernetes extensions dropped, patterns made to
+    end where Go's do (`_re2`)."""
     if isinstance(schema, dict):
         out = {k: _json_schema(v) for k, v in schema.items() if not k.startswith("x-kubernetes-")}
         if schema.get("type") == "object" and "properties" in schema and not schema.get(
             "x-kubernetes-preserve-unknown-fields"
         ):
             out["additionalProperties"] = False
+        if isinstance(schema.get("pattern"), str):
+            out["pattern"] = _re2(schema["pattern"])
         return out
     if isinstance(schema, list):
         return [_json_schema(v) for v in schema]
@@ -439,11 +626,53 @@ def _validator() -> Any:
     return jsonschema.Draft4Validator(_json_schema(SPEC_SCHEMA))
 
 
+def _path(parts: Any) -> str:
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in parts).lstrip(".")
+
+
+def _nodes(value: Any, at: str, path: str = "") -> list[tuple[str, Any]]:
+    """The values a rule sitting at `at` ("spec.dataset", "spec.env[]") sees, with their paths."""
+    if not at:
+        return [(path, value)]
+    head, _, rest = at.partition(".")
+    key, items = (head[:-2], True) if head.endswith("[]") else (head, False)
+    child = value.get(key) if isinstance(value, dict) else None
+    if child is None:
+        return []  # absent: the server does not evaluate the rule either
+    here = f"{path}.{key}".lstrip(".")
+    if items:
+        return [n for i, item in enumerate(child) for n in _nodes(item, rest, f"{here}[{i}]")]
+    return _nodes(child, rest, here)
+
+
+def check_rules(obj: dict[str, Any], rules: list[Rule] | None = None) -> None:
+    """Run the Python twins of the CEL rules on a (defaulted, schema-valid) object.
+
+    Raises SpecError with the API server's text for the first rule that fails.
+    """
+    for rule in RULES if rules is None else rules:
+        for path, value in _nodes(obj, rule.at):
+            if not rule.check(value):
+                raise SpecError(rule.error(path))
+
+
+def check_name(name: Any) -> str:
+    """metadata.name checked by the rules on the whole object (render has no API server to ask).
+
+    Those rules see only metadata.name here: a rule about the spec belongs at "spec".
+    """
+    if not isinstance(name, str) or not name:
+        raise SpecError(f"metadata.name is required, got {name!r}")
+    check_rules({"metadata": {"name": name}}, rules_at(""))
+    return name
+
+
 def resolve_spec(spec: Any) -> dict[str, Any]:
     """Defaulted and validated spec, as the API server would store it. Raises SpecError naming the field.
 
-    The schema is checked with jsonschema; the CEL rules that the builders depend on are checked by
-    the builders themselves (`builders.dataset_source`), so render and the API server agree.
+    The schema is checked with jsonschema, then the spec's cross-field rules (`RULES`) with their
+    Python twins; a failed rule raises the same text the API server gives. Only the
+    immutable-while-running transition rules are left to the server.
     """
     if spec is None:
         spec = {}
@@ -453,6 +682,6 @@ def resolve_spec(spec: Any) -> dict[str, Any]:
     errors = sorted(_validator().iter_errors(resolved), key=lambda e: list(e.absolute_path))
     if errors:
         err = errors[0]
-        path = "spec" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err.absolute_path)
-        raise SpecError(f"{path}: {err.message}")
+        raise SpecError(f"{_path(['spec', *err.absolute_path])}: {err.message}")
+    check_rules({"spec": resolved}, [r for r in RULES if r.at.split(".")[0] == "spec"])
     return resolved

@@ -2,7 +2,8 @@
 
     python -m pets_operator.crd > charts/pets-training/crds/petstrainings.training.pets.dev.yaml
 
-(or `pets-operator crd`). tests/unit/operator/test_crd.py fails when the committed file differs.
+(or `pets-operator crd`). tests/unit/operator/test_operator_crd.py fails when the committed file
+differs.
 """
 
 from __future__ import annotations
@@ -64,11 +65,6 @@ def crd_yaml() -> str:
     return HEADER + yaml.safe_dump(crd(), sort_keys=False, width=110)
 
 
-if __name__ == "__main__":
-    import sys
-
-    sys.stdout.write(crd_yaml())
-
 
 def _default_text(value: Any) -> str:
     import json
@@ -111,3 +107,9 @@ def api_reference() -> str:
     rules = [f"- {r['message']}" for r in api.SPEC_SCHEMA["x-kubernetes-validations"]]
     return "\n".join(head + _rows(api.SPEC_SCHEMA, "spec")) + "\n\nCross-field rules on `spec`:\n\n" + \
         "\n".join(rules) + "\n"
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.stdout.write(crd_yaml())

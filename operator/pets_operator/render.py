@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import sys
 from typing import Any
 
@@ -19,7 +18,11 @@ def render_object(
     default_image: str = api.DEFAULT_IMAGE,
     cluster_domain: str = api.DEFAULT_CLUSTER_DOMAIN,
 ) -> list[dict[str, Any]]:
-    """Validate one PetsTraining object and build its children (attempt 0)."""
+    """Validate one PetsTraining object as the API server would and build its children (attempt 0).
+
+    A spec the server refuses is refused here with the server's words (`api.check_name`,
+    `api.resolve_spec`), except the immutable-while-running rules, which need the old object.
+    """
     if not isinstance(obj, dict):
         raise api.SpecError(f"a PetsTraining must be a mapping, got {type(obj).__name__}")
     if obj.get("apiVersion") != api.API_VERSION or obj.get("kind") != api.KIND:
@@ -28,14 +31,7 @@ def render_object(
             f"got {obj.get('apiVersion')!r}/{obj.get('kind')!r}"
         )
     meta = obj.get("metadata") or {}
-    name = meta.get("name")
-    if not isinstance(name, str) or not name:
-        raise api.SpecError(f"metadata.name is required, got {name!r}")
-    if len(name) > api.MAX_NAME_LENGTH or not re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name):
-        raise api.SpecError(
-            f"metadata.name must be a DNS label of at most {api.MAX_NAME_LENGTH} characters starting "
-            f"with a letter, got {name!r}"
-        )
+    name = api.check_name(meta.get("name"))
     spec = api.resolve_spec(obj.get("spec"))
     target = builders.Target(
         name=name,
