@@ -2,13 +2,14 @@
 
 Modules, top to bottom:
 
+- ``contract``: the pod contract, the one reader of the environment (docs/contract.md).
 - ``config``: the resolved training config (defaults < YAML file < flags) and its validation.
 - ``data``: file names -> labels, the seeded split, the synthetic pets set, datasets and transforms.
 - ``model``: the timm model, the frozen backbone, precision choice.
 - ``resources``: CPU quota -> threads and DataLoader workers.
-- ``checkpoint``: atomic per-epoch ``save_state`` and finding the newest complete checkpoint.
+- ``checkpoint``: atomic per-epoch ``save_state`` and listing the complete checkpoints.
 - ``progress``: progress lines/bar, progress.jsonl, Prometheus gauges, summary, plot.
-- ``train``: ``training_function``, the one story from seed to summary.
+- ``train``: ``training_function``, the one story from seed to summary (setup, resume, one epoch).
 - ``cli`` (``pets-train``), ``launch`` (``pets-launch``), ``bench`` and ``baseline`` (``make bench``).
 """
 

@@ -15,6 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .contract import PermanentError
+
 CHECKPOINT_PATTERN = re.compile(r"^epoch_(\d+)$")
 STATE_FILE = "trainer_state.json"
 
@@ -37,11 +39,6 @@ def list_checkpoints(directory: Path) -> list[tuple[int, Path]]:
         if match and entry.is_dir():
             found.append((int(match.group(1)), entry))
     return sorted(found)
-
-
-def newest_checkpoint(directory: Path) -> tuple[int, Path] | None:
-    found = list_checkpoints(directory)
-    return found[-1] if found else None
 
 
 def publish(temp: Path, final: Path) -> None:
@@ -99,7 +96,7 @@ def check_compatible(saved: dict[str, Any], current: dict[str, Any], checkpoint:
     """A checkpoint only resumes the run it came from: the settings that shape the state must match."""
     for key, value in current.items():
         if key in saved and saved[key] != value:
-            raise ValueError(
+            raise PermanentError(
                 f"resume: checkpoint {str(checkpoint)!r} was made with {key}={saved[key]!r}, this run has "
                 f"{key}={value!r}; use another --checkpoint-dir or the same settings"
             )

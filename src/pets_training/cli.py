@@ -1,7 +1,10 @@
 """``pets-train``: train (flags = settings, see ``pets-train --help``), or ``pets-train make-synthetic``.
 
-Exit codes: 0 done (or stopped as asked), 2 bad input (config, data, model, weights), 1 anything else.
-On failure the summary ``{"status": "failed", "error": ...}`` goes where the success summary would.
+Exit codes (docs/contract.md): 0 done (or stopped as asked); 78 (``PERMANENT_EXIT_CODE``, EX_CONFIG) a
+failure no restart can fix (:class:`~.contract.PermanentError`: a bad flag or config value, model, weights,
+data, or pod environment); 1 anything else. On failure the summary ``{"status": "failed", "error": ...}``
+goes where the success summary would, and a failing process appends its code to ``$PETS_EXIT_CODE_FILE``
+when set (``pets-launch`` sets it: torchrun's own exit code does not say why a worker failed).
 """
 
 from __future__ import annotations
@@ -10,8 +13,18 @@ import argparse
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+from .contract import (
+    EXIT_CODE_FILE,
+    FAILURE_EXIT_CODE,
+    PERMANENT_EXIT_CODE,
+    ContractError,
+    PermanentError,
+    PodContract,
+    ProcessContext,
+)
 
 log = logging.getLogger("pets_training")
 
@@ -38,43 +51,60 @@ def make_synthetic(argv: Sequence[str]) -> int:
     return 0
 
 
-def _failure_paths(argv: Sequence[str]) -> list[Path | str | None]:
+def _failure_paths(argv: Sequence[str], default_output: str | None) -> list[Path | str | None]:
     """Where the failure summary goes, read leniently from the flags (the config may be what failed)."""
+    from .config import TrainConfig
+
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--summary-path")
     parser.add_argument("--output-dir")
     known, _ = parser.parse_known_args(list(argv))
-    output = Path(known.output_dir or os.environ.get("PETS_OUTPUT_DIR") or "output")
+    output = TrainConfig(output_dir=known.output_dir).resolved_output_dir(default_output)
     paths: list[Path | str | None] = [known.summary_path]
     if output.is_dir():
         paths.append(output / "summary.json")
     return paths
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def report_exit_code(code: int, env: Mapping[str, str] = os.environ) -> None:
+    """Append ``code`` to ``$PETS_EXIT_CODE_FILE`` (one line per failing process), for ``pets-launch``."""
+    path = env.get(EXIT_CODE_FILE)
+    if not path:
+        return
+    try:
+        with open(path, "a") as f:
+            f.write(f"{code}\n")
+    except OSError as err:
+        log.warning("could not write the exit code to %s (%s): %s", path, EXIT_CODE_FILE, err)
+
+
+def main(argv: Sequence[str] | None = None, pod: PodContract | None = None) -> int:
+    """``pod``: the pod contract when the caller (the launcher) has read it already."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "make-synthetic":
         return make_synthetic(argv[1:])
 
-    from .config import ConfigError, resolve
-    from .data import DataError
-    from .model import ModelError
+    from .config import resolve
     from .progress import write_summary
     from .train import setup_logging, training_function
 
-    setup_logging()
+    process = ProcessContext.from_env(os.environ)
+    setup_logging(process.rank)
     try:
+        pod = PodContract.from_env(os.environ) if pod is None else pod
         cfg = resolve(argv)
-        training_function(cfg)
+        training_function(cfg, pod=pod, process=process)
         return 0
-    except (ConfigError, DataError, ModelError) as err:
-        log.error("%s", err)
-        code, message = 2, str(err)
+    except (PermanentError, ContractError) as err:
+        log.error("%s (permanent: exit %d, a restart cannot fix this)", err, PERMANENT_EXIT_CODE)
+        code, message = PERMANENT_EXIT_CODE, " ".join(str(err).split())  # one line
     except Exception as err:
         log.exception("training failed")
-        code, message = 1, f"{type(err).__name__}: {err}"
-    if os.environ.get("LOCAL_RANK", "0") == "0":
-        write_summary({"status": "failed", "error": message}, _failure_paths(argv))
+        code, message = FAILURE_EXIT_CODE, f"{type(err).__name__}: {err}"
+    if process.local_rank == 0:
+        paths = _failure_paths(argv, pod.output_dir if pod else None)
+        write_summary({"status": "failed", "error": message}, paths)
+    report_exit_code(code)
     return code
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -17,11 +16,20 @@ from typing import Any
 
 import yaml
 
+from .contract import PermanentError
+
 MIXED_PRECISION_CHOICES = ("no", "fp16", "bf16")
 
 
-class ConfigError(ValueError):
-    """A bad config value; the message names the field (or file) and the value."""
+class ConfigError(PermanentError):
+    """A bad flag or config value; the message names the flag or field (or file) and the value."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """Bad flags raise ConfigError (a permanent failure, exit 78) instead of exiting 2 with the usage."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        raise ConfigError(f"{self.prog}: {message}")
 
 
 def _f(default: Any, help: str, **extra: Any) -> Any:
@@ -64,7 +72,7 @@ class TrainConfig:
         None, "where progress, summary, weights and plot go; default $PETS_OUTPUT_DIR or ./output"
     )
     checkpoint_dir: str | None = _f(
-        None, "checkpoint directory; default $PETS_CHECKPOINT_DIR or <output-dir>/checkpoints"
+        None, "checkpoint directory; default <output-dir>/checkpoints"
     )
     checkpoints: bool = _f(True, "save an accelerate checkpoint every epoch")
     keep_checkpoints: int = _f(2, "how many epoch checkpoints to keep (oldest are removed)")
@@ -79,14 +87,14 @@ class TrainConfig:
     )
     log_every: float = _f(30.0, "seconds between progress lines when stderr is not a terminal")
 
-    def resolved_output_dir(self) -> Path:
-        return Path(self.output_dir or os.environ.get("PETS_OUTPUT_DIR") or "output")
+    def resolved_output_dir(self, default: str | None = None) -> Path:
+        """``default``: the pod's PETS_OUTPUT_DIR (:attr:`.contract.PodContract.output_dir`)."""
+        return Path(self.output_dir or default or "output")
 
-    def resolved_checkpoint_dir(self) -> Path:
+    def resolved_checkpoint_dir(self, default_output: str | None = None) -> Path:
         if self.checkpoint_dir:
             return Path(self.checkpoint_dir)
-        env = os.environ.get("PETS_CHECKPOINT_DIR")
-        return Path(env) if env else self.resolved_output_dir() / "checkpoints"
+        return self.resolved_output_dir(default_output) / "checkpoints"
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -186,7 +194,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
 
 
 def build_parser(prog: str = "pets-train") -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog=prog,
         description="Fine-tune a timm model on Pets-style images (the Accelerate 'Pets' recipe). "
         "Settings: defaults < --config FILE < flags. Run 'pets-train make-synthetic --help' to write "

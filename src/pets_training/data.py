@@ -26,6 +26,8 @@ from torchvision.io import ImageReadMode, decode_jpeg
 from torchvision.transforms import v2
 from torchvision.transforms.functional import pil_to_tensor
 
+from .contract import PermanentError
+
 log = logging.getLogger(__name__)
 
 LABEL_PATTERN = re.compile(r"^(.*)_\d+\.jpg$")
@@ -41,12 +43,13 @@ BREEDS = (
 ).split()
 
 
-class DataError(ValueError):
-    """Bad input data; the message names the problem and the path."""
+class DataError(PermanentError):
+    """Bad input data (no restart fixes it); the message names the problem and the path."""
 
 
-class CorruptImageError(DataError):
-    pass
+class CorruptImageError(RuntimeError):
+    """An image that passed the scan at the start failed to decode during training: more likely a read
+    error of the volume than a bad file, so not permanent (a restart may help)."""
 
 
 def extract_label(file_name: str) -> str | None:

@@ -1,98 +1,88 @@
 """``pets-launch``: the pod launcher (the trainer image's ENTRYPOINT).
 
-Reads the pod contract from the environment (docs/contract.md), waits (bounded) for the main address
-to resolve, then replaces itself with ``accelerate launch ... -m pets_training <args> --resume``; with
-one process in total it trains in this process (no launcher needed). Arguments are trainer flags.
+Reads the pod contract from the environment (docs/contract.md, :mod:`.contract`) and the mixed precision
+from the trainer flags, waits (bounded) for the main address to resolve, then runs
+``accelerate launch ... -m pets_training <args> --resume`` as its child (forwarding SIGTERM and SIGINT to
+it); with one process in total it trains in this process (no launcher needed). Arguments are trainer flags.
+
+Exit codes (docs/contract.md): 2 for a bad pod environment or flag, or a main address that did not resolve
+in time; 78 (``PERMANENT_EXIT_CODE``) when any local training process failed permanently (they append their
+exit codes to ``$PETS_EXIT_CODE_FILE``, which this sets: torchrun exits 1 whatever its workers did); else
+accelerate's own exit code (128+N for a death by signal N).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
+import shutil
+import signal
 import socket
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+
+from .config import MIXED_PRECISION_CHOICES
+from .contract import (
+    ACCELERATE_MIXED_PRECISION,
+    EXIT_CODE_FILE,
+    JOB_COMPLETION_INDEX,
+    LAUNCH_EXIT_CODE,
+    MAIN_ADDR,
+    NUM_MACHINES,
+    PERMANENT_EXIT_CODE,
+    RANK,
+    RESOLVE_TIMEOUT,
+    ContractError,
+    PodContract,
+)
 
 log = logging.getLogger("pets_training.launch")
 
-MIXED_PRECISION = ("no", "fp16", "bf16")
+LaunchError = ContractError  # a bad pod environment or flag; the message names it and its value
 
-
-class LaunchError(ValueError):
-    """A bad pod environment; the message names the variable and its value."""
+MIXED_PRECISION_FLAG = "--mixed-precision"
 
 
 @dataclass(frozen=True)
-class LaunchPlan:
-    machine_rank: int
-    num_machines: int
-    procs_per_machine: int
-    main_addr: str
-    main_port: int
-    mixed_precision: str
-    resolve_timeout: float
+class LaunchPlan(PodContract):
+    """The pod contract plus what the launcher takes from the trainer flags."""
 
-    @property
-    def total_processes(self) -> int:
-        return self.num_machines * self.procs_per_machine
+    mixed_precision: str = "fp16"
 
 
-def _int(env: Mapping[str, str], names: Sequence[str], default: int, minimum: int) -> int:
-    for name in names:
-        raw = env.get(name, "").strip()
-        if raw:
-            try:
-                value = int(raw)
-            except ValueError:
-                raise LaunchError(f"{name} must be an integer, got {raw!r}") from None
-            if value < minimum:
-                raise LaunchError(f"{name} must be at least {minimum}, got {value}")
-            return value
-    return default
+def mixed_precision_flag(args: Sequence[str]) -> str:
+    """The trainer's ``--mixed-precision X`` (or ``=X``; the last one wins, as in argparse), default fp16.
 
-
-def _str(env: Mapping[str, str], names: Sequence[str], default: str) -> str:
-    for name in names:
-        raw = env.get(name, "").strip()
-        if raw:
-            return raw
-    return default
-
-
-def plan_from_env(env: Mapping[str, str]) -> LaunchPlan:
-    """The pod contract -> a launch plan. Pure; errors name the variable and the value."""
-    rank = _int(env, ["JOB_COMPLETION_INDEX", "RANK"], 0, 0)
-    machines = _int(env, ["PETS_NUM_MACHINES", "WORLD_SIZE"], 1, 1)
-    if rank >= machines:
+    ``accelerate launch`` needs it too: its ``--mixed_precision`` is the precision of every process."""
+    value = "fp16"
+    for i, arg in enumerate(args):
+        if arg == MIXED_PRECISION_FLAG:
+            value = args[i + 1] if i + 1 < len(args) else ""
+        elif arg.startswith(MIXED_PRECISION_FLAG + "="):
+            value = arg.split("=", 1)[1]
+    if value not in MIXED_PRECISION_CHOICES:
         raise LaunchError(
-            f"machine rank {rank} (JOB_COMPLETION_INDEX/RANK) must be below PETS_NUM_MACHINES={machines}"
+            f"{MIXED_PRECISION_FLAG} must be one of {', '.join(MIXED_PRECISION_CHOICES)}, got {value!r}"
         )
-    port = _int(env, ["PETS_MAIN_PORT", "MASTER_PORT"], 29500, 1)
-    if port > 65535:
-        raise LaunchError(f"PETS_MAIN_PORT must be a TCP port (1-65535), got {port}")
-    precision = _str(env, ["PETS_MIXED_PRECISION"], "fp16")
-    if precision not in MIXED_PRECISION:
+    return value
+
+
+def plan_from_env(env: Mapping[str, str], args: Sequence[str] = ()) -> LaunchPlan:
+    """The pod contract and the trainer flags -> a launch plan. Pure; errors name the variable (or flag)
+    and the value."""
+    pod = PodContract.from_env(env)
+    if pod.machine_rank >= pod.num_machines:
         raise LaunchError(
-            f"PETS_MIXED_PRECISION must be one of {', '.join(MIXED_PRECISION)}, got {precision!r}"
+            f"machine rank {pod.machine_rank} ({JOB_COMPLETION_INDEX}/{RANK}) must be below "
+            f"{NUM_MACHINES}={pod.num_machines}"
         )
-    raw_timeout = _str(env, ["PETS_RESOLVE_TIMEOUT"], "300")
-    try:
-        timeout = float(raw_timeout)
-    except ValueError:
-        raise LaunchError(f"PETS_RESOLVE_TIMEOUT must be a number of seconds, got {raw_timeout!r}") from None
-    if timeout < 0:
-        raise LaunchError(f"PETS_RESOLVE_TIMEOUT must be 0 or more, got {raw_timeout!r}")
-    return LaunchPlan(
-        machine_rank=rank,
-        num_machines=machines,
-        procs_per_machine=_int(env, ["PETS_PROCS_PER_MACHINE"], 1, 1),
-        main_addr=_str(env, ["PETS_MAIN_ADDR", "MASTER_ADDR"], "127.0.0.1"),
-        main_port=port,
-        mixed_precision=precision,
-        resolve_timeout=timeout,
-    )
+    return LaunchPlan(**dataclasses.asdict(pod), mixed_precision=mixed_precision_flag(args))
 
 
 def trainer_args(args: Sequence[str]) -> list[str]:
@@ -150,7 +140,7 @@ def wait_for_address(
         except OSError as err:
             if clock() >= deadline:
                 raise LaunchError(
-                    f"PETS_MAIN_ADDR {host!r} did not resolve within {timeout:g} s (PETS_RESOLVE_TIMEOUT): "
+                    f"{MAIN_ADDR} {host!r} did not resolve within {timeout:g} s ({RESOLVE_TIMEOUT}): "
                     f"{err}. Check that the headless Service exists and publishes not-ready addresses, and "
                     "that pod 0 is scheduled."
                 ) from None
@@ -161,22 +151,95 @@ def wait_for_address(
             delay = min(delay * 2, 1.0)
 
 
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def exit_status(returncode: int) -> int:
+    """A Popen return code as a shell would report it: a death by signal N (-N) becomes 128+N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def reported_codes(path: Path) -> list[int]:
+    """The exit codes the training processes appended to ``path`` (missing file: none)."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return []
+    return [int(line) for line in text.split() if line.strip().lstrip("-").isdigit()]
+
+
+def run_child(command: Sequence[str], env: Mapping[str, str]) -> int:
+    """Run ``command`` with inherited stdout/stderr, forwarding SIGTERM/SIGINT to it (pod deletion stops
+    training promptly); returns its exit status."""
+    child = subprocess.Popen(list(command), env=dict(env))
+
+    def forward(signum: int, _frame: object) -> None:
+        log.info("got signal %d: passing it to accelerate launch (pid %d)", signum, child.pid)
+        try:
+            child.send_signal(signum)
+        except OSError:
+            pass  # already gone
+
+    previous = {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
+    try:
+        while True:
+            try:
+                return exit_status(child.wait())
+            except InterruptedError:  # pragma: no cover - PEP 475 retries, kept for safety
+                continue
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def launch_accelerate(command: Sequence[str], env: Mapping[str, str]) -> int:
+    """Run ``accelerate launch``; 78 when any local training process reported a permanent failure, else
+    accelerate's exit status."""
+    scratch = Path(tempfile.mkdtemp(prefix="pets-launch-"))
+    code_file = scratch / "exit-codes"
+    try:
+        status = run_child(command, {**env, EXIT_CODE_FILE: str(code_file)})
+        codes = reported_codes(code_file)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    if PERMANENT_EXIT_CODE in codes:
+        log.error(
+            "a training process failed permanently (exit %d; accelerate exited %d): exiting %d, a restart "
+            "cannot fix this",
+            PERMANENT_EXIT_CODE,
+            status,
+            PERMANENT_EXIT_CODE,
+        )
+        return PERMANENT_EXIT_CODE
+    if status != 0:
+        log.error("accelerate launch exited %d", status)
+    return status
+
+
+def _exit_on_signal(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         format="%(asctime)s %(levelname)s [launch] %(message)s", datefmt="%H:%M:%S", level=logging.INFO
     )
+    # The launcher is the container's PID 1, which the kernel spares from signals it has no handler
+    # for: without this, a pod deleted during the DNS wait (or a one-process run) would ignore SIGTERM
+    # and only stop at the grace period's SIGKILL. launch_accelerate replaces it with forwarding.
+    signal.signal(signal.SIGTERM, _exit_on_signal)
     args = trainer_args(sys.argv[1:] if argv is None else argv)
     try:
-        plan = plan_from_env(os.environ)
+        plan = plan_from_env(os.environ, args)
     except LaunchError as err:
         log.error("%s", err)
-        return 2
-    os.environ["ACCELERATE_MIXED_PRECISION"] = plan.mixed_precision
+        return LAUNCH_EXIT_CODE
+    os.environ[ACCELERATE_MIXED_PRECISION] = plan.mixed_precision  # as `accelerate launch` does
     if plan.total_processes == 1:
         log.info("one process in total: training in this process")
         from .cli import main as train_main
 
-        return train_main(args)
+        return train_main(args, pod=plan)
 
     from .resources import cpu_limit, plan_cpu
 
@@ -184,14 +247,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         wait_for_address(plan.main_addr, plan.resolve_timeout)
     except LaunchError as err:
         log.error("%s", err)
-        return 2
-    threads = plan_cpu(cpu_limit().cpus, plan.procs_per_machine).threads
+        return LAUNCH_EXIT_CODE
+    threads = plan_cpu(cpu_limit(plan.cpu_limit).cpus, plan.procs_per_machine).threads
     command = accelerate_command(plan, args, threads)
     log.info("machine %d of %d: %s", plan.machine_rank, plan.num_machines, " ".join(command))
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execv(command[0], command)
-    return 0  # not reached
+    return launch_accelerate(command, os.environ)
 
 
 if __name__ == "__main__":

@@ -10,11 +10,17 @@ import timm
 import torch
 from torch import nn
 
+from .contract import PermanentError
+
 log = logging.getLogger(__name__)
 
 
-class ModelError(ValueError):
-    pass
+class ModelError(PermanentError):
+    """A model name, weights file or precision no restart can fix; the message names the flag and value."""
+
+
+class ModelDownloadError(RuntimeError):
+    """The hub download of pretrained weights failed: the network may come back, so a restart may help."""
 
 
 def create_model(
@@ -41,7 +47,7 @@ def create_model(
         return timm.create_model(name, pretrained=pretrained, num_classes=num_classes)
     except Exception as err:
         if pretrained:
-            raise ModelError(
+            raise ModelDownloadError(
                 f"pretrained: downloading {name} weights from the hub failed ({err}); without internet pass "
                 "--weights PATH to a local weights file, or drop --pretrained for random init"
             ) from err

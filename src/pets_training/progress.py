@@ -18,15 +18,19 @@ SUMMARY_FILE = "summary.json"
 PLOT_FILE = "metrics.png"
 SUMMARY_LIMIT = 4096  # a Kubernetes termination message holds 4 KiB
 
-# progress.jsonl key -> Prometheus gauge (docs/contract.md)
+# The Prometheus gauges rank 0 serves (docs/contract.md; the operator reads the same names):
+# gauge name -> (its progress.jsonl key, help)
 GAUGES = {
-    "epoch": ("pets_epoch", "last finished epoch"),
-    "total_epochs": ("pets_total_epochs", "epochs in the whole run"),
-    "train_loss": ("pets_train_loss", "mean training loss of the last epoch"),
-    "eval_accuracy": ("pets_eval_accuracy", "evaluation accuracy after the last epoch (0-1)"),
-    "images_per_second": ("pets_images_per_second", "training images per second, all processes"),
-    "elapsed_seconds": ("pets_elapsed_seconds", "seconds of training so far"),
-    "eta_seconds": ("pets_eta_seconds", "estimated seconds to the end"),
+    "pets_epoch": ("epoch", "last finished epoch"),
+    "pets_total_epochs": ("total_epochs", "epochs in the whole run"),
+    "pets_train_loss": ("train_loss", "mean training loss of the last epoch"),
+    "pets_eval_accuracy": ("eval_accuracy", "evaluation accuracy after the last epoch (0-1)"),
+    "pets_images_per_second": ("images_per_second", "training images per second, all processes"),
+    "pets_elapsed_seconds": ("elapsed_seconds", "seconds of training so far"),
+    "pets_eta_seconds": ("eta_seconds", "estimated seconds to the end"),
+    "pets_step": ("step", "optimizer steps taken so far in the whole run (resumed runs included)"),
+    "pets_steps_total": ("steps_total", "optimizer steps of the whole run (steps per epoch x epochs)"),
+    "pets_checkpoint_epoch": ("checkpoint_epoch", "epoch of the newest complete checkpoint (0: none yet)"),
 }
 
 
@@ -53,20 +57,27 @@ def epoch_record(
 
 
 class MetricsServer:
-    """Prometheus gauges of the latest epoch, served over HTTP (rank 0 only)."""
+    """Prometheus gauges of the latest epoch, the step and the newest checkpoint, served over HTTP (rank 0
+    only). ``values`` holds what was set, by progress.jsonl key."""
 
     def __init__(self, port: int):
         from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
         self.registry = CollectorRegistry()
-        self.gauges = {key: Gauge(name, doc, registry=self.registry) for key, (name, doc) in GAUGES.items()}
+        self.gauges = {key: Gauge(name, doc, registry=self.registry) for name, (key, doc) in GAUGES.items()}
+        self.values: dict[str, float] = {}
         self.server, self.thread = start_http_server(port, registry=self.registry)
         log.info("serving Prometheus metrics on port %d (/metrics)", port)
 
     def update(self, record: dict[str, Any]) -> None:
-        for key, gauge in self.gauges.items():
+        for key in self.gauges:
             if key in record:
-                gauge.set(float(record[key]))
+                self.set(key, record[key])
+
+    def set(self, key: str, value: float) -> None:
+        """One gauge by its progress.jsonl key; cheap enough for every step (a locked float write)."""
+        self.values[key] = float(value)
+        self.gauges[key].set(float(value))
 
     def close(self) -> None:
         self.server.shutdown()

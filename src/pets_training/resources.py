@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+from .contract import CPU_LIMIT
 
 DEFAULT_CGROUP_ROOT = Path("/sys/fs/cgroup")
 
@@ -64,12 +65,14 @@ def _available_cpus() -> int:
 
 
 def cpu_limit(
-    env: Mapping[str, str] | None = None,
+    declared: int | None = None,
     cgroup_root: Path = DEFAULT_CGROUP_ROOT,
     available: int | None = None,
 ) -> CpuLimit:
-    """The number of CPUs this container may use, and where that number came from."""
-    env = os.environ if env is None else env
+    """The number of CPUs this container may use, and where that number came from.
+
+    ``declared`` is the pod's ``PETS_CPU_LIMIT`` (:attr:`.contract.PodContract.cpu_limit`), used when the
+    cgroup does not say."""
     available = _available_cpus() if available is None else available
     v1 = cgroup_v1_cpus(cgroup_root)
     if v1 is not None:
@@ -77,15 +80,8 @@ def cpu_limit(
     v2 = cgroup_v2_cpus(cgroup_root)
     if v2 is not None:
         return CpuLimit(min(v2, available), f"cgroup v2 quota ({cgroup_root}/cpu.max)")
-    raw = env.get("PETS_CPU_LIMIT", "").strip()
-    if raw:
-        try:
-            value = math.ceil(float(raw))
-        except ValueError:
-            raise ValueError(f"PETS_CPU_LIMIT must be a number of CPUs, got {raw!r}") from None
-        if value < 1:
-            raise ValueError(f"PETS_CPU_LIMIT must be at least 1, got {raw!r}")
-        return CpuLimit(value, "PETS_CPU_LIMIT")
+    if declared is not None:
+        return CpuLimit(declared, CPU_LIMIT)
     return CpuLimit(available, "CPUs available to this process")
 
 

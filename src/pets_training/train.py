@@ -1,7 +1,8 @@
 """``training_function``: the Accelerate Pets recipe, read top to bottom like the tutorial.
 
-seed -> accelerator -> data -> model -> optimiser and OneCycle schedule -> prepare -> (resume) ->
-per epoch: train, evaluate with gather_for_metrics, record progress, checkpoint -> weights, plot, summary.
+``setup`` (accelerator, seed, data, model, optimiser and OneCycle schedule, prepare) -> ``resume`` ->
+per epoch ``run_epoch`` (``train_epoch``, evaluate with gather_for_metrics, record progress, checkpoint) ->
+weights, plot, summary.
 The speed tricks (channels_last, bf16 autocast, the no-grad frozen backbone, uint8 batches normalised on
 the device, CPU-quota-sized threads and workers) live in small helpers and do not change what is computed.
 """
@@ -12,8 +13,9 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -24,6 +26,7 @@ from torch.utils.data import DataLoader
 
 from .checkpoint import check_compatible, list_checkpoints, read_trainer_state, save_atomically
 from .config import TrainConfig, resolve, to_yaml
+from .contract import PodContract, ProcessContext
 from .data import EpochShuffleSampler, PetsData, build_data
 from .model import create_model, inner_model, resolve_precision, trainable_module
 from .progress import (
@@ -38,17 +41,20 @@ from .progress import (
 )
 from .resources import cpu_limit, plan_cpu
 
+if TYPE_CHECKING:
+    from accelerate.data_loader import DataLoaderShard
+    from accelerate.optimizer import AcceleratedOptimizer
+    from accelerate.scheduler import AcceleratedScheduler
+
 log = logging.getLogger("pets_training")
 rank_log = logging.getLogger("pets_training.rank")  # INFO on every rank: one "ready" line per process
 
 StepHook = Callable[[int, int], None]  # (global step, images in this step across all processes)
 
 
-def setup_logging(rank: int | None = None) -> None:
+def setup_logging(rank: int) -> None:
     """INFO lines from the main process (and ``rank_log`` from every process), warnings and errors from every
     process, each with its rank."""
-    if rank is None:
-        rank = int(os.environ.get("RANK", "0"))
     root = logging.getLogger()
     if not root.handlers:
         logging.basicConfig(format=f"%(asctime)s %(levelname)s [rank {rank}] %(message)s", datefmt="%H:%M:%S")
@@ -131,60 +137,84 @@ def _dataloaders(
     return train, evals, sampler
 
 
+@dataclass
+class Training:
+    """What setup made: the accelerator, what it prepared, and where the outputs go."""
+
+    accelerator: Accelerator
+    data: PetsData
+    module: nn.Module
+    normalise: Normalise
+    optimizer: AcceleratedOptimizer
+    scheduler: AcceleratedScheduler
+    train_loader: DataLoaderShard
+    eval_loader: DataLoaderShard
+    train_sampler: EpochShuffleSampler
+    output_dir: Path
+    checkpoint_dir: Path
+
+
+@dataclass
+class RunState:
+    """What carries from epoch to epoch; a checkpoint keeps the history, epoch times and elapsed time."""
+
+    start_epoch: int = 0
+    history: list[dict[str, Any]] = field(default_factory=list)
+    epoch_seconds: list[float] = field(default_factory=list)
+    elapsed_before: float = 0.0  # seconds of training in earlier runs (resume)
+    run_start: float = 0.0  # perf_counter when this run's first epoch began
+    global_step: int = 0
+    steps_this_run: int = 0
+    epochs_this_run: int = 0
+
+    def elapsed(self) -> float:
+        return self.elapsed_before + time.perf_counter() - self.run_start
+
+
 def training_function(
     config: TrainConfig | Mapping[str, Any] | None = None,
     step_hook: StepHook | None = None,
+    pod: PodContract | None = None,
+    process: ProcessContext | None = None,
 ) -> dict[str, Any] | None:
     """Train per ``config`` (a TrainConfig or a dict of settings); returns the summary on rank 0 when the run
-    finished, else None. This is also the function ``accelerate.notebook_launcher`` runs."""
+    finished, else None. This is also the function ``accelerate.notebook_launcher`` runs. ``pod`` and
+    ``process`` are read from the environment unless the caller has read them."""
     cfg = config if isinstance(config, TrainConfig) else resolve(overrides=config or {})
+    pod = PodContract.from_env(os.environ) if pod is None else pod
+    process = ProcessContext.from_env(os.environ) if process is None else process
+    t = setup(cfg, pod, process)
+    state = resume(t, cfg) if cfg.resume else RunState()
+
+    metrics = MetricsServer(cfg.metrics_port) if t.accelerator.is_main_process and cfg.metrics_port else None
+    state.run_start = time.perf_counter()
+    state.global_step = state.start_epoch * len(t.train_loader)
+    if metrics is not None:
+        if state.history:
+            metrics.update(state.history[-1])
+        metrics.set("step", state.global_step)
+        metrics.set("steps_total", len(t.train_loader) * cfg.epochs)
+        metrics.set("checkpoint_epoch", state.start_epoch)  # resumed from it (0: none)
+    try:
+        for epoch in range(state.start_epoch, cfg.epochs):
+            run_epoch(t, cfg, state, epoch, metrics, step_hook)
+            if _step_limit_reached(cfg, state):
+                log.info("stopping after %d training steps (--max-train-steps)", state.steps_this_run)
+                break
+            if _pause_here(cfg, state, epoch):
+                return _end(t.accelerator, None)
+        summary = _finish(t.accelerator, t.module, cfg, t.data, state.history, t.output_dir, state.elapsed())
+        return _end(t.accelerator, summary)
+    finally:
+        if metrics is not None:
+            metrics.close()
+
+
+def setup(cfg: TrainConfig, pod: PodContract, process: ProcessContext) -> Training:
+    """Accelerator, data, model, optimiser and OneCycle schedule, prepared by accelerate."""
     on_gpu = torch.cuda.is_available()
-    requested = cfg.mixed_precision or os.environ.get("ACCELERATE_MIXED_PRECISION") or "fp16"
-    precision = resolve_precision(requested, on_gpu)
-    output_dir = cfg.resolved_output_dir()
-    checkpoint_dir = cfg.resolved_checkpoint_dir()
-    accelerator = Accelerator(
-        cpu=not on_gpu,
-        mixed_precision=precision.mixed_precision,
-        project_config=ProjectConfiguration(project_dir=str(output_dir), save_on_each_node=True),
-    )
-    setup_logging(accelerator.process_index)
-    main = accelerator.is_main_process
-    world = accelerator.num_processes
-
-    limit = cpu_limit()
-    local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    cpu = plan_cpu(limit.cpus, local_processes, cfg.threads, cfg.num_workers)
-    torch.set_num_threads(cpu.threads)
-    set_seed(cfg.seed)
-    rank_log.info(
-        "rank %d of %d ready: machine %d, local rank %d, device %s, %d threads, mixed precision %s",
-        accelerator.process_index,
-        world,
-        accelerator.process_index // local_processes,
-        accelerator.local_process_index,
-        accelerator.device,
-        torch.get_num_threads(),
-        accelerator.mixed_precision,
-    )
-
-    if main:
-        output_dir.mkdir(parents=True, exist_ok=True)
-        (output_dir / "config.yaml").write_text(to_yaml(cfg))
-        log.info("resolved config (also in %s):\n%s", output_dir / "config.yaml", to_yaml(cfg).rstrip())
-        if precision.note:
-            log.info(precision.note)
-        log.info(
-            "%d process(es) on %s, mixed precision %s; %d CPU(s) from %s -> %d thread(s) and %d DataLoader "
-            "worker(s) per process",
-            world,
-            accelerator.device,
-            precision.mixed_precision,
-            limit.cpus,
-            limit.source,
-            cpu.threads,
-            cpu.workers,
-        )
+    output_dir = cfg.resolved_output_dir(pod.output_dir)
+    accelerator, workers = _make_accelerator(cfg, pod, process, on_gpu, output_dir)
 
     data = build_data(
         cfg.data,
@@ -203,7 +233,7 @@ def training_function(
         module = module.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
     normalise = Normalise(model, accelerator.device, cfg.channels_last)
 
-    train_loader, eval_loader, train_sampler = _dataloaders(data, cfg, cpu.workers, pin=on_gpu)
+    train_loader, eval_loader, train_sampler = _dataloaders(data, cfg, workers, pin=on_gpu)
     optimizer = torch.optim.Adam([p for p in module.parameters() if p.requires_grad], lr=cfg.lr / 25)
     scheduler = torch.optim.lr_scheduler.OneCycleLR(
         optimizer, max_lr=cfg.lr, epochs=cfg.epochs, steps_per_epoch=len(train_loader)
@@ -211,135 +241,201 @@ def training_function(
     module, optimizer, train_loader, eval_loader, scheduler = accelerator.prepare(
         module, optimizer, train_loader, eval_loader, scheduler
     )
+    checkpoint_dir = cfg.resolved_checkpoint_dir(pod.output_dir)
+    return Training(accelerator, data, module, normalise, optimizer, scheduler, train_loader, eval_loader,
+                    train_sampler, output_dir, checkpoint_dir)
 
-    start_epoch, history, epoch_seconds, elapsed_before = 0, [], [], 0.0
-    fingerprint = _fingerprint(cfg, data.num_classes)
-    if cfg.resume:
-        found = _common_checkpoint(accelerator, checkpoint_dir)
-        if found is None:
-            log.info("resume: no complete checkpoint in %s; starting fresh", checkpoint_dir)
-        else:
-            start_epoch, path = found
-            saved = read_trainer_state(path)
-            check_compatible(saved["fingerprint"], fingerprint, path)
-            accelerator.load_state(str(path))
-            history, epoch_seconds = saved["history"], saved["epoch_seconds"]
-            elapsed_before = float(saved["elapsed_seconds"])
-            log.info("resume: continuing after epoch %d from %s", start_epoch, path)
 
-    metrics = MetricsServer(cfg.metrics_port) if main and cfg.metrics_port else None
-    if metrics is not None and history:
-        metrics.update(history[-1])
-    run_start = time.perf_counter()
-    global_step = start_epoch * len(train_loader)
-    steps_this_run = 0
-    epochs_this_run = 0
-    try:
-        for epoch in range(start_epoch, cfg.epochs):
-            epoch_start = time.perf_counter()
-            # the prepared loader re-sets its sampler's epoch from its own counter, which starts at 0 in a
-            # resumed process: set it (and through it our sampler) to the real epoch
-            train_loader.set_epoch(epoch)
-            train_sampler.set_epoch(epoch)
-            module.train()
-            loss_sum = torch.zeros((), device=accelerator.device)
-            seen = torch.zeros((), device=accelerator.device)
-            bar = StepProgress(len(train_loader), epoch + 1, cfg.epochs, main, cfg.log_every)
-            for images, labels in train_loader:
-                outputs = module(normalise(images))
-                loss = F.cross_entropy(outputs, labels)
-                accelerator.backward(loss)
-                optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad()
-                loss_sum += loss.detach() * labels.shape[0]
-                seen += labels.shape[0]
-                global_step += 1
-                steps_this_run += 1
-                if steps_this_run == 1 and main:
-                    # make bench-e2e measures time-to-first-step from this line's log timestamp
-                    log.info("first training step done, %.1f s after the start of this run",
-                             time.perf_counter() - run_start)
-                bar.update(loss.detach(), labels.shape[0] * world)
-                if step_hook is not None:
-                    step_hook(global_step, labels.shape[0] * world)
-                if cfg.max_train_steps is not None and steps_this_run >= cfg.max_train_steps:
-                    break
-            bar.close()
-            train_seconds = time.perf_counter() - epoch_start
-            total_loss = accelerator.reduce(loss_sum, "sum")
-            total_seen = accelerator.reduce(seen, "sum")
-            train_loss = float(total_loss.item() / max(total_seen.item(), 1.0))
-            images_per_second = float(total_seen.item()) / train_seconds
+def _make_accelerator(
+    cfg: TrainConfig, pod: PodContract, process: ProcessContext, on_gpu: bool, output_dir: Path
+) -> tuple[Accelerator, int]:
+    """The Accelerator, the seed, and this process's threads; returns it and the DataLoader workers."""
+    requested = cfg.mixed_precision or process.mixed_precision or "fp16"
+    precision = resolve_precision(requested, on_gpu)
+    accelerator = Accelerator(
+        cpu=not on_gpu,
+        mixed_precision=precision.mixed_precision,
+        project_config=ProjectConfiguration(project_dir=str(output_dir), save_on_each_node=True),
+    )
+    setup_logging(accelerator.process_index)
 
-            correct, counted = evaluate(module, eval_loader, accelerator, normalise)
-            accuracy = correct / counted
-            epoch_seconds.append(time.perf_counter() - epoch_start)
-            elapsed = elapsed_before + time.perf_counter() - run_start
-            record = epoch_record(
-                epoch + 1, cfg.epochs, train_loss, accuracy, images_per_second, elapsed, epoch_seconds
-            )
-            history.append(record)
-            epochs_this_run += 1
-            if main:
-                append_progress(output_dir, record)
-                if metrics is not None:
-                    metrics.update(record)
-                log.info(
-                    "epoch %d/%d: train loss %.4f, eval accuracy %.2f %% (%d/%d), %.1f images/s, "
-                    "elapsed %.0f s, ETA %.0f s",
-                    epoch + 1,
-                    cfg.epochs,
-                    train_loss,
-                    100 * accuracy,
-                    correct,
-                    counted,
-                    images_per_second,
-                    elapsed,
-                    record["eta_seconds"],
-                )
-            if cfg.checkpoints:
-                save_atomically(
-                    checkpoint_dir,
-                    epoch + 1,
-                    accelerator.save_state,
-                    {
-                        "fingerprint": fingerprint,
-                        "history": history,
-                        "epoch_seconds": epoch_seconds,
-                        "elapsed_seconds": elapsed,
-                    },
-                    accelerator.is_local_main_process,
-                    accelerator.wait_for_everyone,
-                    cfg.keep_checkpoints,
-                )
-            if cfg.max_train_steps is not None and steps_this_run >= cfg.max_train_steps:
-                log.info("stopping after %d training steps (--max-train-steps)", steps_this_run)
-                break
-            if (
-                cfg.max_epochs_this_run is not None
-                and epochs_this_run >= cfg.max_epochs_this_run
-                and epoch + 1 < cfg.epochs
-            ):
-                log.info(
-                    "stopping after epoch %d as asked (--max-epochs-this-run %d); continue with --resume",
-                    epoch + 1,
-                    cfg.max_epochs_this_run,
-                )
-                return _end(accelerator, None)
-        summary = _finish(
-            accelerator,
-            module,
-            cfg,
-            data,
-            history,
-            output_dir,
-            elapsed_before + time.perf_counter() - run_start,
+    limit = cpu_limit(pod.cpu_limit)
+    local_processes = process.local_world_size
+    cpu = plan_cpu(limit.cpus, local_processes, cfg.threads, cfg.num_workers)
+    torch.set_num_threads(cpu.threads)
+    set_seed(cfg.seed)
+    rank_log.info(
+        "rank %d of %d ready: machine %d, local rank %d, device %s, %d threads, mixed precision %s",
+        accelerator.process_index,
+        accelerator.num_processes,
+        accelerator.process_index // local_processes,
+        accelerator.local_process_index,
+        accelerator.device,
+        torch.get_num_threads(),
+        accelerator.mixed_precision,
+    )
+    if accelerator.is_main_process:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        (output_dir / "config.yaml").write_text(to_yaml(cfg))
+        log.info("resolved config (also in %s):\n%s", output_dir / "config.yaml", to_yaml(cfg).rstrip())
+        if precision.note:
+            log.info(precision.note)
+        log.info(
+            "%d process(es) on %s, mixed precision %s; %d CPU(s) from %s -> %d thread(s) and %d DataLoader "
+            "worker(s) per process",
+            accelerator.num_processes,
+            accelerator.device,
+            precision.mixed_precision,
+            limit.cpus,
+            limit.source,
+            cpu.threads,
+            cpu.workers,
         )
-        return _end(accelerator, summary)
-    finally:
+    return accelerator, cpu.workers
+
+
+def resume(t: Training, cfg: TrainConfig) -> RunState:
+    """Continue from the newest checkpoint every process has (load its state, return its history)."""
+    found = _common_checkpoint(t.accelerator, t.checkpoint_dir)
+    if found is None:
+        log.info("resume: no complete checkpoint in %s; starting fresh", t.checkpoint_dir)
+        return RunState()
+    start_epoch, path = found
+    saved = read_trainer_state(path)
+    check_compatible(saved["fingerprint"], _fingerprint(cfg, t.data.num_classes), path)
+    t.accelerator.load_state(str(path))
+    log.info("resume: continuing after epoch %d from %s", start_epoch, path)
+    return RunState(
+        start_epoch=start_epoch,
+        history=saved["history"],
+        epoch_seconds=saved["epoch_seconds"],
+        elapsed_before=float(saved["elapsed_seconds"]),
+    )
+
+
+def run_epoch(
+    t: Training,
+    cfg: TrainConfig,
+    state: RunState,
+    epoch: int,
+    metrics: MetricsServer | None,
+    step_hook: StepHook | None,
+) -> None:
+    """One epoch: train, evaluate across all processes, record progress (rank 0), checkpoint."""
+    epoch_start = time.perf_counter()
+    train_loss, images_per_second = train_epoch(t, cfg, state, epoch, epoch_start, step_hook, metrics)
+    correct, counted = evaluate(t.module, t.eval_loader, t.accelerator, t.normalise)
+    accuracy = correct / counted
+    state.epoch_seconds.append(time.perf_counter() - epoch_start)
+    elapsed = state.elapsed()
+    record = epoch_record(
+        epoch + 1, cfg.epochs, train_loss, accuracy, images_per_second, elapsed, state.epoch_seconds
+    )
+    state.history.append(record)
+    state.epochs_this_run += 1
+    if t.accelerator.is_main_process:
+        append_progress(t.output_dir, record)
         if metrics is not None:
-            metrics.close()
+            metrics.update(record)
+        log.info(
+            "epoch %d/%d: train loss %.4f, eval accuracy %.2f %% (%d/%d), %.1f images/s, "
+            "elapsed %.0f s, ETA %.0f s",
+            epoch + 1,
+            cfg.epochs,
+            train_loss,
+            100 * accuracy,
+            correct,
+            counted,
+            images_per_second,
+            elapsed,
+            record["eta_seconds"],
+        )
+    if cfg.checkpoints:
+        save_atomically(
+            t.checkpoint_dir,
+            epoch + 1,
+            t.accelerator.save_state,
+            {
+                "fingerprint": _fingerprint(cfg, t.data.num_classes),
+                "history": state.history,
+                "epoch_seconds": state.epoch_seconds,
+                "elapsed_seconds": elapsed,
+            },
+            t.accelerator.is_local_main_process,
+            t.accelerator.wait_for_everyone,
+            cfg.keep_checkpoints,
+        )
+        if metrics is not None:
+            metrics.set("checkpoint_epoch", epoch + 1)  # renamed into place: complete
+
+
+def train_epoch(
+    t: Training,
+    cfg: TrainConfig,
+    state: RunState,
+    epoch: int,
+    epoch_start: float,
+    step_hook: StepHook | None,
+    metrics: MetricsServer | None = None,
+) -> tuple[float, float]:
+    """One pass over the training set; returns the mean loss and images per second of all processes.
+    Sets the ``step`` gauge after every step (rank 0; a float write, no I/O)."""
+    accelerator = t.accelerator
+    world = accelerator.num_processes
+    # the prepared loader re-sets its sampler's epoch from its own counter, which starts at 0 in a
+    # resumed process: set it (and through it our sampler) to the real epoch
+    t.train_loader.set_epoch(epoch)
+    t.train_sampler.set_epoch(epoch)
+    t.module.train()
+    loss_sum = torch.zeros((), device=accelerator.device)
+    seen = torch.zeros((), device=accelerator.device)
+    bar = StepProgress(len(t.train_loader), epoch + 1, cfg.epochs, accelerator.is_main_process, cfg.log_every)
+    for images, labels in t.train_loader:
+        outputs = t.module(t.normalise(images))
+        loss = F.cross_entropy(outputs, labels)
+        accelerator.backward(loss)
+        t.optimizer.step()
+        t.scheduler.step()
+        t.optimizer.zero_grad()
+        loss_sum += loss.detach() * labels.shape[0]
+        seen += labels.shape[0]
+        state.global_step += 1
+        state.steps_this_run += 1
+        if metrics is not None:
+            metrics.set("step", state.global_step)
+        if state.steps_this_run == 1 and accelerator.is_main_process:
+            # make bench-e2e measures time-to-first-step from this line's log timestamp
+            log.info("first training step done, %.1f s after the start of this run",
+                     time.perf_counter() - state.run_start)
+        bar.update(loss.detach(), labels.shape[0] * world)
+        if step_hook is not None:
+            step_hook(state.global_step, labels.shape[0] * world)
+        if _step_limit_reached(cfg, state):
+            break
+    bar.close()
+    train_seconds = time.perf_counter() - epoch_start
+    total_loss = accelerator.reduce(loss_sum, "sum")
+    total_seen = accelerator.reduce(seen, "sum")
+    train_loss = float(total_loss.item() / max(total_seen.item(), 1.0))
+    return train_loss, float(total_seen.item()) / train_seconds
+
+
+def _step_limit_reached(cfg: TrainConfig, state: RunState) -> bool:
+    return cfg.max_train_steps is not None and state.steps_this_run >= cfg.max_train_steps
+
+
+def _pause_here(cfg: TrainConfig, state: RunState, epoch: int) -> bool:
+    """``--max-epochs-this-run``: stop (resumably) after this epoch, unless it is the last one anyway."""
+    if cfg.max_epochs_this_run is None or state.epochs_this_run < cfg.max_epochs_this_run:
+        return False
+    if epoch + 1 >= cfg.epochs:
+        return False
+    log.info(
+        "stopping after epoch %d as asked (--max-epochs-this-run %d); continue with --resume",
+        epoch + 1,
+        cfg.max_epochs_this_run,
+    )
+    return True
 
 
 def _end(accelerator: Accelerator, result: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -5,7 +5,6 @@ import pytest
 from pets_training.checkpoint import (
     check_compatible,
     list_checkpoints,
-    newest_checkpoint,
     publish,
     read_trainer_state,
     save_atomically,
@@ -27,7 +26,7 @@ def test_checkpoints_appear_complete_and_old_ones_are_pruned(tmp_path: Path) -> 
     for epoch in (1, 2, 3):
         _save(tmp_path, epoch)
     assert [e for e, _ in list_checkpoints(tmp_path)] == [2, 3]
-    epoch, path = newest_checkpoint(tmp_path) or (0, tmp_path)
+    epoch, path = list_checkpoints(tmp_path)[-1]
     assert epoch == 3 and (path / "model.safetensors").read_text() == "weights 3"
     assert read_trainer_state(path) == {"epoch": 3}
     assert not any(p.name.startswith(".tmp") for p in tmp_path.iterdir())
@@ -66,13 +65,13 @@ def test_a_crash_mid_save_leaves_nothing_that_resume_would_pick(tmp_path: Path) 
     with pytest.raises(KeyboardInterrupt):
         save_atomically(tmp_path, 2, crashing_save, {}, True, lambda: None, 2)
     assert (tmp_path / temp_name(2)).exists()
-    assert newest_checkpoint(tmp_path) == (1, tmp_path / "epoch_1")
+    assert list_checkpoints(tmp_path) == [(1, tmp_path / "epoch_1")]
     _save(tmp_path, 2)  # the next save clears the leftover
-    assert newest_checkpoint(tmp_path) == (2, tmp_path / "epoch_2")
+    assert list_checkpoints(tmp_path)[-1] == (2, tmp_path / "epoch_2")
 
 
 def test_no_directory_means_no_checkpoint(tmp_path: Path) -> None:
-    assert newest_checkpoint(tmp_path / "none") is None
+    assert list_checkpoints(tmp_path / "none") == []
 
 
 def test_mismatched_settings_refuse_to_resume(tmp_path: Path) -> None:

@@ -104,7 +104,7 @@ def test_resume_after_an_interrupt_matches_an_uninterrupted_run(tmp_path: Path) 
     args = [*SMALL_ARGS, "--threads", "1", "--num-workers", "1"]
     run([PYTHON, "-m", "pets_training", *args, "--output-dir", str(tmp_path / "full")], timeout=180)
 
-    env = {"PETS_OUTPUT_DIR": str(tmp_path / "resumed"), "PETS_MIXED_PRECISION": "bf16"}
+    env = {"PETS_OUTPUT_DIR": str(tmp_path / "resumed")}
     first, _ = run([str(BIN / "pets-launch"), *args, "--max-epochs-this-run", "1"], timeout=180, env=env)
     assert "one process in total: training in this process" in first
     assert "no complete checkpoint" in first and "stopping after epoch 1" in first
@@ -136,7 +136,6 @@ def test_two_pets_launch_machines_on_localhost_train_one_model(tmp_path: Path) -
             "JOB_COMPLETION_INDEX": str(index),
             "PETS_MAIN_ADDR": "127.0.0.1",
             "PETS_MAIN_PORT": str(port),
-            "PETS_MIXED_PRECISION": "bf16",
             "PETS_CPU_LIMIT": "1",
             "PETS_OUTPUT_DIR": str(tmp_path / f"machine{index}"),
         }
@@ -216,7 +215,7 @@ def test_bad_input_fails_with_a_clear_error_and_a_failed_summary(tmp_path: Path)
         text=True,
         timeout=110,
     )
-    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.returncode == 78, proc.stderr[-3000:]  # permanent: a restart cannot fix it
     assert f"data: directory '{tmp_path / 'nope'}' does not exist" in proc.stderr
     assert read_json(summary_path) == {
         "status": "failed",

@@ -36,11 +36,12 @@ def test_indexed_job_environment() -> None:
             "PETS_PROCS_PER_MACHINE": "4",
             "PETS_MAIN_ADDR": "pets-0.pets.ns.svc.cluster.local",
             "PETS_MAIN_PORT": "29600",
-            "PETS_MIXED_PRECISION": "bf16",
-        }
+        },
+        ["--epochs", "1", "--mixed-precision", "bf16"],
     )
     assert (plan.machine_rank, plan.num_machines, plan.total_processes) == (2, 3, 12)
     assert plan.main_addr == "pets-0.pets.ns.svc.cluster.local" and plan.main_port == 29600
+    assert plan.mixed_precision == "bf16"
 
 
 def test_pytorchjob_environment_falls_back_to_torch_names() -> None:
@@ -65,13 +66,39 @@ def test_pytorchjob_environment_falls_back_to_torch_names() -> None:
         ),
         ({"PETS_NUM_MACHINES": "0"}, "PETS_NUM_MACHINES must be at least 1, got 0"),
         ({"PETS_MAIN_PORT": "99999"}, "PETS_MAIN_PORT must be a TCP port"),
-        ({"PETS_MIXED_PRECISION": "fp8"}, "PETS_MIXED_PRECISION must be one of no, fp16, bf16, got 'fp8'"),
         ({"PETS_RESOLVE_TIMEOUT": "soon"}, "PETS_RESOLVE_TIMEOUT must be a number of seconds, got 'soon'"),
     ],
 )
 def test_bad_environment_names_the_variable(env: dict[str, str], message: str) -> None:
     with pytest.raises(LaunchError, match=message):
         plan_from_env(env)
+
+
+@pytest.mark.parametrize(
+    ("args", "precision"),
+    [
+        ([], "fp16"),
+        (["--mixed-precision", "bf16"], "bf16"),
+        (["--mixed-precision=no", "--epochs", "1"], "no"),
+        (["--mixed-precision", "no", "--mixed-precision", "bf16"], "bf16"),  # the last wins, as in argparse
+    ],
+)
+def test_mixed_precision_comes_from_the_trainer_flag(args: list[str], precision: str) -> None:
+    assert plan_from_env({}, args).mixed_precision == precision
+    assert plan_from_env({"PETS_MIXED_PRECISION": "bf16"}, args).mixed_precision == precision  # not a channel
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--mixed-precision", "fp8"], "--mixed-precision must be one of no, fp16, bf16, got 'fp8'"),
+        (["--mixed-precision=FP16"], "--mixed-precision must be one of no, fp16, bf16, got 'FP16'"),
+        (["--mixed-precision"], "--mixed-precision must be one of no, fp16, bf16, got ''"),
+    ],
+)
+def test_bad_mixed_precision_flag_names_the_flag(args: list[str], message: str) -> None:
+    with pytest.raises(LaunchError, match=message):
+        plan_from_env({}, args)
 
 
 def test_launcher_always_resumes() -> None:

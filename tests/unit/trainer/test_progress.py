@@ -15,7 +15,7 @@ from pets_training.progress import (
     write_summary,
 )
 
-from .helpers import free_port, read_jsonl
+from .helpers import PYTHON, free_port, read_jsonl, run
 
 pytestmark = pytest.mark.unit
 
@@ -80,3 +80,72 @@ def test_periodic_lines_when_not_a_terminal(caplog: pytest.LogCaptureFixture) ->
         bar.update(0.5, 8)
     bar.close()
     assert caplog.text.count("epoch 1/2 step") == 3
+
+
+def test_metrics_server_serves_the_step_and_checkpoint_gauges() -> None:
+    port = free_port()
+    server = MetricsServer(port)
+    try:
+        server.set("step", 12)
+        server.set("steps_total", 40)
+        server.set("checkpoint_epoch", 2)
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    finally:
+        server.close()
+    assert server.values == {"step": 12.0, "steps_total": 40.0, "checkpoint_epoch": 2.0}
+    for line in ("pets_step 12.0", "pets_steps_total 40.0", "pets_checkpoint_epoch 2.0"):
+        assert line in body
+
+
+# Trains in a child process (a fresh accelerate state) and scrapes rank 0's endpoint from the step hook.
+SCRAPER = """
+import json, sys, urllib.request
+from pets_training.train import training_function
+
+settings, port = json.loads(sys.argv[1]), int(sys.argv[2])
+seen = []
+
+def hook(step, images):
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    values = dict(line.split() for line in body.splitlines() if line.startswith("pets_"))
+    seen.append({"hook_step": step, **{k: float(v) for k, v in values.items()}})
+
+training_function(settings, step_hook=hook)
+print("SEEN " + json.dumps(seen))
+"""
+
+
+def _scrape_run(settings: dict[str, object]) -> list[dict[str, float]]:
+    output, _ = run([PYTHON, "-c", SCRAPER, json.dumps(settings), str(settings["metrics_port"])], timeout=170)
+    seen: list[dict[str, float]] = json.loads(output.split("SEEN ", 1)[1].splitlines()[0])
+    return seen
+
+
+@pytest.mark.timeout(240)
+def test_a_run_serves_its_step_and_checkpoint_and_resume_continues_them(tmp_path: Path) -> None:
+    settings: dict[str, object] = {
+        "model": "resnet10t",
+        "image_size": 32,
+        "synthetic_classes": 2,
+        "synthetic_images_per_class": 10,  # 16 for training -> 4 steps per epoch
+        "epochs": 3,
+        "batch_size": 4,
+        "eval_batch_size": 8,
+        "mixed_precision": "no",
+        "num_workers": 0,
+        "threads": 1,
+        "output_dir": str(tmp_path),
+        "max_epochs_this_run": 2,
+        "resume": True,
+    }
+    first = _scrape_run({**settings, "metrics_port": free_port()})
+    assert [s["hook_step"] for s in first] == list(range(1, 9))
+    assert all(s["pets_step"] == s["hook_step"] for s in first)  # set every step, before the hook
+    assert {s["pets_steps_total"] for s in first} == {12.0}  # 4 steps x 3 epochs
+    assert [s["pets_checkpoint_epoch"] for s in first] == [0.0] * 4 + [1.0] * 4  # after epoch 1's save
+
+    second = _scrape_run({**settings, "metrics_port": free_port()})  # resumes after epoch 2
+    assert [s["pets_step"] for s in second] == [9.0, 10.0, 11.0, 12.0]
+    assert {s["pets_checkpoint_epoch"] for s in second} == {2.0}
+    assert {s["pets_epoch"] for s in second} == {2.0}  # the resumed history's last epoch
+    assert read_jsonl(tmp_path / "progress.jsonl")[-1]["epoch"] == 3

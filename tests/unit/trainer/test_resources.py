@@ -2,9 +2,15 @@ from pathlib import Path
 
 import pytest
 
+from pets_training.contract import PodContract
 from pets_training.resources import cpu_limit, plan_cpu
 
 pytestmark = pytest.mark.unit
+
+
+def _declared(value: str) -> int | None:
+    """PETS_CPU_LIMIT as the pod contract reads it."""
+    return PodContract.from_env({"PETS_CPU_LIMIT": value}).cpu_limit
 
 
 def _v1(root: Path, quota: str, period: str = "100000") -> None:
@@ -15,33 +21,33 @@ def _v1(root: Path, quota: str, period: str = "100000") -> None:
 
 def test_cgroup_v1_quota_rounds_up(tmp_path: Path) -> None:
     _v1(tmp_path, "150000")
-    limit = cpu_limit(env={}, cgroup_root=tmp_path, available=16)
+    limit = cpu_limit(None, cgroup_root=tmp_path, available=16)
     assert limit.cpus == 2 and "cgroup v1" in limit.source
 
 
 def test_cgroup_v1_unlimited_falls_through_to_env_then_available(tmp_path: Path) -> None:
     _v1(tmp_path, "-1")
-    assert cpu_limit(env={"PETS_CPU_LIMIT": "3"}, cgroup_root=tmp_path, available=16).cpus == 3
-    limit = cpu_limit(env={}, cgroup_root=tmp_path, available=16)
+    assert cpu_limit(_declared("3"), cgroup_root=tmp_path, available=16).cpus == 3
+    limit = cpu_limit(None, cgroup_root=tmp_path, available=16)
     assert limit.cpus == 16 and "available" in limit.source
 
 
 def test_cgroup_v2_cpu_max(tmp_path: Path) -> None:
     (tmp_path / "cpu.max").write_text("400000 100000\n")
-    assert cpu_limit(env={"PETS_CPU_LIMIT": "9"}, cgroup_root=tmp_path, available=16).cpus == 4
+    assert cpu_limit(_declared("9"), cgroup_root=tmp_path, available=16).cpus == 4
     (tmp_path / "cpu.max").write_text("max 100000\n")
-    assert cpu_limit(env={"PETS_CPU_LIMIT": "9"}, cgroup_root=tmp_path, available=16).cpus == 9
+    assert cpu_limit(_declared("9"), cgroup_root=tmp_path, available=16).cpus == 9
 
 
 def test_quota_never_exceeds_the_cpus_we_may_run_on(tmp_path: Path) -> None:
     (tmp_path / "cpu.max").write_text("800000 100000\n")
-    assert cpu_limit(env={}, cgroup_root=tmp_path, available=2).cpus == 2
+    assert cpu_limit(None, cgroup_root=tmp_path, available=2).cpus == 2
 
 
 def test_bad_env_value_names_the_variable(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="PETS_CPU_LIMIT must be a number of CPUs, got 'lots'"):
-        cpu_limit(env={"PETS_CPU_LIMIT": "lots"}, cgroup_root=tmp_path, available=2)
-    assert cpu_limit(env={"PETS_CPU_LIMIT": "1.5"}, cgroup_root=tmp_path, available=2).cpus == 2
+        cpu_limit(_declared("lots"), cgroup_root=tmp_path, available=2)
+    assert cpu_limit(_declared("1.5"), cgroup_root=tmp_path, available=2).cpus == 2
 
 
 def test_this_machine_reports_something_sane() -> None:

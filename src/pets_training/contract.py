@@ -1,0 +1,178 @@
+"""The pod contract (docs/contract.md), read from the environment in this one place.
+
+Two readers, each pure (``from_env`` takes the mapping), each naming the variable and its value in its
+errors:
+
+- :class:`PodContract`: what the pod's environment says (set by the operator, the workload's controller,
+  or the image), read by the launcher and by the trainer.
+- :class:`ProcessContext`: what the launcher of each training process (torchrun under ``accelerate
+  launch``, ``notebook_launcher``) says, for the moments where no ``Accelerator`` exists yet or where
+  accelerate does not expose it. Once an ``Accelerator`` exists, prefer its ``process_index`` and
+  ``local_process_index``.
+
+Everything else about a run travels as trainer flags (mixed precision, output directory, ...).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+# Set by the operator on the trainer container (PETS_MAIN_ADDR only with its headless Service: under a
+# PyTorchJob the training-operator sets MASTER_ADDR instead).
+NUM_MACHINES = "PETS_NUM_MACHINES"
+PROCS_PER_MACHINE = "PETS_PROCS_PER_MACHINE"
+MAIN_ADDR = "PETS_MAIN_ADDR"
+MAIN_PORT = "PETS_MAIN_PORT"
+CPU_LIMIT = "PETS_CPU_LIMIT"
+OPERATOR_ENV = (NUM_MACHINES, PROCS_PER_MACHINE, MAIN_ADDR, MAIN_PORT, CPU_LIMIT)
+
+# Set by the workload's controller: the Indexed Job controller (JOB_COMPLETION_INDEX) or Kubeflow's
+# training-operator (the rest). The operator's own variables win where both say the same thing.
+JOB_COMPLETION_INDEX = "JOB_COMPLETION_INDEX"
+RANK = "RANK"
+WORLD_SIZE = "WORLD_SIZE"
+MASTER_ADDR = "MASTER_ADDR"
+MASTER_PORT = "MASTER_PORT"
+CONTROLLER_ENV = (JOB_COMPLETION_INDEX, RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)
+
+# Knobs of the image or the user, never set by the operator.
+OUTPUT_DIR = "PETS_OUTPUT_DIR"  # the image sets /output, so a plain `docker run` writes there
+RESOLVE_TIMEOUT = "PETS_RESOLVE_TIMEOUT"
+
+# Set per training process by torchrun (under `accelerate launch`) or notebook_launcher; accelerate's
+# `--mixed_precision` arrives as ACCELERATE_MIXED_PRECISION.
+LOCAL_RANK = "LOCAL_RANK"
+LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
+ACCELERATE_MIXED_PRECISION = "ACCELERATE_MIXED_PRECISION"
+
+# Set by `pets-launch` for the training processes it starts through `accelerate launch`: a file where a
+# process that fails permanently appends its exit code, since torchrun exits 1 whatever its workers did.
+EXIT_CODE_FILE = "PETS_EXIT_CODE_FILE"
+
+# Exit codes (docs/contract.md, "Exit codes"). PERMANENT_EXIT_CODE (EX_CONFIG) says a restart cannot help:
+# the operator (its own copy: pets_operator.pods.PERMANENT_EXIT_CODE) fails the training at once.
+SUCCESS_EXIT_CODE = 0
+FAILURE_EXIT_CODE = 1  # a failure a restart may fix
+LAUNCH_EXIT_CODE = 2  # the launcher's bad environment, or the main address did not resolve in time
+PERMANENT_EXIT_CODE = 78
+
+
+class PermanentError(ValueError):
+    """A failure no restart can fix (a bad flag or config value, model, weights, data); the message is one
+    line naming the flag or field and its value. The trainer exits PERMANENT_EXIT_CODE for it."""
+
+
+class ContractError(ValueError):
+    """A bad environment; the message names the variable and its value."""
+
+
+def _int(env: Mapping[str, str], names: Sequence[str], default: int, minimum: int) -> int:
+    """The first of ``names`` that is set, as an integer of at least ``minimum``."""
+    for name in names:
+        raw = env.get(name, "").strip()
+        if raw:
+            try:
+                value = int(raw)
+            except ValueError:
+                raise ContractError(f"{name} must be an integer, got {raw!r}") from None
+            if value < minimum:
+                raise ContractError(f"{name} must be at least {minimum}, got {value}")
+            return value
+    return default
+
+
+def _str(env: Mapping[str, str], names: Sequence[str], default: str | None) -> str | None:
+    for name in names:
+        raw = env.get(name, "").strip()
+        if raw:
+            return raw
+    return default
+
+
+def _port(env: Mapping[str, str]) -> int:
+    port = _int(env, [MAIN_PORT, MASTER_PORT], 29500, 1)
+    if port > 65535:
+        raise ContractError(f"{MAIN_PORT} must be a TCP port (1-65535), got {port}")
+    return port
+
+
+def _timeout(env: Mapping[str, str]) -> float:
+    raw = _str(env, [RESOLVE_TIMEOUT], "300") or "300"
+    try:
+        timeout = float(raw)
+    except ValueError:
+        raise ContractError(f"{RESOLVE_TIMEOUT} must be a number of seconds, got {raw!r}") from None
+    if timeout < 0:
+        raise ContractError(f"{RESOLVE_TIMEOUT} must be 0 or more, got {raw!r}")
+    return timeout
+
+
+def _cpus(env: Mapping[str, str]) -> int | None:
+    """The downward API's ``limits.cpu`` in whole cores, rounded up."""
+    raw = _str(env, [CPU_LIMIT], None)
+    if raw is None:
+        return None
+    try:
+        value = math.ceil(float(raw))
+    except (ValueError, OverflowError):
+        raise ContractError(f"{CPU_LIMIT} must be a number of CPUs, got {raw!r}") from None
+    if value < 1:
+        raise ContractError(f"{CPU_LIMIT} must be at least 1, got {raw!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class PodContract:
+    """The pod's environment; the defaults are those of one machine training alone.
+
+    ``machine_rank`` is JOB_COMPLETION_INDEX, else RANK as a PyTorchJob sets it on the pod. Inside a
+    training process torchrun has replaced RANK with the process's rank, so only the launcher, which
+    runs before torchrun, uses the gang's fields (and checks the rank against ``num_machines``).
+    """
+
+    machine_rank: int = 0
+    num_machines: int = 1
+    procs_per_machine: int = 1
+    main_addr: str = "127.0.0.1"
+    main_port: int = 29500
+    resolve_timeout: float = 300.0
+    cpu_limit: int | None = None  # None: unknown here (the cgroup or the host then say)
+    output_dir: str | None = None  # the default of --output-dir
+
+    @property
+    def total_processes(self) -> int:
+        return self.num_machines * self.procs_per_machine
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> PodContract:
+        return cls(
+            machine_rank=_int(env, [JOB_COMPLETION_INDEX, RANK], 0, 0),
+            num_machines=_int(env, [NUM_MACHINES, WORLD_SIZE], 1, 1),
+            procs_per_machine=_int(env, [PROCS_PER_MACHINE], 1, 1),
+            main_addr=_str(env, [MAIN_ADDR, MASTER_ADDR], None) or cls.main_addr,
+            main_port=_port(env),
+            resolve_timeout=_timeout(env),
+            cpu_limit=_cpus(env),
+            output_dir=_str(env, [OUTPUT_DIR], None),
+        )
+
+
+@dataclass(frozen=True)
+class ProcessContext:
+    """What the process launcher says about this training process (all defaults: a lone process)."""
+
+    rank: int = 0
+    local_rank: int = 0
+    local_world_size: int = 1  # training processes on this machine; accelerate does not expose it
+    mixed_precision: str | None = None  # `accelerate launch --mixed_precision`, the default of the flag
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> ProcessContext:
+        return cls(
+            rank=_int(env, [RANK], 0, 0),
+            local_rank=_int(env, [LOCAL_RANK], 0, 0),
+            local_world_size=_int(env, [LOCAL_WORLD_SIZE], 1, 1),
+            mixed_precision=_str(env, [ACCELERATE_MIXED_PRECISION], None),
+        )
