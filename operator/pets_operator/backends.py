@@ -67,6 +67,10 @@ class Backend:
     uses_service: ClassVar[bool]  # whether the operator creates the headless Service
     always_served: ClassVar[bool]  # built into Kubernetes: no discovery needed
     install_hint: ClassVar[str] = ""  # what to install when its API is not served
+    # The workload's failure reason when its own failure policy ended it on the trainer's
+    # permanent-error exit code ("" where the backend has no such policy: the operator reads the pods).
+    permanent_reason: ClassVar[str] = ""
+    container: ClassVar[str] = builders.CONTAINER  # the trainer container's name in its pods
 
     @property
     def api_version(self) -> str:
@@ -80,6 +84,14 @@ class Backend:
 
     def rank0_selector(self, workload_name: str) -> str:
         """Label selector of the pod that runs machine rank 0 (its progress and termination message)."""
+        raise NotImplementedError
+
+    def pods_selector(self, workload_name: str) -> str:
+        """Label selector of every pod of the workload."""
+        raise NotImplementedError
+
+    def rank_of(self, pod: dict[str, Any]) -> int | None:
+        """A pod's machine rank, from the labels its controller sets."""
         raise NotImplementedError
 
     def suspend_patch(self, value: bool) -> dict[str, Any]:
@@ -107,6 +119,7 @@ class JobBackend(Backend):
 
     name, group, version, plural, kind = "job", "batch", "v1", "jobs", "Job"
     children_key, uses_service, always_served = "job", True, True
+    permanent_reason = "PodFailurePolicy"
 
     def build_workload(self, spec: dict[str, Any], target: builders.Target) -> dict[str, Any]:
         return builders.build_job(spec, target)
@@ -134,7 +147,15 @@ class JobBackend(Backend):
                              active, ready, start)
 
     def rank0_selector(self, workload_name: str) -> str:
-        return f"job-name={workload_name},batch.kubernetes.io/job-completion-index=0"
+        return f"{self.pods_selector(workload_name)},batch.kubernetes.io/job-completion-index=0"
+
+    def pods_selector(self, workload_name: str) -> str:
+        return f"job-name={workload_name}"
+
+    def rank_of(self, pod: dict[str, Any]) -> int | None:
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        index = labels.get("batch.kubernetes.io/job-completion-index")
+        return int(index) if index and index.isdigit() else None
 
     def suspend_patch(self, value: bool) -> dict[str, Any]:
         return {"spec": {"suspend": value}}
@@ -153,11 +174,11 @@ class PyTorchJobBackend(Backend):
     name, group, version, plural, kind = "pytorchjob", "kubeflow.org", "v1", "pytorchjobs", "PyTorchJob"
     children_key, uses_service, always_served = "pytorchJob", False, False
     install_hint = "install the Kubeflow training-operator"
-    CONTAINER = "pytorch"  # the container name the training-operator looks for
+    container = "pytorch"  # the container name the training-operator looks for
     PORT_NAME = "pytorchjob-port"  # the port name it reads the rendezvous port from
 
     def build_workload(self, spec: dict[str, Any], target: builders.Target) -> dict[str, Any]:
-        template = builders.pod_template(spec, target, container_name=self.CONTAINER,
+        template = builders.pod_template(spec, target, container_name=self.container,
                                          port_name=self.PORT_NAME, headless_service=False)
         replica_specs: dict[str, Any] = {
             "Master": {"replicas": 1, "restartPolicy": "Never", "template": template},
@@ -200,7 +221,19 @@ class PyTorchJobBackend(Backend):
                              active, start)
 
     def rank0_selector(self, workload_name: str) -> str:
-        return f"training.kubeflow.org/job-name={workload_name},training.kubeflow.org/replica-type=master"
+        return f"{self.pods_selector(workload_name)},training.kubeflow.org/replica-type=master"
+
+    def pods_selector(self, workload_name: str) -> str:
+        return f"training.kubeflow.org/job-name={workload_name}"
+
+    def rank_of(self, pod: dict[str, Any]) -> int | None:
+        """The Master is rank 0; Worker i is rank i + 1 (as the training-operator sets RANK)."""
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        kind, index = labels.get("training.kubeflow.org/replica-type"), labels.get(
+            "training.kubeflow.org/replica-index", "")
+        if not index.isdigit():
+            return None
+        return int(index) + (0 if kind == "master" else 1)
 
     def suspend_patch(self, value: bool) -> dict[str, Any]:
         return {"spec": {"runPolicy": {"suspend": value}}}

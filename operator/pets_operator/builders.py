@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pets_operator import api
+from pets_operator import api, pods
 
 CONTAINER = "trainer"
 PORT_NAME = "rendezvous"
@@ -164,11 +164,8 @@ def _env(spec: dict[str, Any], target: Target, *, container_name: str,
         # Without our headless Service (a controller that names the main pod itself), the controller
         # sets MASTER_ADDR, which the launcher falls back to.
         env.insert(2, {"name": "PETS_MAIN_ADDR", "value": main_address(target)})
-    for i, extra in enumerate(spec.get("env") or []):
-        if extra["name"].startswith("PETS_") or extra["name"] in api.RESERVED_ENV:
-            raise api.SpecError(f"spec.env[{i}].name {extra['name']!r} belongs to the pod contract "
-                                "(PETS_* and the rank variables are set by the operator)")
-        env.append(dict(extra))
+    # User extras cannot shadow the contract: api's env-not-reserved rule refuses them (server and local).
+    env += [dict(extra) for extra in spec.get("env") or []]
     return env
 
 
@@ -271,8 +268,15 @@ def build_job(spec: dict[str, Any], target: Target) -> dict[str, Any]:
             "completionMode": "Indexed",
             "completions": spec["replicas"],
             "parallelism": spec["replicas"],
-            # One failed pod fails the Job; the operator restarts the whole gang (spec.maxRestarts).
+            # One failed pod fails the Job; the operator restarts the whole gang (spec.maxRestarts)...
             "backoffLimit": 0,
+            # ...unless the trainer says a restart cannot help (docs/contract.md): then the Job fails
+            # with reason PodFailurePolicy and the operator fails the training at once.
+            "podFailurePolicy": {"rules": [{
+                "action": "FailJob",
+                "onExitCodes": {"containerName": CONTAINER, "operator": "In",
+                                "values": [pods.PERMANENT_EXIT_CODE]},
+            }]},
             "suspend": bool(spec["suspend"]),
             "template": pod_template(spec, target),
         },

@@ -83,13 +83,23 @@ class Cluster:
                 return None
             raise
 
-    def rank0_pod(self, backend: backends.Backend, workload: str) -> dict[str, Any] | None:
-        """The newest pod of machine rank 0 (after a pod replacement, the old one may linger)."""
-        found = self.core.list_namespaced_pod(self.namespace, label_selector=backend.rank0_selector(workload))
-        pods = [self._dict(p) for p in found.items]
-        if not pods:
-            return None
-        return max(pods, key=lambda p: str(p["metadata"].get("creationTimestamp") or ""))
+    def pods(self, backend: backends.Backend, workload: str) -> list[dict[str, Any]]:
+        found = self.core.list_namespaced_pod(self.namespace, label_selector=backend.pods_selector(workload))
+        return [self._dict(p) for p in found.items]
+
+    def pod_warnings(self, pod_names: list[str]) -> dict[str, list[dict[str, Any]]]:
+        """Warning Events of these pods (mount failures are reported nowhere else)."""
+        if not pod_names:
+            return {}
+        found = self.core.list_namespaced_event(self.namespace,
+                                                field_selector="involvedObject.kind=Pod,type=Warning")
+        wanted = set(pod_names)
+        out: dict[str, list[dict[str, Any]]] = {}
+        for ev in found.items:
+            obj = ev.involved_object
+            if obj is not None and obj.kind == "Pod" and obj.name in wanted:
+                out.setdefault(obj.name, []).append({"reason": ev.reason, "message": ev.message})
+        return out
 
     def create(self, manifest: dict[str, Any]) -> bool:
         """Create a child; False when it already exists (an earlier reconcile or operator made it)."""

@@ -20,7 +20,7 @@ import kopf
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from pets_operator import api, backends, builders, metrics, progress, status
+from pets_operator import api, backends, builders, metrics, pods, progress, status
 from pets_operator.cluster import Cluster, api_message, owned_by, served_backends
 
 # Seconds between reconciliations when nothing triggers one.
@@ -60,18 +60,22 @@ def _transient(exc: ApiException) -> bool:
 Logger = logging.Logger | logging.LoggerAdapter[Any]
 
 
-def _observe_progress(cl: Cluster, backend: backends.Backend, workload: dict[str, Any], phase_hint: str,
-                      progress_port: int, logger: Logger
-                      ) -> tuple[dict[str, float] | None, dict[str, Any] | None]:
+def _newest_rank0(backend: backends.Backend, pod_list: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Rank 0's pod (after a replacement the old one may linger: the newest wins)."""
+    rank0 = [p for p in pod_list if backend.rank_of(p) == 0]
+    return max(rank0, key=lambda p: str(p["metadata"].get("creationTimestamp") or ""), default=None)
+
+
+def _observe_progress(cl: Cluster, pod: dict[str, Any] | None, phase_hint: str, progress_port: int,
+                      logger: Logger) -> tuple[dict[str, float] | None, dict[str, Any] | None]:
     """Rank 0's live gauges (while running) and its termination message (once finished)."""
-    pod = cl.rank0_pod(backend, workload["metadata"]["name"])
     if pod is None:
         return None, None
     summary = None
     for cs in (pod.get("status") or {}).get("containerStatuses") or []:
         terminated = (cs.get("state") or {}).get("terminated")
         if terminated:
-            summary = status.parse_summary(terminated.get("message"))
+            summary = pods.parse_summary(terminated.get("message"))
     live = None
     ip = (pod.get("status") or {}).get("podIP")
     if ip and (pod.get("status") or {}).get("phase") == "Running" and phase_hint not in api.FINISHED_PHASES:
@@ -80,6 +84,13 @@ def _observe_progress(cl: Cluster, backend: backends.Backend, workload: dict[str
         except (OSError, ValueError) as exc:
             logger.debug(f"progress endpoint of rank 0 ({ip}) not readable yet: {exc}")
     return live, summary
+
+
+def _creating(pod: dict[str, Any]) -> bool:
+    """Scheduled but its containers not started: where a mount failure keeps a pod."""
+    st = pod.get("status") or {}
+    return st.get("phase") == "Pending" and any(
+        c.get("type") == "PodScheduled" and c.get("status") == "True" for c in st.get("conditions") or [])
 
 
 def _resolve_backend(ctx: Context, spec: dict[str, Any], old_status: dict[str, Any]) -> backends.Backend:
@@ -130,13 +141,20 @@ def reconcile_once(ctx: Context, namespace: str, name: str, logger: Logger) -> f
             "PetsTraining; delete or rename it", delay=POLL_IDLE)
 
     live = summary = state = None
+    pod_list: list[dict[str, Any]] | None = None
+    warnings: dict[str, list[dict[str, Any]]] = {}
     if current is not None:
         state = backend.state(current, spec["replicas"])
-        live, summary = _observe_progress(cl, backend, current, state.phase, ctx.progress_port, logger)
+        pod_list = cl.pods(backend, current["metadata"]["name"])
+        live, summary = _observe_progress(cl, _newest_rank0(backend, pod_list), state.phase,
+                                          ctx.progress_port, logger)
+        if state.phase not in api.FINISHED_PHASES:
+            warnings = cl.pod_warnings([p["metadata"]["name"] for p in pod_list if _creating(p)])
 
     target = builders.Target(name, namespace, restarts, ctx.default_image, ctx.cluster_domain)
     observed = status.Observed(backend=backend, workload=current, stale=stale, service=service,
-                               progress=live, summary=summary, state=state)
+                               progress=live, summary=summary, state=state, pods=pod_list,
+                               pod_events=warnings)
     result = status.plan(body, spec, observed, target, now)
     result.delete = [r for r in result.delete if r["name"] not in deleting]
     return _carry_out(ctx, cl, body, result, logger, restarts=restarts)
@@ -178,8 +196,8 @@ def _carry_out(ctx: Context, cl: Cluster, body: dict[str, Any], result: status.P
     phase = new_status.get("phase")
     if phase in api.FINISHED_PHASES:
         return POLL_FINISHED
-    if phase == api.RUNNING:
-        return ctx.poll_active
+    if phase == api.RUNNING or (phase == api.PENDING and new_status.get("pendingSince")):
+        return ctx.poll_active  # running, or its pods wait: say why soon (pods are not watched)
     if phase == api.RESTARTING or result.create or result.delete:
         return 1.0
     return POLL_IDLE

@@ -14,9 +14,12 @@ NAMESPACED: list[tuple[str, str, tuple[str, ...]]] = [
     (api.GROUP, f"{api.PLURAL}/status", ("get", "patch", "update")),
     (api.GROUP, f"{api.PLURAL}/finalizers", ("update",)),
     ("batch", "jobs", ("create", "get", "list", "watch", "patch", "delete")),
+    # The headless Service is created once and deleted with its training: never patched.
     ("", "services", ("create", "get", "list", "watch", "delete")),
     ("", "pods", ("get", "list", "watch")),
-    ("", "events", ("create", "patch")),
+    # Events are written on the training, and read for pods that wait on a volume mount (FailedMount
+    # is reported nowhere else).
+    ("", "events", ("create", "patch", "list")),
     ("events.k8s.io", "events", ("create", "patch")),
     ("kubeflow.org", "pytorchjobs", ("create", "get", "list", "watch", "patch", "delete")),
 ]

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from pets_operator import api, builders
+from pets_operator import api, builders, pods
 from pets_operator.backends import Backend, WorkloadState, parse_timestamp, timestamp
 
 
@@ -27,6 +27,8 @@ class Observed:
     progress: dict[str, float] | None = None  # rank 0's gauges, parsed (see progress.py)
     summary: dict[str, Any] | None = None  # rank 0's termination message, parsed
     state: WorkloadState | None = None  # `backend.state(workload)`, read once by the observer
+    pods: list[dict[str, Any]] | None = None  # the current attempt's pods (None: not observed)
+    pod_events: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # Warning Events by pod
 
     def workload_state(self, replicas: int) -> WorkloadState | None:
         if self.workload is None:
@@ -51,17 +53,6 @@ class Plan:
     events: list[Event] = field(default_factory=list)
     delete_self: bool = False  # TTL after finish expired
     requeue_after: float | None = None  # seconds until the plan should be made again at the latest
-
-
-def parse_summary(message: str | None) -> dict[str, Any] | None:
-    """The trainer's termination message (docs/contract.md) -> summary dict, or None if not JSON."""
-    if not message:
-        return None
-    try:
-        value = json.loads(message)
-    except ValueError:
-        return None
-    return value if isinstance(value, dict) else None
 
 
 def _set_condition(conditions: list[dict[str, Any]], ctype: str, status: bool, reason: str,
@@ -96,16 +87,24 @@ PROGRESS_FIELDS = {
     "pets_images_per_second": ("imagesPerSecond", float),
     "pets_elapsed_seconds": ("elapsedSeconds", float),
     "pets_eta_seconds": ("etaSeconds", float),
+    "pets_step": ("step", int),
+    "pets_steps_total": ("stepsTotal", int),
+    "pets_checkpoint_epoch": ("lastCheckpoint", int),  # becomes lastCheckpoint: {epoch, time}
 }
 
 
 def _mirror_progress(status: dict[str, Any], progress: dict[str, float], now: datetime) -> None:
     changed = False
     for metric, (key, kind) in PROGRESS_FIELDS.items():
-        if metric in progress:
-            value = kind(round(progress[metric], 6))
-            changed |= status.get(key) != value
-            status[key] = value
+        if metric not in progress:
+            continue
+        value = kind(round(progress[metric], 6))
+        if key == "lastCheckpoint":
+            if value and (status.get(key) or {}).get("epoch") != value:
+                status[key] = {"epoch": value, "time": timestamp(now)}
+            continue
+        changed |= status.get(key) != value
+        status[key] = value
     if "epoch" in status and "totalEpochs" in status:
         status["progress"] = f"{status['epoch']}/{status['totalEpochs']}"
     if changed:  # an unchanged scrape writes nothing, so an idle poll costs no API write
@@ -189,44 +188,177 @@ def plan(
 
     phase, reason, message = ws.phase, ws.reason, ws.message
     if phase == api.SUCCEEDED:
+        status.pop("pendingSince", None)
         status["completionTime"] = ws.completion_time or timestamp(now)
         if observed.summary:
             _mirror_summary(status, observed.summary, spec["epochs"])
         acc = status.get("evalAccuracy")
         message = "training finished" + (f": accuracy {acc:.4f}" if isinstance(acc, float) else "")
     elif phase == api.FAILED:
-        detail = message
-        if observed.summary and observed.summary.get("error"):
-            detail = f"{message}; trainer: {observed.summary['error']}"
-        if restarts < spec["maxRestarts"]:
-            status["restarts"] = restarts + 1
-            result.delete.append(_ref(observed.workload))
-            phase, reason = api.RESTARTING, "GangRestart"
-            message = (f"attempt {restarts} failed ({detail}); restarting the gang "
-                       f"({restarts + 1}/{spec['maxRestarts']}), resuming from the newest checkpoint")
-            result.events.append(Event("Warning", "Restarting", message))
-            result.requeue_after = 0.0
-        else:
-            status["completionTime"] = ws.completion_time or timestamp(now)
-            reason = "MaxRestartsExceeded" if spec["maxRestarts"] else ws.reason
-            message = (f"failed after {restarts} restart(s): {detail}" if spec["maxRestarts"]
-                       else f"failed: {detail}")
+        status.pop("pendingSince", None)
+        phase, reason, message = _after_failure(result, spec, observed, ws, restarts, now)
     else:
-        # Suspend / resume go through the workload's own suspend field.
-        if backend.is_suspended(observed.workload) != bool(spec["suspend"]):
-            result.suspend = bool(spec["suspend"])
-            result.suspend_workload = observed.workload["metadata"]["name"]
-            if spec["suspend"]:
-                phase, reason, message = api.SUSPENDED, "Suspending", "suspending the training"
-            else:
-                phase, reason, message = api.PENDING, "Resuming", "resuming the training"
-            result.events.append(Event("Normal", "Suspended" if spec["suspend"] else "Resumed", message))
-        elif restarts and phase == api.PENDING:
-            phase = api.RESTARTING
+        phase, reason, message = _while_active(result, spec, observed, ws, restarts, now)
     _apply_phase(result, old_phase, phase, reason, message, now, generation)
+    _stalled(result, spec, now, generation)
     if phase in api.FINISHED_PHASES:
         _ttl(result, spec, status, now)
     return result
+
+
+def _failure_record(failure: pods.Failure, now: datetime) -> dict[str, Any]:
+    record: dict[str, Any] = {
+        "cause": failure.cause, "pod": failure.pod, "message": failure.message,
+        "time": timestamp(parse_timestamp(failure.finished_at)) if failure.finished_at else timestamp(now),
+    }
+    for key, value in (("rank", failure.rank), ("node", failure.node), ("exitCode", failure.exit_code),
+                       ("logTail", failure.log_tail)):
+        if value is not None:
+            record[key] = value
+    return record
+
+
+def _after_failure(result: Plan, spec: dict[str, Any], observed: Observed, ws: WorkloadState,
+                   restarts: int, now: datetime) -> tuple[str, str, str]:
+    """The one restart rule: the cluster's failures restart the gang for free, the training's count,
+    and an error the trainer calls permanent (or the workload's own failure policy) ends it at once."""
+    status = result.status
+    assert observed.workload is not None
+    trainer_error = (observed.summary or {}).get("error")
+    failure = pods.first_failure(observed.pods or [], observed.backend.rank_of)
+    detail = failure.message if failure else ws.message
+    if trainer_error and failure is None:
+        detail = f"{ws.message}; trainer: {trainer_error}"
+    if failure is not None:
+        status["lastFailure"] = _failure_record(failure, now)
+    disruptions = int(status.get("disruptions") or 0)
+    counted = restarts - disruptions
+    permanent = (failure is not None and failure.permanent) or ws.reason == observed.backend.permanent_reason
+    by_cluster = failure is not None and failure.caused_by_cluster
+    if not permanent and (by_cluster or counted < spec["maxRestarts"]):
+        status["restarts"] = restarts + 1
+        if by_cluster:
+            status["disruptions"] = disruptions + 1
+        result.delete.append(_ref(observed.workload))
+        resume = _resume_point(spec, status)
+        cost = ("not counted: the cluster ended the pod" if by_cluster
+                else f"{counted + 1}/{spec['maxRestarts']}")
+        message = f"attempt {restarts} failed ({detail}); restarting the gang ({cost}), {resume}"
+        result.events.append(Event("Warning", "Restarting", message))
+        result.requeue_after = 0.0
+        return api.RESTARTING, "GangRestart", message
+    status["completionTime"] = ws.completion_time or timestamp(now)
+    if permanent:
+        return api.FAILED, "PermanentError", f"failed: {detail} (a restart cannot fix this)"
+    if spec["maxRestarts"]:
+        return api.FAILED, "MaxRestartsExceeded", f"failed after {counted} counted restart(s): {detail}"
+    return api.FAILED, ws.reason, f"failed: {detail}"
+
+
+def _resume_point(spec: dict[str, Any], status: dict[str, Any]) -> str:
+    if "persistentVolumeClaim" not in spec["output"]:
+        return "starting from epoch 0 (spec.output is an emptyDir, which goes with the pods)"
+    checkpoint = status.get("lastCheckpoint") or {}
+    if checkpoint.get("epoch"):
+        return f"resuming from the checkpoint of epoch {checkpoint['epoch']}"
+    return "resuming from the newest checkpoint"
+
+
+def _while_active(result: Plan, spec: dict[str, Any], observed: Observed, ws: WorkloadState,
+                  restarts: int, now: datetime) -> tuple[str, str, str]:
+    """Not finished: suspend or resume, or say what the pods are doing."""
+    status = result.status
+    assert observed.workload is not None
+    phase, reason, message = ws.phase, ws.reason, ws.message
+    # Suspend / resume go through the workload's own suspend field.
+    if observed.backend.is_suspended(observed.workload) != bool(spec["suspend"]):
+        result.suspend = bool(spec["suspend"])
+        result.suspend_workload = observed.workload["metadata"]["name"]
+        status.pop("pendingSince", None)
+        if spec["suspend"]:
+            phase, reason, message = api.SUSPENDED, "Suspending", "suspending the training"
+        else:
+            phase, reason, message = api.PENDING, "Resuming", "resuming the training"
+        result.events.append(Event("Normal", "Suspended" if spec["suspend"] else "Resumed", message))
+        return phase, reason, message
+    if phase == api.SUSPENDED:
+        status.pop("pendingSince", None)
+        return phase, reason, message
+    # The workload's count says pods exist; only the pods say whether they run. With no pod visible
+    # yet (just created), the workload's own view stands.
+    if observed.pods:
+        phase, reason, message = _from_pods(result, spec, observed)
+    if phase == api.RUNNING:
+        status.pop("pendingSince", None)
+        return phase, reason, message
+    status.setdefault("pendingSince", timestamp(now))
+    timeout = (spec.get("scheduling") or {}).get("pendingTimeoutSeconds")
+    waited = (now - parse_timestamp(status["pendingSince"])).total_seconds()
+    if timeout is not None and waited >= timeout:
+        status["completionTime"] = timestamp(now)
+        status.pop("pendingSince", None)
+        result.delete.append(_ref(observed.workload))
+        return api.FAILED, "PendingTimeout", (f"did not start within spec.scheduling.pendingTimeoutSeconds="
+                                              f"{timeout}: {message}")
+    if timeout is not None:
+        result.requeue_after = max(0.0, timeout - waited)
+    return (api.RESTARTING if restarts else api.PENDING), reason, message
+
+
+def _from_pods(result: Plan, spec: dict[str, Any], observed: Observed) -> tuple[str, str, str]:
+    replicas = spec["replicas"]
+    pod_list = observed.pods or []
+    running = pods.running_count(pod_list)
+    if running >= replicas:
+        return api.RUNNING, "PodsRunning", f"{running}/{replicas} pods running"
+    waiting = pods.worst_waiting(pod_list, observed.pod_events)
+    if waiting is None:
+        return api.PENDING, "WaitingForPods", f"{running}/{replicas} pods running, waiting for the rest"
+    why, count = waiting
+    message = f"{count}/{replicas} pod(s) waiting: {why.message}"
+    old_reason = next((c.get("reason") for c in result.status["conditions"]
+                       if c["type"] == "Progressing"), None)
+    if why.reason != old_reason and why.reason not in ("ContainerCreating", "WaitingForPods"):
+        result.events.append(Event("Warning", why.reason, message))  # one per new reason, not per poll
+    return api.PENDING, why.reason, message
+
+
+def _stalled(result: Plan, spec: dict[str, Any], now: datetime, generation: int | None) -> None:
+    """Stalled: a Running training whose progress has not moved for longer than its own pace allows."""
+    status = result.status
+    bound = stall_bound(spec, status)
+    last = status.get("lastProgressTime") or status.get("startTime")
+    if status.get("phase") != api.RUNNING or bound is None or not last:
+        if any(c["type"] == "Stalled" for c in status["conditions"]):
+            _set_condition(status["conditions"], "Stalled", False, "NotRunning", "", now, generation)
+        return
+    quiet = (now - parse_timestamp(last)).total_seconds()
+    stalled = quiet > bound
+    was = next((c for c in status["conditions"] if c["type"] == "Stalled" and c["status"] == "True"), None)
+    message = (f"no progress since {last} ({quiet:.0f} s, more than {bound:.0f} s)" if stalled else "")
+    _set_condition(status["conditions"], "Stalled", stalled, "NoProgress" if stalled else "Progressing",
+                   message, now, generation)
+    if stalled and not was:
+        result.events.append(Event("Warning", "Stalled", message))
+    if not stalled:
+        left = bound - quiet
+        result.requeue_after = left if result.requeue_after is None else min(result.requeue_after, left)
+
+
+STALL_MIN_SECONDS = 120.0
+STALL_STEPS = 20  # this many steps' time without progress
+
+
+def stall_bound(spec: dict[str, Any], status: dict[str, Any]) -> float | None:
+    """Seconds without progress after which a Running training is Stalled: spec.stallTimeoutSeconds,
+    else 20 of its own steps (at least 2 minutes), once it has taken a step to measure."""
+    explicit = (spec.get("scheduling") or {}).get("stallTimeoutSeconds")
+    if explicit:
+        return float(explicit)
+    steps, elapsed = status.get("step"), status.get("elapsedSeconds")
+    if not steps or not elapsed:
+        return None
+    return max(STALL_MIN_SECONDS, STALL_STEPS * float(elapsed) / float(steps))
 
 
 def plan_invalid(body: dict[str, Any], error: str, now: datetime) -> Plan:

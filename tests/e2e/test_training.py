@@ -234,19 +234,35 @@ def test_training_succeeds_across_two_ranks(trainings: Trainings) -> None:
     assert "2 process(es)" in rank0, rank0[-3000:]
 
 
-def test_worker_deleted_mid_training_restarts_gang_and_resumes(trainings: Trainings,
-                                                               shared_output: str) -> None:
+# Kills every process of the container but its PID 1 (the kernel ignores SIGKILL to a namespace's init
+# from inside it): the training processes die as in a crash, the launcher sees it and exits non-zero.
+CRASH = ("import os, signal\n"
+         "for pid in [int(p) for p in os.listdir('/proc') if p.isdigit()]:\n"
+         "    if pid not in (1, os.getpid()):\n"
+         "        try: os.kill(pid, signal.SIGKILL)\n"
+         "        except ProcessLookupError: pass\n")
+
+
+def test_worker_crash_mid_training_restarts_gang_and_resumes(trainings: Trainings,
+                                                             shared_output: str) -> None:
     name = "resume"
     spec = {**LONGER_SPEC, "epochs": 4, "output": {"persistentVolumeClaim": {"claimName": shared_output}}}
     trainings.create(name, spec)
     status = trainings.wait_epoch(name, 1)
     assert status["phase"] == "Running" and status["epoch"] < 4, f"not mid-run: {status}"
+    checkpoint = wait_for(f"{name} status.lastCheckpoint",
+                          lambda: trainings.status(name).get("lastCheckpoint"), 120, POLL_S)
     worker = pod_of_rank(trainings.pods(name), 1)
-    trainings.core.delete_namespaced_pod(worker.metadata.name, trainings.namespace, grace_period_seconds=0)
+    kubectl("-n", trainings.namespace, "exec", worker.metadata.name, "--", "python3", "-c", CRASH,
+            check=False)
 
     status = trainings.wait_phase(name, "Succeeded")
     assert status["restarts"] == 1, status
     assert status["epoch"] == 4, status
+    failure = status["lastFailure"]
+    assert (failure["rank"], failure["pod"]) == (1, worker.metadata.name), failure
+    assert failure["cause"] == "ExitCode" and failure["exitCode"] != 0 and failure["node"], failure
+    assert status["lastCheckpoint"]["epoch"] >= checkpoint["epoch"] >= 1, status
     jobs = trainings.jobs(name)
     assert len(jobs) == 1, [j.metadata.name for j in jobs]
     rank0 = pod_logs(trainings.namespace, pod_of_rank(trainings.pods(name), 0).metadata.name)
@@ -323,3 +339,62 @@ def test_deleting_the_training_removes_every_child(trainings: Trainings) -> None
         return not trainings.jobs(name) and not trainings.pods(name) and not services
 
     wait_for(f"every child of {name} to be deleted", gone, 180, POLL_S)
+
+
+# ----------------------------------------------------------------------------- status that tells the truth
+
+REASON_WITHIN_S = 60  # what the issue promises a user: the reason in status within a minute
+
+
+@pytest.fixture
+def empty_host_dir(trainings: Trainings) -> Iterator[str]:
+    """An empty directory on the node (the local cluster's node shares this machine's filesystem)."""
+    path = Path(os.environ.get("PETS_STATE", "/tmp/pets-training-cluster")) / "volumes" / \
+        f"{trainings.namespace}-empty"
+    path.mkdir(parents=True, exist_ok=True)
+    yield str(path)
+
+
+WAITING_ROWS = {
+    "unschedulable": ({"resources": {"cpu": "64", "memory": "2Gi"}}, "Unschedulable", "Insufficient cpu"),
+    "image": ({"image": "localhost/nope/trainer:0.0.1", "imagePullPolicy": "Never"}, "ImagePullFailed",
+              "localhost/nope/trainer:0.0.1"),
+    "claim": ({"dataset": {"persistentVolumeClaim": {"claimName": "no-such-claim"}}}, "VolumeNotReady",
+              "no-such-claim"),
+}
+
+
+@pytest.mark.parametrize("row", list(WAITING_ROWS))
+def test_waiting_training_says_why(trainings: Trainings, row: str) -> None:
+    overrides, reason, words = WAITING_ROWS[row]
+    trainings.create(row, {**SMALL_SPEC, **overrides})
+
+    def says_why() -> dict[str, Any] | None:
+        status = trainings.status(row)
+        return status if status.get("phase") == "Pending" and words in (status.get("message") or "") else None
+
+    try:
+        status = wait_for(f"{row}: Pending with {words!r} in the message", says_why, REASON_WITHIN_S, POLL_S)
+    except pytest.fail.Exception as timed_out:
+        pytest.fail(f"{timed_out}\n{trainings.status(row)}\n{trainings.describe(row)}")
+    progressing = next(c for c in status["conditions"] if c["type"] == "Progressing")
+    assert progressing["reason"] == reason, status
+    events = kubectl("-n", trainings.namespace, "get", "events", "--field-selector",
+                     f"involvedObject.name={row},reason={reason}", "-o", "name").stdout.split()
+    assert len(events) == 1, f"one Event per new reason, got {events}"
+
+
+def test_bad_model_fails_at_once_without_restarts(trainings: Trainings) -> None:
+    trainings.create("bad-model", {**SMALL_SPEC, "model": "resnet9000"})
+    status = trainings.wait_phase("bad-model", "Failed", REASON_WITHIN_S)
+    assert status["restarts"] == 0, status
+    assert "resnet9000" in status["message"], status
+    assert status["lastFailure"]["cause"] == "PermanentError", status
+
+
+def test_empty_dataset_fails_at_once_without_restarts(trainings: Trainings, empty_host_dir: str) -> None:
+    trainings.create("empty-data", {**SMALL_SPEC, "dataset": {"hostPath": {"path": empty_host_dir}}})
+    status = trainings.wait_phase("empty-data", "Failed", REASON_WITHIN_S)
+    assert status["restarts"] == 0, status
+    assert "empty" in status["message"], status
+    assert status["lastFailure"]["cause"] == "PermanentError", status

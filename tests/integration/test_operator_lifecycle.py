@@ -321,16 +321,19 @@ def test_pytorchjob_backend(admin: client.ApiClient, operator: OperatorThread, p
     assert wait_phase(admin, namespace, "pj", api.RUNNING)["status"]["activeReplicas"] == 3
 
 
-def rank0_pod(admin: client.ApiClient, ns: str, job: str) -> None:
-    """A stand-in for the Job's rank-0 pod (no kubelet here): its status says Running at 127.0.0.1,
-    where the test's TrainerMetrics serves the progress gauges."""
+def trainer_pods(admin: client.ApiClient, ns: str, job: str, replicas: int) -> None:
+    """Stand-ins for the Job's pods (no kubelet here): their status says Running, rank 0's at 127.0.0.1,
+    where the test's TrainerMetrics serves the progress gauges. The phase follows the pods, so every
+    rank needs one."""
     core = client.CoreV1Api(admin)
-    core.create_namespaced_pod(ns, {
-        "metadata": {"name": f"{job}-0-abcde", "labels": {
-            "job-name": job, "batch.kubernetes.io/job-completion-index": "0"}},
-        "spec": {"containers": [{"name": "trainer", "image": api.DEFAULT_IMAGE}]}})
-    core.patch_namespaced_pod_status(f"{job}-0-abcde", ns, {"status": {
-        "phase": "Running", "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}]}})
+    for index in range(replicas):
+        name = f"{job}-{index}-abcde"
+        core.create_namespaced_pod(ns, {
+            "metadata": {"name": name, "labels": {
+                "job-name": job, "batch.kubernetes.io/job-completion-index": str(index)}},
+            "spec": {"containers": [{"name": "trainer", "image": api.DEFAULT_IMAGE}]}})
+        core.patch_namespaced_pod_status(name, ns, {"status": {
+            "phase": "Running", "podIP": f"127.0.0.{index + 1}", "podIPs": [{"ip": f"127.0.0.{index + 1}"}]}})
 
 
 def terminate_rank0(admin: client.ApiClient, ns: str, job: str, message: str) -> None:
@@ -347,7 +350,7 @@ def test_progress_and_summary_are_mirrored(admin: client.ApiClient, operator: Op
     the_job(admin, namespace, "pets")
     trainer_metrics.set(epoch=2, total_epochs=5, train_loss=0.75, eval_accuracy=0.5, images_per_second=42.5,
                         elapsed_seconds=60, eta_seconds=90)
-    rank0_pod(admin, namespace, "pets")
+    trainer_pods(admin, namespace, "pets", 2)
     run_job(admin, namespace, "pets", 2)
 
     def mirrored() -> dict[str, Any] | None:

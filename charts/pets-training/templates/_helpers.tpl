@@ -77,7 +77,8 @@ app.kubernetes.io/component: operator
 
 {{/*
 The RBAC rules the operator needs inside the namespaces it watches (both modes).
-Every verb and resource is named: no wildcards. Keep in step with docs/chart.md.
+Every verb and resource is named: no wildcards. Keep in step with operator/pets_operator/rbac.py
+(the chart's unit test checks the grants equal it) and docs/chart.md.
 */}}
 {{- define "pets-training.namespacedRules" -}}
 # delete: ttlSecondsAfterFinished removes a finished PetsTraining.
@@ -95,16 +96,19 @@ Every verb and resource is named: no wildcards. Keep in step with docs/chart.md.
 - apiGroups: ["batch"]
   resources: ["jobs"]
   verbs: ["create", "get", "list", "watch", "delete", "patch"]
+# The headless Service is created once per training and never changed (no patch).
 - apiGroups: [""]
   resources: ["services"]
-  verbs: ["create", "get", "list", "watch", "delete", "patch"]
-# Pods are only read: readiness, rank 0's progress endpoint and termination messages.
+  verbs: ["create", "get", "list", "watch", "delete"]
+# Pods are only read: why they wait, rank 0's progress endpoint and termination messages (a crashed
+# container's message is its last log lines, so logs themselves are never read).
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch"]
+# Events: written on the training; listed for pods that wait on a mount (FailedMount is in no status).
 - apiGroups: [""]
   resources: ["events"]
-  verbs: ["create", "patch"]
+  verbs: ["create", "patch", "list"]
 - apiGroups: ["events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from pets_operator import api, backends, builders, status
+from pets_operator import api, backends, builders, pods, status
 from pets_operator.progress import parse_progress
 
 pytestmark = pytest.mark.unit
@@ -77,7 +77,7 @@ def test_running_with_progress_mirrored() -> None:
 
 
 def test_succeeded_takes_the_summary() -> None:
-    summary = status.parse_summary(json.dumps({"status": "succeeded", "epochs": 5, "final_accuracy": 0.94,
+    summary = pods.parse_summary(json.dumps({"status": "succeeded", "epochs": 5, "final_accuracy": 0.94,
                                                "final_train_loss": 0.2, "images_per_second": 120.0}))
     p = run(body({"phase": api.RUNNING}),
             job([{"type": "Complete"}], succeeded=2, completionTime="2026-01-02T03:04:00Z"), summary=summary)
@@ -155,10 +155,10 @@ def test_ttl_after_finished() -> None:
 
 
 def test_summary_parsing_is_lenient() -> None:
-    assert status.parse_summary(None) is None
-    assert status.parse_summary("Traceback: boom") is None
-    assert status.parse_summary("[1, 2]") is None
-    assert status.parse_summary('{"status": "failed", "error": "x"}') == {"status": "failed", "error": "x"}
+    assert pods.parse_summary(None) is None
+    assert pods.parse_summary("Traceback: boom") is None
+    assert pods.parse_summary("[1, 2]") is None
+    assert pods.parse_summary('{"status": "failed", "error": "x"}') == {"status": "failed", "error": "x"}
 
 
 def test_progress_parser_ignores_other_metrics_and_nan() -> None:

@@ -1,0 +1,219 @@
+"""Pure reading of a training's pods: why they wait, and why one failed.
+
+Kubernetes says why a pod waits in three places: the PodScheduled condition (the scheduler's
+message: insufficient CPU, no node matching the selector, a claim that does not exist), the
+containers' `waiting` state (image pulls, container config), and, for volumes that cannot be
+mounted, only in the pod's Warning Events (FailedMount). These functions turn that into one
+reason per pod and pick the worst, so the PetsTraining's status says what the pods are doing.
+Nothing here talks to the API server.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+# The trainer's exit code for an error a restart cannot fix (docs/contract.md). EX_CONFIG from
+# sysexits.h: "something was found in an unconfigured or misconfigured state".
+PERMANENT_EXIT_CODE = 78
+
+IMAGE_PULL_REASONS = {"ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull", "InvalidImageName"}
+CONFIG_REASONS = {"CreateContainerConfigError", "CreateContainerError", "RunContainerError"}
+# Pod conditions and reasons that mean the cluster, not the training, ended the pod.
+DISRUPTION_REASONS = {"Evicted", "Preempted", "NodeLost", "Shutdown", "Terminated", "NodeShutdown"}
+
+# Worst first: a user error that waiting cannot fix, then what may resolve itself.
+SEVERITY = ["ImagePullFailed", "ContainerConfigError", "VolumeNotReady", "Unschedulable",
+            "ContainerCreating", "WaitingForPods"]
+LOG_TAIL_LINES = 20
+_CLAIM = re.compile(r'persistentvolumeclaim "([^"]+)"')
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """Why one pod is not running yet."""
+
+    reason: str  # one of SEVERITY
+    message: str
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why the first pod of an attempt ended; `caused_by_cluster` failures do not count as restarts."""
+
+    cause: str  # PermanentError | OOMKilled | Evicted | Preempted | NodeLost | ExitCode | PeerLost
+    pod: str
+    rank: int | None
+    node: str | None
+    exit_code: int | None
+    message: str
+    finished_at: str | None
+    caused_by_cluster: bool
+    log_tail: str | None = None  # the kubelet's log fallback, when the trainer wrote no message
+
+    @property
+    def permanent(self) -> bool:
+        return self.cause == "PermanentError"
+
+
+def parse_summary(message: str | None) -> dict[str, Any] | None:
+    """The trainer's termination message (docs/contract.md) -> summary dict, or None if not JSON."""
+    if not message:
+        return None
+    try:
+        value = json.loads(message)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _status(pod: dict[str, Any]) -> dict[str, Any]:
+    return pod.get("status") or {}
+
+
+def _name(pod: dict[str, Any]) -> str:
+    return str((pod.get("metadata") or {}).get("name") or "")
+
+
+def _condition(pod: dict[str, Any], ctype: str) -> dict[str, Any] | None:
+    return next((c for c in _status(pod).get("conditions") or [] if c.get("type") == ctype), None)
+
+
+def _claims(pod: dict[str, Any]) -> list[str]:
+    return [v["persistentVolumeClaim"]["claimName"] for v in (pod.get("spec") or {}).get("volumes") or []
+            if (v.get("persistentVolumeClaim") or {}).get("claimName")]
+
+
+def _image(pod: dict[str, Any], container: str) -> str:
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        if c.get("name") == container:
+            return str(c.get("image") or "")
+    return ""
+
+
+def waiting_reason(pod: dict[str, Any], events: list[dict[str, Any]] | None = None) -> Waiting | None:
+    """Why this pod is not running, or None when it runs (or has finished).
+
+    `events` are the pod's Warning Events, consulted only for mounts (they appear nowhere else).
+    """
+    st = _status(pod)
+    if st.get("phase") not in (None, "Pending"):
+        return None
+    for cs in [*(st.get("initContainerStatuses") or []), *(st.get("containerStatuses") or [])]:
+        waiting = (cs.get("state") or {}).get("waiting") or {}
+        reason, detail = waiting.get("reason") or "", waiting.get("message") or ""
+        if reason in IMAGE_PULL_REASONS:
+            image = str(cs.get("image") or _image(pod, cs.get("name", "")))
+            text = f"image {image} cannot be pulled ({reason})"
+            return Waiting("ImagePullFailed", f"{text}: {detail}" if detail else text)
+        if reason in CONFIG_REASONS:
+            text = f"container {cs.get('name')} cannot be created ({reason})"
+            return Waiting("ContainerConfigError", f"{text}: {detail}" if detail else text)
+    scheduled = _condition(pod, "PodScheduled")
+    if scheduled and scheduled.get("status") == "False":
+        message = str(scheduled.get("message") or scheduled.get("reason") or "not scheduled")
+        claim = _CLAIM.search(message)
+        if claim or "PersistentVolumeClaim" in message:
+            name = claim.group(1) if claim else ", ".join(_claims(pod)) or "?"
+            return Waiting("VolumeNotReady", f"volume claim {name} cannot be bound: {message}")
+        return Waiting("Unschedulable", f"unschedulable: {message}")
+    for ev in events or []:
+        if ev.get("reason") in ("FailedMount", "FailedAttachVolume"):
+            return Waiting("VolumeNotReady", f"a volume cannot be mounted: {ev.get('message')}")
+    if scheduled and scheduled.get("status") == "True":
+        return Waiting("ContainerCreating", "containers are being created")
+    return Waiting("WaitingForPods", "waiting to be scheduled")
+
+
+def worst_waiting(pods: list[dict[str, Any]], events: dict[str, list[dict[str, Any]]] | None = None
+                  ) -> tuple[Waiting, int] | None:
+    """The worst reason any pod waits for, and how many pods wait for it (None: none waits)."""
+    reasons = [w for p in pods if (w := waiting_reason(p, (events or {}).get(_name(p))))]
+    if not reasons:
+        return None
+    worst = min(reasons, key=lambda w: SEVERITY.index(w.reason))
+    return worst, Counter(w.reason for w in reasons)[worst.reason]
+
+
+def running_count(pods: list[dict[str, Any]]) -> int:
+    return sum(1 for p in pods if _status(p).get("phase") == "Running")
+
+
+def _terminated(pod: dict[str, Any]) -> dict[str, Any] | None:
+    for cs in _status(pod).get("containerStatuses") or []:
+        term = (cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get("terminated")
+        if term:
+            return dict(term)
+    return None
+
+
+def _disruption(pod: dict[str, Any]) -> str | None:
+    """Preempted, NodeLost or Evicted when the cluster ended the pod (None: the training did)."""
+    cond = _condition(pod, "DisruptionTarget")
+    if cond and cond.get("status") == "True":
+        reason = str(cond.get("reason") or "")  # PreemptionByScheduler, DeletionByTaintManager, ...
+    elif _status(pod).get("reason") in DISRUPTION_REASONS:
+        reason = str(_status(pod)["reason"])
+    else:
+        return None
+    if "Preempt" in reason:
+        return "Preempted"
+    if "Taint" in reason or "GC" in reason or reason == "NodeLost":
+        return "NodeLost"
+    return "Evicted"
+
+
+def _failed(pod: dict[str, Any]) -> bool:
+    if _status(pod).get("phase") == "Failed":
+        return True
+    term = _terminated(pod)
+    return bool(term and term.get("exitCode"))
+
+
+def first_failure(pods: list[dict[str, Any]], rank_of: Callable[[dict[str, Any]], int | None]
+                  ) -> Failure | None:
+    """The pod whose failure ended the attempt (the earliest to end), classified.
+
+    Pods that ended after it with a plain non-zero exit lost their peer; the first one is the cause.
+    `rank_of(pod)` gives a pod's machine rank (backend-specific labels). The trainer's own one-line
+    reason comes from that pod's termination message, when it wrote one.
+    """
+    failed = [p for p in pods if _failed(p)]
+    if not failed:
+        return None
+
+    def finished(p: dict[str, Any]) -> str:
+        return str((_terminated(p) or {}).get("finishedAt") or "9999")
+
+    # A disruption explains its peers' failures, whatever the order they were reported in.
+    disrupted = [p for p in failed if _disruption(p)]
+    pod = min(disrupted or failed, key=finished)
+    term = _terminated(pod) or {}
+    code = term.get("exitCode")
+    summary = parse_summary(term.get("message"))
+    trainer_error = (summary or {}).get("error")
+    # terminationMessagePolicy FallbackToLogsOnError: a container that wrote no message gets its
+    # last log lines as the message, so a crash's log tail needs no access to pod logs.
+    log_tail = None if summary is not None or not term.get("message") else \
+        "\n".join(str(term["message"]).rstrip("\n").splitlines()[-LOG_TAIL_LINES:])
+    node = (pod.get("spec") or {}).get("nodeName")
+    disruption = _disruption(pod)
+    if disruption:
+        cause, by_cluster = disruption, True
+        target = _condition(pod, "DisruptionTarget") or {}
+        message = str(_status(pod).get("message") or target.get("message") or disruption)
+    elif term.get("reason") == "OOMKilled":
+        cause, by_cluster, message = "OOMKilled", False, "the container ran out of memory (OOMKilled)"
+    elif code == PERMANENT_EXIT_CODE:
+        cause, by_cluster = "PermanentError", False
+        message = trainer_error or "the trainer reported an error that a restart cannot fix"
+    else:
+        cause, by_cluster = "ExitCode", False
+        message = trainer_error or f"exited with code {code}"
+    return Failure(cause=cause, pod=_name(pod), rank=rank_of(pod), node=node,
+                   exit_code=code if isinstance(code, int) else None, message=message,
+                   finished_at=term.get("finishedAt"), caused_by_cluster=by_cluster, log_tail=log_tail)

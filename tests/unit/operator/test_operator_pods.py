@@ -1,0 +1,449 @@
+"""Pods -> why a training waits, why it failed, and what the planner makes of it (status, restarts)."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from pets_operator import api, backends, builders, pods, status
+
+pytestmark = pytest.mark.unit
+
+NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+
+
+def pod(
+    index: int = 0,
+    phase: str = "Pending",
+    *,
+    scheduled: dict[str, Any] | None = None,
+    waiting: str | None = None,
+    waiting_message: str = "",
+    terminated: dict[str, Any] | None = None,
+    conditions: list[dict[str, Any]] | None = None,
+    claims: tuple[str, ...] = (),
+    **status_extra: Any,
+) -> dict[str, Any]:
+    conds = list(conditions or [])
+    if scheduled is not None:
+        conds.append({"type": "PodScheduled", **scheduled})
+    cs: dict[str, Any] = {"name": "trainer", "image": "img:1", "state": {}}
+    if waiting:
+        cs["state"] = {"waiting": {"reason": waiting, "message": waiting_message}}
+    if terminated is not None:
+        cs["state"] = {"terminated": terminated}
+    return {
+        "metadata": {
+            "name": f"pets-{index}-x",
+            "creationTimestamp": "2026-01-02T03:00:00Z",
+            "labels": {"job-name": "pets", "batch.kubernetes.io/job-completion-index": str(index)},
+        },
+        "spec": {
+            "nodeName": "node-a",
+            "containers": [{"name": "trainer", "image": "img:1"}],
+            "volumes": [
+                {"name": f"v{i}", "persistentVolumeClaim": {"claimName": c}} for i, c in enumerate(claims)
+            ],
+        },
+        "status": {"phase": phase, "conditions": conds, "containerStatuses": [cs], **status_extra},
+    }
+
+
+UNSCHEDULABLE = {
+    "status": "False",
+    "reason": "Unschedulable",
+    "message": "0/1 nodes are available: 1 Insufficient cpu.",
+}
+SCHEDULED = {"status": "True"}
+
+
+# ----------------------------------------------------------------------------- waiting reasons
+
+
+@pytest.mark.parametrize(
+    ("the_pod", "reason", "words"),
+    [
+        (pod(scheduled=UNSCHEDULABLE), "Unschedulable", "1 Insufficient cpu"),
+        (
+            pod(
+                scheduled=SCHEDULED,
+                waiting="ErrImageNeverPull",
+                waiting_message='Container image "img:1" is not present with pull policy of Never',
+            ),
+            "ImagePullFailed",
+            "image img:1 cannot be pulled (ErrImageNeverPull)",
+        ),
+        (pod(scheduled=SCHEDULED, waiting="ImagePullBackOff"), "ImagePullFailed", "ImagePullBackOff"),
+        (
+            pod(
+                scheduled={
+                    "status": "False",
+                    "reason": "Unschedulable",
+                    "message": '0/1 nodes are available: persistentvolumeclaim "no-such-claim" not found.',
+                },
+                claims=("no-such-claim",),
+            ),
+            "VolumeNotReady",
+            "volume claim no-such-claim",
+        ),
+        (
+            pod(
+                scheduled={
+                    "status": "False",
+                    "reason": "Unschedulable",
+                    "message": "0/1 nodes are available: pod has unbound immediate PersistentVolumeClaims.",
+                },
+                claims=("data",),
+            ),
+            "VolumeNotReady",
+            "volume claim data",
+        ),
+        (
+            pod(
+                scheduled=SCHEDULED,
+                waiting="CreateContainerConfigError",
+                waiting_message='secret "s" not found',
+            ),
+            "ContainerConfigError",
+            'secret "s" not found',
+        ),
+        (pod(scheduled=SCHEDULED, waiting="ContainerCreating"), "ContainerCreating", "being created"),
+    ],
+)
+def test_each_waiting_reason_names_its_cause(the_pod: dict[str, Any], reason: str, words: str) -> None:
+    got = pods.waiting_reason(the_pod)
+    assert got is not None and got.reason == reason and words in got.message, got
+
+
+def test_mount_failures_come_from_the_pods_events() -> None:
+    creating = pod(scheduled=SCHEDULED, waiting="ContainerCreating")
+    events = [{"reason": "FailedMount", "message": "hostPath type check failed: /nope is not a directory"}]
+    got = pods.waiting_reason(creating, events)
+    assert got == pods.Waiting(
+        "VolumeNotReady", "a volume cannot be mounted: hostPath type check failed: /nope is not a directory"
+    )
+
+
+def test_running_and_finished_pods_do_not_wait() -> None:
+    assert pods.waiting_reason(pod(phase="Running")) is None
+    assert pods.waiting_reason(pod(phase="Succeeded")) is None
+
+
+def test_the_worst_reason_wins_and_is_counted() -> None:
+    gang = [
+        pod(0, scheduled=UNSCHEDULABLE),
+        pod(1, scheduled=UNSCHEDULABLE),
+        pod(2, scheduled=SCHEDULED, waiting="ErrImagePull"),
+        pod(3, phase="Running"),
+    ]
+    worst = pods.worst_waiting(gang)
+    assert worst is not None
+    waiting, count = worst
+    assert waiting.reason == "ImagePullFailed" and count == 1
+    assert pods.worst_waiting([pod(0, scheduled=UNSCHEDULABLE), pod(1, scheduled=UNSCHEDULABLE)])[1] == 2
+    assert pods.worst_waiting([pod(0, phase="Running")]) is None
+
+
+# ----------------------------------------------------------------------------- failure causes
+
+
+def failed(
+    index: int, code: int, at: str, *, reason: str = "Error", message: str | None = None, **extra: Any
+) -> dict[str, Any]:
+    term = {"exitCode": code, "reason": reason, "finishedAt": at}
+    if message is not None:
+        term["message"] = message
+    return pod(index, phase="Failed", terminated=term, **extra)
+
+
+RANK_OF = backends.JOB.rank_of
+
+
+def test_the_first_pod_to_fail_is_the_cause_and_its_peers_lost_it() -> None:
+    gang = [failed(0, 1, "2026-01-02T03:00:09Z"), failed(1, 137, "2026-01-02T03:00:05Z")]
+    f = pods.first_failure(gang, RANK_OF)
+    assert f is not None
+    assert (f.cause, f.pod, f.rank, f.node, f.exit_code) == ("ExitCode", "pets-1-x", 1, "node-a", 137)
+    assert not f.caused_by_cluster and not f.permanent
+
+
+def test_permanent_exit_code_carries_the_trainers_reason() -> None:
+    msg = json.dumps({"status": "failed", "error": "--model resnet9000: not a timm model"})
+    f = pods.first_failure(
+        [failed(0, pods.PERMANENT_EXIT_CODE, "2026-01-02T03:00:01Z", message=msg)], RANK_OF
+    )
+    assert f is not None and f.permanent and f.message == "--model resnet9000: not a timm model"
+
+
+def test_a_crash_without_a_message_keeps_the_kubelets_log_tail() -> None:
+    logs = "\n".join(f"line {i}" for i in range(30)) + "\n"
+    f = pods.first_failure([failed(1, 1, "2026-01-02T03:00:01Z", message=logs)], RANK_OF)
+    assert f is not None and f.log_tail == "\n".join(f"line {i}" for i in range(10, 30))
+    assert f.message == "exited with code 1"
+
+
+def test_oom_kill() -> None:
+    f = pods.first_failure([failed(1, 137, "2026-01-02T03:00:01Z", reason="OOMKilled")], RANK_OF)
+    assert f is not None and f.cause == "OOMKilled" and not f.caused_by_cluster
+
+
+@pytest.mark.parametrize(
+    ("condition_reason", "cause"),
+    [
+        ("EvictionByEvictionAPI", "Evicted"),
+        ("PreemptionByScheduler", "Preempted"),
+        ("DeletionByTaintManager", "NodeLost"),
+        ("DeletionByPodGC", "NodeLost"),
+    ],
+)
+def test_disruptions_are_the_clusters_doing_even_when_a_peer_failed_first(
+    condition_reason: str, cause: str
+) -> None:
+    peer = failed(0, 1, "2026-01-02T03:00:01Z")
+    victim = failed(
+        1,
+        143,
+        "2026-01-02T03:00:05Z",
+        conditions=[
+            {"type": "DisruptionTarget", "status": "True", "reason": condition_reason, "message": "bye"}
+        ],
+    )
+    f = pods.first_failure([peer, victim], RANK_OF)
+    assert f is not None and f.cause == cause and f.caused_by_cluster and f.pod == "pets-1-x"
+
+
+def test_evicted_by_the_kubelet() -> None:
+    f = pods.first_failure(
+        [
+            failed(0, 137, "2026-01-02T03:00:01Z", reason="Error")
+            | {
+                "status": {
+                    "phase": "Failed",
+                    "reason": "Evicted",
+                    "message": "The node was low on resource: memory.",
+                }
+            }
+        ],
+        RANK_OF,
+    )
+    assert f is not None and f.cause == "Evicted" and "low on resource" in f.message
+
+
+def test_no_failed_pod_no_failure() -> None:
+    assert pods.first_failure([pod(0, phase="Running")], RANK_OF) is None
+
+
+# ----------------------------------------------------------------------------- the planner with pods
+
+
+def body(st: dict[str, Any] | None = None, **spec: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "pets", "namespace": "ns", "generation": 1, "uid": "u1"},
+        "spec": {"replicas": 2, **spec},
+        "status": st or {},
+    }
+
+
+def job(attempt: int = 0, **st: Any) -> dict[str, Any]:
+    j = backends.JOB.build_workload(api.resolve_spec({"replicas": 2}), builders.Target("pets", "ns", attempt))
+    j["status"] = st
+    return j
+
+
+def plan(
+    b: dict[str, Any],
+    workload: dict[str, Any],
+    pod_list: list[dict[str, Any]],
+    now: datetime = NOW,
+    **observed: Any,
+) -> status.Plan:
+    spec = api.resolve_spec(b["spec"])
+    restarts = int((b.get("status") or {}).get("restarts") or 0)
+    target = builders.Target("pets", "ns", restarts)
+    obs = status.Observed(
+        backend=backends.JOB,
+        workload=workload,
+        service=backends.JOB.build_service(spec, target),
+        pods=pod_list,
+        **observed,
+    )
+    return status.plan(b, spec, obs, target, now)
+
+
+def test_active_job_with_unschedulable_pods_is_pending_with_the_schedulers_words() -> None:
+    p = plan(body(), job(active=2), [pod(0, scheduled=UNSCHEDULABLE), pod(1, scheduled=UNSCHEDULABLE)])
+    assert p.status["phase"] == api.PENDING
+    assert (
+        p.status["message"]
+        == "2/2 pod(s) waiting: unschedulable: 0/1 nodes are available: 1 Insufficient cpu."
+    )
+    progressing = next(c for c in p.status["conditions"] if c["type"] == "Progressing")
+    assert progressing["reason"] == "Unschedulable"
+    assert [e.reason for e in p.events] == ["Unschedulable"]
+    # The next poll, same reason: no second Event.
+    again = plan(
+        body(p.status), job(active=2), [pod(0, scheduled=UNSCHEDULABLE), pod(1, scheduled=UNSCHEDULABLE)]
+    )
+    assert again.events == [] and again.status["phase"] == api.PENDING
+
+
+def test_running_only_when_every_rank_runs() -> None:
+    half = plan(
+        body(),
+        job(active=2),
+        [pod(0, phase="Running"), pod(1, scheduled=SCHEDULED, waiting="ContainerCreating")],
+    )
+    assert half.status["phase"] == api.PENDING and half.status["message"].startswith("1/2 pod(s) waiting")
+    full = plan(body(half.status), job(active=2, ready=2), [pod(0, phase="Running"), pod(1, phase="Running")])
+    assert full.status["phase"] == api.RUNNING and full.status["message"] == "2/2 pods running"
+    assert "pendingSince" not in full.status
+
+
+def test_pending_timeout_fails_with_the_reason_it_waited_for() -> None:
+    waiting = [pod(0, scheduled=UNSCHEDULABLE), pod(1, scheduled=UNSCHEDULABLE)]
+    b = body(scheduling={"pendingTimeoutSeconds": 60})
+    first = plan(b, job(active=2), waiting)
+    assert first.status["pendingSince"] == "2026-01-02T03:04:05Z" and first.requeue_after == 60
+    later = plan(
+        body(first.status, scheduling={"pendingTimeoutSeconds": 60}),
+        job(active=2),
+        waiting,
+        now=NOW + timedelta(seconds=61),
+    )
+    assert later.status["phase"] == api.FAILED
+    assert "spec.scheduling.pendingTimeoutSeconds=60" in later.status["message"]
+    assert "Insufficient cpu" in later.status["message"]
+    assert [r["kind"] for r in later.delete] == ["Job"]
+
+
+def test_suspended_time_does_not_count_towards_the_pending_timeout() -> None:
+    suspended = job(active=0)
+    suspended["spec"]["suspend"] = True
+    b = body(
+        {"phase": api.PENDING, "pendingSince": "2026-01-02T03:00:00Z"},
+        suspend=True,
+        scheduling={"pendingTimeoutSeconds": 60},
+    )
+    p = plan(b, suspended, [], now=NOW + timedelta(hours=1))
+    assert p.status["phase"] == api.SUSPENDED and "pendingSince" not in p.status
+
+
+def failed_job(**extra: Any) -> dict[str, Any]:
+    return job(
+        failed=1,
+        conditions=[
+            {
+                "type": "Failed",
+                "status": "True",
+                "reason": extra.pop("reason", "BackoffLimitExceeded"),
+                "message": "Job has reached the specified backoff limit",
+                "lastTransitionTime": "2026-01-02T03:00:10Z",
+            }
+        ],
+    )
+
+
+def test_permanent_error_fails_at_once_without_a_restart() -> None:
+    msg = json.dumps({"status": "failed", "error": "--model resnet9000: not a timm model"})
+    gang = [
+        failed(0, pods.PERMANENT_EXIT_CODE, "2026-01-02T03:00:01Z", message=msg),
+        failed(1, 1, "2026-01-02T03:00:03Z"),
+    ]
+    p = plan(body({"phase": api.RUNNING}), failed_job(reason="PodFailurePolicy"), gang)
+    assert p.status["phase"] == api.FAILED and p.status["restarts"] == 0
+    assert p.status["message"] == "failed: --model resnet9000: not a timm model (a restart cannot fix this)"
+    assert p.status["lastFailure"] == {
+        "cause": "PermanentError",
+        "pod": "pets-0-x",
+        "rank": 0,
+        "node": "node-a",
+        "exitCode": pods.PERMANENT_EXIT_CODE,
+        "message": "--model resnet9000: not a timm model",
+        "time": "2026-01-02T03:00:01Z",
+    }
+    assert p.delete == []
+
+
+def test_a_crash_restarts_the_gang_and_counts() -> None:
+    gang = [failed(0, 137, "2026-01-02T03:00:01Z"), failed(1, 1, "2026-01-02T03:00:03Z")]
+    p = plan(
+        body(
+            {"phase": api.RUNNING, "lastCheckpoint": {"epoch": 2, "time": "2026-01-02T02:59:00Z"}},
+            output={"persistentVolumeClaim": {"claimName": "out"}},
+        ),
+        failed_job(),
+        gang,
+    )
+    assert p.status["phase"] == api.RESTARTING and p.status["restarts"] == 1
+    assert "disruptions" not in p.status
+    assert "(1/3)" in p.status["message"] and "checkpoint of epoch 2" in p.status["message"]
+    assert p.status["lastFailure"]["cause"] == "ExitCode" and p.status["lastFailure"]["rank"] == 0
+
+
+def test_the_clusters_failures_restart_without_counting() -> None:
+    evicted = failed(
+        1,
+        143,
+        "2026-01-02T03:00:01Z",
+        conditions=[
+            {
+                "type": "DisruptionTarget",
+                "status": "True",
+                "reason": "EvictionByEvictionAPI",
+                "message": "drain",
+            }
+        ],
+    )
+    st = {"phase": api.RUNNING, "restarts": 3, "disruptions": 1}  # 2 counted of maxRestarts 2
+    p = plan(body(st, maxRestarts=2), failed_job(), [failed(0, 1, "2026-01-02T03:00:04Z"), evicted])
+    assert p.status["phase"] == api.RESTARTING
+    assert p.status["restarts"] == 4 and p.status["disruptions"] == 2
+    assert "not counted" in p.status["message"] and "epoch 0" in p.status["message"]
+    # The same budget spent by a crash instead: Failed.
+    crash = plan(body(st, maxRestarts=2), failed_job(), [failed(0, 1, "2026-01-02T03:00:04Z")])
+    assert crash.status["phase"] == api.FAILED and crash.status["conditions"]
+    assert "after 2 counted restart(s)" in crash.status["message"]
+
+
+def test_last_checkpoint_is_mirrored_from_progress() -> None:
+    running = [pod(0, phase="Running"), pod(1, phase="Running")]
+    p = plan(body(), job(active=2), running, progress={"pets_checkpoint_epoch": 3.0, "pets_epoch": 3.0})
+    assert p.status["lastCheckpoint"] == {"epoch": 3, "time": "2026-01-02T03:04:05Z"}
+    same = plan(
+        body(p.status),
+        job(active=2),
+        running,
+        progress={"pets_checkpoint_epoch": 3.0},
+        now=NOW + timedelta(seconds=10),
+    )
+    assert same.status["lastCheckpoint"]["time"] == "2026-01-02T03:04:05Z"
+
+
+def test_stalled_is_set_and_cleared() -> None:
+    running = [pod(0, phase="Running"), pod(1, phase="Running")]
+    progress = {"pets_step": 10.0, "pets_elapsed_seconds": 100.0}  # 10 s a step -> bound 200 s
+    start = plan(body({"phase": api.RUNNING}), job(active=2), running, progress=progress)
+    assert status.stall_bound(api.resolve_spec({}), start.status) == 200
+    stalled_cond = next(c for c in start.status["conditions"] if c["type"] == "Stalled")
+    assert stalled_cond["status"] == "False"
+    quiet = plan(
+        body(start.status), job(active=2), running, progress=progress, now=NOW + timedelta(seconds=201)
+    )
+    cond = next(c for c in quiet.status["conditions"] if c["type"] == "Stalled")
+    assert cond["status"] == "True" and "no progress since 2026-01-02T03:04:05Z" in cond["message"]
+    assert [e.reason for e in quiet.events] == ["Stalled"]
+    moving = plan(
+        body(quiet.status),
+        job(active=2),
+        running,
+        progress={"pets_step": 11.0, "pets_elapsed_seconds": 110.0},
+        now=NOW + timedelta(seconds=210),
+    )
+    assert next(c for c in moving.status["conditions"] if c["type"] == "Stalled")["status"] == "False"
+
+
+def test_explicit_stall_timeout() -> None:
+    assert status.stall_bound({"scheduling": {"stallTimeoutSeconds": 30}}, {}) == 30
+    assert status.stall_bound({}, {}) is None  # no step yet: nothing to measure against
