@@ -2,23 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
-from pets_operator import api, backends, builders
+from operator_specs import TARGET, env_of, spec  # tests/unit/operator/operator_specs.py
+from pets_operator import api, backends
 
 pytestmark = pytest.mark.unit
-
-TARGET = builders.Target(name="pets", namespace="team-a", cluster_domain="example.local")
-
-
-def spec(**overrides: Any) -> dict[str, Any]:
-    return api.resolve_spec({"replicas": 3, "processesPerReplica": 2, **overrides})
-
-
-def env_of(container: dict[str, Any]) -> dict[str, Any]:
-    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
-
 
 def test_job_backend_children_in_creation_order() -> None:
     children = backends.JOB.children(spec(), TARGET)

@@ -6,20 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from operator_specs import TARGET, env_of, spec  # tests/unit/operator/operator_specs.py
 from pets_operator import api, builders
 
 pytestmark = pytest.mark.unit
-
-TARGET = builders.Target(name="pets", namespace="team-a", cluster_domain="example.local")
-
-
-def spec(**overrides: Any) -> dict[str, Any]:
-    return api.resolve_spec({"replicas": 3, "processesPerReplica": 2, **overrides})
-
-
-def env_of(container: dict[str, Any]) -> dict[str, Any]:
-    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
-
 
 def test_defaults_are_the_recipe() -> None:
     s = api.resolve_spec({})
