@@ -31,6 +31,7 @@ DEFAULT_CLUSTER_DOMAIN = "cluster.local"
 METRICS_PORT = 9090  # the trainer's progress endpoint on rank 0 (docs/contract.md)
 OUTPUT_DIR = "/output"
 DATA_DIR = "/data"
+PRETRAINED_CACHE_DIR = "/pretrained-cache"  # where spec.pretrainedCache's claim is mounted, read-only
 MAX_NAME_LENGTH = 52  # leaves room for "-<index>" pod hostnames and "-<hash>" pod names within 63
 
 # Phases of status.phase.
@@ -230,14 +231,40 @@ RULES: list[Rule] = [
         example_spec={"env": [{"name": "OK", "value": "1"}, {"name": "PETS_MAIN_ADDR", "value": "x"}]},
         field_path=".name",
     ),
+    # Pretrained weights come from one source: the hub (default), a hub cache volume, or one file.
     Rule(
-        id="weights-or-pretrained",
+        id="weights-need-pretrained",
         at="spec",
-        cel="!(has(self.pretrained) && self.pretrained && has(self.weights))",
-        message="spec.weights and spec.pretrained=true are mutually exclusive: pick one source of weights",
-        check=lambda spec: not (_has(spec, "pretrained") and spec["pretrained"] and _has(spec, "weights")),
-        example_spec={"pretrained": True, "weights": "/w.safetensors"},
+        cel="!(has(self.weights) && has(self.pretrained) && !self.pretrained)",
+        message="spec.weights is a source of pretrained weights, and spec.pretrained is false: "
+                "drop spec.weights, or set spec.pretrained: true",
+        check=lambda spec: not (_has(spec, "weights") and _has(spec, "pretrained")
+                                and not spec["pretrained"]),
+        example_spec={"pretrained": False, "weights": "/w.safetensors"},
         field_path=".weights",
+    ),
+    Rule(
+        id="pretrained-cache-needs-pretrained",
+        at="spec",
+        cel="!(has(self.pretrainedCache) && has(self.pretrained) && !self.pretrained)",
+        message="spec.pretrainedCache is a source of pretrained weights, and spec.pretrained is false: "
+                "drop spec.pretrainedCache, or set spec.pretrained: true",
+        check=lambda spec: not (_has(spec, "pretrainedCache") and _has(spec, "pretrained")
+                                and not spec["pretrained"]),
+        example_spec={"pretrained": False,
+                      "pretrainedCache": {"persistentVolumeClaim": {"claimName": "hub"}}},
+        field_path=".pretrainedCache",
+    ),
+    Rule(
+        id="one-weights-source",
+        at="spec",
+        cel="!(has(self.weights) && has(self.pretrainedCache))",
+        message="spec.weights and spec.pretrainedCache are mutually exclusive: pick one source of "
+                "pretrained weights",
+        check=lambda spec: not (_has(spec, "weights") and _has(spec, "pretrainedCache")),
+        example_spec={"weights": "/w.safetensors",
+                      "pretrainedCache": {"persistentVolumeClaim": {"claimName": "hub"}}},
+        field_path=".pretrainedCache",
     ),
     Rule(
         id="master-port-not-metrics-port",
@@ -336,12 +363,28 @@ SPEC_SCHEMA: dict[str, Any] = _obj(
         "model": _str("timm model name. Immutable while running.", default="resnet50d",
                       pattern=r"^[a-z0-9][a-z0-9_.]*$", max_length=100),
         "pretrained": _bool(
-            "Download ImageNet weights from the Hugging Face hub (needs internet). Mutually exclusive "
-            "with weights. Immutable while running.", False),
+            "Start from the model's ImageNet weights, as the tutorial does. They come from one source: "
+            "the Hugging Face hub (needs internet; a cluster without it fails at once, saying so), "
+            "pretrainedCache (a hub cache on a volume) or weights (one file). false: random init, "
+            "which needs neither. Immutable while running.", True),
         "weights": _str(
-            "Absolute path, inside the pod, of a local weights file (safetensors) for air-gapped "
+            "Absolute path, inside the pod, of one local weights file (safetensors) for air-gapped "
             "clusters; mount it with the dataset or output volume. Immutable while running.",
             pattern=ABS_PATH, max_length=1024),
+        "pretrainedCache": _obj(
+            "A Hugging Face hub cache on a volume, mounted read-only and used with the hub offline, so "
+            "pretrained: true loads the same files it would download (fill it once: docs/trainer.md). "
+            "Immutable while running.",
+            {
+                "persistentVolumeClaim": _obj("The claim holding the cache.", {
+                    "claimName": _str("Name of the PersistentVolumeClaim in the training's namespace.",
+                                      pattern=DNS_SUBDOMAIN, min_length=1, max_length=253),
+                    "path": _str("The cache directory inside the volume (the hub's HF_HUB_CACHE, which "
+                                 "holds models--timm--...).", default="/", pattern=ABS_PATH,
+                                 max_length=1024),
+                }, required=["claimName"]),
+            },
+            required=["persistentVolumeClaim"]),
         "freezeBackbone": _bool(
             "Train only the classifier head (the tutorial's recipe); false fine-tunes every layer. "
             "Immutable while running.", True),
@@ -473,8 +516,8 @@ SPEC_SCHEMA: dict[str, Any] = _obj(
 # Fields of spec that cannot change while the training is Running or Restarting.
 IMMUTABLE_WHILE_RUNNING = [
     "replicas", "processesPerReplica", "epochs", "batchSize", "learningRate", "mixedPrecision", "seed",
-    "model", "pretrained", "weights", "freezeBackbone", "imageSize", "dataset", "output", "image",
-    "backend", "masterPort",
+    "model", "pretrained", "weights", "pretrainedCache", "freezeBackbone", "imageSize", "dataset", "output",
+    "image", "backend", "masterPort",
 ]
 
 

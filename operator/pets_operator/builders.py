@@ -83,10 +83,14 @@ def trainer_args(spec: dict[str, Any]) -> list[str]:
         "--image-size", str(spec["imageSize"]),
         "--output-dir", api.OUTPUT_DIR,
     ]
-    if spec["pretrained"]:
-        args.append("--pretrained")
+    # Explicit either way: the trainer's own default (pretrained, as in the tutorial) must not decide.
+    args.append("--pretrained" if spec["pretrained"] else "--no-pretrained")
     if spec.get("weights"):
         args += ["--weights", spec["weights"]]
+    if spec.get("pretrainedCache"):
+        sub = spec["pretrainedCache"]["persistentVolumeClaim"].get("path", "/").strip("/")
+        cache_dir = f"{api.PRETRAINED_CACHE_DIR}/{sub}" if sub else api.PRETRAINED_CACHE_DIR
+        args += ["--pretrained-cache", cache_dir]
     if not spec["freezeBackbone"]:
         args.append("--unfreeze")
     source = dataset_source(spec)
@@ -126,6 +130,11 @@ def _volumes(spec: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str,
         empty = dict(output.get("emptyDir") or {})
         volumes.append({"name": "output", "emptyDir": empty})
         mounts.append({"name": "output", "mountPath": api.OUTPUT_DIR})
+    if spec.get("pretrainedCache"):
+        cache = spec["pretrainedCache"]["persistentVolumeClaim"]
+        volumes.append({"name": "pretrained-cache",
+                        "persistentVolumeClaim": {"claimName": cache["claimName"], "readOnly": True}})
+        mounts.append({"name": "pretrained-cache", "mountPath": api.PRETRAINED_CACHE_DIR, "readOnly": True})
     source = dataset_source(spec)
     if source == "persistentVolumeClaim":
         claim = spec["dataset"]["persistentVolumeClaim"]

@@ -79,7 +79,8 @@ def worker(args: argparse.Namespace) -> int:
     cfg = resolve(
         ["--data", args.data, "--model", args.model, "--image-size", str(args.image_size),
          "--batch-size", str(args.batch_size), "--max-train-steps", str(args.warmup + args.steps),
-         "--output-dir", str(Path(args.output) / "ours"), "--no-checkpoints", "--mixed-precision", "fp16"]
+         "--output-dir", str(Path(args.output) / "ours"), "--no-checkpoints", "--mixed-precision", "fp16",
+         "--no-pretrained"]  # both loops start from random init: no download, and the same work
     )  # fmt: skip
     training_function(cfg, step_hook=hook)
     print("RESULT " + json.dumps({"step_times": times, "step_images": images}), flush=True)

@@ -2,9 +2,10 @@
 
 Exit codes (docs/contract.md): 0 done (or stopped as asked); 78 (``PERMANENT_EXIT_CODE``, EX_CONFIG) a
 failure no restart can fix (:class:`~.contract.PermanentError`: a bad flag or config value, model, weights,
-data, or pod environment); 1 anything else. On failure the summary ``{"status": "failed", "error": ...}``
-goes where the success summary would, and a failing process appends its code to ``$PETS_EXIT_CODE_FILE``
-when set (``pets-launch`` sets it: torchrun's own exit code does not say why a worker failed).
+a hub that cannot be reached for pretrained weights, data, or pod environment); 1 anything else. On
+failure the summary ``{"status": "failed", "error": ...}`` goes where the success summary would, and a
+failing process appends its code to ``$PETS_EXIT_CODE_FILE`` when set (``pets-launch`` sets it:
+torchrun's own exit code does not say why a worker failed).
 """
 
 from __future__ import annotations
@@ -84,6 +85,9 @@ def main(argv: Sequence[str] | None = None, pod: PodContract | None = None) -> i
     if argv and argv[0] == "make-synthetic":
         return make_synthetic(argv[1:])
 
+    from .hubcache import set_hub_timeout_defaults
+
+    set_hub_timeout_defaults(os.environ)  # before huggingface_hub reads them at import (via timm)
     from .config import resolve
     from .progress import write_summary
     from .train import setup_logging, training_function

@@ -45,8 +45,19 @@ class TrainConfig:
     train_fraction: float = _f(0.8, "share of the images used for training (seeded split)")
     # model
     model: str = _f("resnet50d", "any timm model name")
-    pretrained: bool = _f(False, "download the model's pretrained weights from the hub (needs internet)")
-    weights: str | None = _f(None, "a local weights file (safetensors or torch) for air-gapped clusters")
+    pretrained: bool = _f(
+        True,
+        "start from the model's pretrained weights: from the hub (needs internet), a hub cache "
+        "(--pretrained-cache) or one file (--weights); --no-pretrained: random init",
+    )
+    pretrained_cache: str | None = _f(
+        None,
+        "a Hugging Face hub cache directory holding the pretrained weights, read offline (air-gapped "
+        "clusters; fill it with `hf download timm/resnet50d.ra2_in1k --cache-dir DIR`)",
+    )
+    weights: str | None = _f(
+        None, "one local file (safetensors or torch) of the pretrained weights (air-gapped clusters)"
+    )
     unfreeze: bool = _f(False, "train the whole network instead of only the classifier")
     # recipe
     image_size: int = _f(224, "training crop and eval resize, in pixels")
@@ -190,7 +201,26 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         raise ConfigError(f"metrics_port must be a TCP port (1-65535), got {cfg.metrics_port}")
     if cfg.log_every <= 0:
         raise ConfigError(f"log_every must be positive, got {cfg.log_every}")
+    _check_weight_source(cfg)
     return cfg
+
+
+def _check_weight_source(cfg: TrainConfig) -> None:
+    """Pretrained weights come from one source: the hub, a hub cache (--pretrained-cache) or a file
+    (--weights); random init (--no-pretrained) has none."""
+    if cfg.weights is not None and cfg.pretrained_cache is not None:
+        raise ConfigError(
+            f"--weights {cfg.weights!r} and --pretrained-cache {cfg.pretrained_cache!r} are two sources of "
+            "the pretrained weights (weights, pretrained_cache): give one"
+        )
+    if not cfg.pretrained:
+        for name, value in (("weights", cfg.weights), ("pretrained_cache", cfg.pretrained_cache)):
+            if value is not None:
+                flag = "--" + name.replace("_", "-")
+                raise ConfigError(
+                    f"--no-pretrained (pretrained: false) asks for random init, but {flag} {value!r} "
+                    f"({name}) is a source of pretrained weights: drop --no-pretrained or {flag}"
+                )
 
 
 def build_parser(prog: str = "pets-train") -> argparse.ArgumentParser:

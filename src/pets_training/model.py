@@ -10,7 +10,9 @@ import timm
 import torch
 from torch import nn
 
+from . import hubcache
 from .contract import PermanentError
+from .hubcache import HubFile
 
 log = logging.getLogger(__name__)
 
@@ -19,39 +21,114 @@ class ModelError(PermanentError):
     """A model name, weights file or precision no restart can fix; the message names the flag and value."""
 
 
+class HubUnreachableError(ModelError):
+    """The hub cannot be reached for pretrained weights (connection refused or unreachable, DNS, timeout,
+    offline mode): permanent, since a pod of a cluster without internet never reaches it."""
+
+
 class ModelDownloadError(RuntimeError):
-    """The hub download of pretrained weights failed: the network may come back, so a restart may help."""
+    """The hub answered but the download failed otherwise (a server error): a restart may help."""
+
+
+def no_hub_message(name: str, source: HubFile | None, reason: BaseException) -> str:
+    """The one line an air-gapped user reads: what failed, and the three ways out."""
+    what = f"{source.repo_id}/{source.filename}" if source else "its weights"
+    repo = source.repo_id if source else "<repo>"
+    return (
+        f"pretrained: cannot reach the Hugging Face hub ({hubcache.endpoint()}) for the {name} weights "
+        f"({what}): {hubcache.describe(reason)}. spec.pretrained / --pretrained (the default) downloads "
+        "them, which a cluster without internet never can; instead mount a hub cache volume filled once "
+        f"with `hf download {repo} --cache-dir DIR` (spec.pretrainedCache / --pretrained-cache DIR), or "
+        "mount one weights file (spec.weights / --weights FILE), or set spec.pretrained: false "
+        "(--no-pretrained) for random init"
+    )
 
 
 def create_model(
-    name: str, num_classes: int, pretrained: bool = False, weights: str | None = None
+    name: str,
+    num_classes: int,
+    pretrained: bool = False,
+    weights: str | None = None,
+    pretrained_cache: str | None = None,
 ) -> nn.Module:
-    """A timm model with a fresh ``num_classes`` classifier.
+    """A timm model with a fresh ``num_classes`` classifier; pretrained weights come from one source:
 
-    ``weights`` is a local file (safetensors or a torch state dict) loaded the way timm loads hub weights
-    (``pretrained_cfg_overlay=dict(file=...)``): a classifier of another size is left out and re-initialised.
+    - ``weights``: a local file (safetensors or a torch state dict) loaded the way timm loads hub weights
+      (``pretrained_cfg_overlay=dict(file=...)``): a classifier of another size is left out and
+      re-initialised;
+    - ``pretrained_cache``: a Hugging Face hub cache directory, read with the hub offline;
+    - else, with ``pretrained``, the hub. When it cannot be reached, the error (permanent) says so at
+      once, after one request without retries, and names the other two sources.
     """
     if not timm.is_model(name):
         raise ModelError(f"model: {name!r} is not a timm model name (see timm.list_models())")
     if weights is not None:
-        path = Path(weights)
-        if not path.is_file():
-            raise ModelError(f"weights: file {weights!r} does not exist")
-        try:
-            return timm.create_model(
-                name, pretrained=True, num_classes=num_classes, pretrained_cfg_overlay={"file": str(path)}
-            )
-        except Exception as err:
-            raise ModelError(f"weights: {weights!r} could not be loaded into {name}: {err}") from err
+        return _from_file(name, num_classes, weights)
+    if pretrained_cache is not None:
+        return _from_cache(name, num_classes, pretrained_cache)
+    if not pretrained:
+        return timm.create_model(name, pretrained=False, num_classes=num_classes)
+    return _from_hub(name, num_classes)
+
+
+def _from_file(name: str, num_classes: int, weights: str) -> nn.Module:
+    path = Path(weights)
+    if not path.is_file():
+        raise ModelError(f"weights: file {weights!r} does not exist")
+    log.info("pretrained weights: the file %s", path)
     try:
-        return timm.create_model(name, pretrained=pretrained, num_classes=num_classes)
+        return timm.create_model(
+            name, pretrained=True, num_classes=num_classes, pretrained_cfg_overlay={"file": str(path)}
+        )
     except Exception as err:
-        if pretrained:
-            raise ModelDownloadError(
-                f"pretrained: downloading {name} weights from the hub failed ({err}); without internet pass "
-                "--weights PATH to a local weights file, or drop --pretrained for random init"
-            ) from err
-        raise
+        raise ModelError(f"weights: {weights!r} could not be loaded into {name}: {err}") from err
+
+
+def _from_cache(name: str, num_classes: int, pretrained_cache: str) -> nn.Module:
+    cache = Path(pretrained_cache)
+    if not cache.is_dir():
+        raise ModelError(f"pretrained_cache: directory {pretrained_cache!r} does not exist")
+    source = hubcache.hub_file(name)
+    log.info("pretrained weights: %s from the hub cache %s (offline)", source or name, cache)
+    try:
+        with hubcache.offline_hub(cache):
+            return timm.create_model(name, pretrained=True, num_classes=num_classes, cache_dir=str(cache))
+    except Exception as err:
+        if source is None:
+            hint = "timm has no hub weights for it: use --weights FILE"
+        else:
+            hint = (
+                f"expected {source.repo_dir(cache)}/snapshots/<commit>/{source.filename} and refs/main; "
+                f"fill it once where there is internet with `hf download {source.repo_id} --cache-dir "
+                f"{cache}`"
+            )
+        raise ModelError(
+            f"pretrained_cache: {pretrained_cache!r} has no usable {name} weights ({hint}): "
+            f"{hubcache.describe(err)}"
+        ) from err
+
+
+def _from_hub(name: str, num_classes: int) -> nn.Module:
+    source = hubcache.hub_file(name)
+    if source is not None:
+        reason = hubcache.unreachable(source, hubcache.hub_timeout())
+        if reason is not None:
+            if hubcache.cached_file(source) is not None:  # downloaded before into the default cache
+                log.info("pretrained weights: the hub is out of reach; %s from the hub cache", source)
+                with hubcache.offline_hub():
+                    return timm.create_model(name, pretrained=True, num_classes=num_classes)
+            raise HubUnreachableError(no_hub_message(name, source, reason))
+    log.info("pretrained weights: %s from the hub", source or name)
+    try:
+        return timm.create_model(name, pretrained=True, num_classes=num_classes)
+    except Exception as err:
+        reason = hubcache.network_error(err)
+        if reason is not None:
+            raise HubUnreachableError(no_hub_message(name, source, reason)) from err
+        raise ModelDownloadError(
+            f"pretrained: downloading {name} weights ({source or 'timm'}) from the hub failed: "
+            f"{hubcache.describe(err)}"
+        ) from err
 
 
 def freeze_backbone(model: nn.Module) -> None:

@@ -227,7 +227,7 @@ def setup(cfg: TrainConfig, pod: PodContract, process: ProcessContext) -> Traini
     )
     log.info("data %s; %d for training, %d for evaluation", data.source, len(data.train), len(data.eval))
 
-    model = create_model(cfg.model, data.num_classes, cfg.pretrained, cfg.weights)
+    model = create_model(cfg.model, data.num_classes, cfg.pretrained, cfg.weights, cfg.pretrained_cache)
     module = trainable_module(model, cfg.unfreeze)
     if cfg.channels_last:
         module = module.to(memory_format=torch.channels_last)  # type: ignore[call-overload]

@@ -28,6 +28,7 @@ OPERATOR_MAX_BYTES = 300_000_000
 # Small and fast, but the real recipe code path: a small timm model, three synthetic classes, one epoch,
 # the default mixed precision (fp16, which the trainer turns into bf16 on a CPU).
 RECIPE_FLAGS = [
+    "--no-pretrained",  # no internet here: random init (the default, pretrained, needs the hub or a cache)
     "--model", "resnet18",
     "--image-size", "64",
     "--batch-size", "4",
@@ -277,5 +278,22 @@ def test_bad_argument_fails_clearly(trainer: dict) -> None:
     assert proc.returncode != 0, output(proc)
     assert "--epochs" in proc.stderr and "'zero'" in proc.stderr, proc.stderr[-2000:]
     proc = docker("run", "--rm", TRAINER, "--epochs", "0", check=False, timeout=300)
-    assert proc.returncode == 2, output(proc)
+    assert proc.returncode == 78, output(proc)  # a bad flag is permanent (docs/contract.md#exit-codes)
     assert "epochs must be at least 1, got 0" in output(proc), output(proc)[-2000:]
+
+
+def test_standalone_default_without_the_hub_says_what_to_do(trainer: dict, names: list[str]) -> None:
+    """The default is the tutorial's pretrained resnet50d. With no hub (HF_ENDPOINT at a closed port in
+    the container, so this holds on machines with internet too) it fails at once, permanently, in one
+    line naming the three ways out."""
+    name = unique("pets-no-hub")
+    names.append(name)
+    flags = ["--epochs", "1", "--image-size", "64", "--synthetic-classes", "3",
+             "--synthetic-images-per-class", "8"]
+    code, logs = run_to_end(name, TRAINER, flags, ["-e", "HF_ENDPOINT=http://127.0.0.1:9"])
+    assert code == 78, f"exit {code}:\n{logs[-4000:]}"
+    summary = json.loads(read_container_file(name, "/output/summary.json"))
+    error = summary["error"]
+    assert "\n" not in error, error
+    for way_out in ("--pretrained-cache", "--weights", "--no-pretrained", "timm/resnet50d.ra2_in1k"):
+        assert way_out in error, error

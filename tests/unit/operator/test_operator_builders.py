@@ -78,7 +78,11 @@ def test_pod_contract_env_and_args() -> None:
     assert args[args.index("--mixed-precision") + 1] == "fp16"
     assert args[args.index("--output-dir") + 1] == "/output"
     assert args[args.index("--data") + 1] == "synthetic"
-    assert "--pretrained" not in args and "--unfreeze" not in args
+    # The tutorial's default, passed explicitly so the trainer's own default never decides.
+    assert "--pretrained" in args and "--no-pretrained" not in args and "--unfreeze" not in args
+    random_init_pod = builders.build_job(spec(pretrained=False), TARGET)["spec"]["template"]["spec"]
+    (random_init,) = random_init_pod["containers"]
+    assert "--no-pretrained" in random_init["args"] and "--pretrained" not in random_init["args"]
     assert c["resources"]["requests"] == c["resources"]["limits"] == {"cpu": "1", "memory": "3Gi"}
     assert c["image"] == api.DEFAULT_IMAGE
 
@@ -161,3 +165,19 @@ def test_user_env_cannot_override_the_pod_contract() -> None:
     (c,) = builders.build_job(spec(env=[{"name": "OK", "value": "1"}]), TARGET)["spec"]["template"]["spec"][
         "containers"]
     assert c["env"][-1] == {"name": "OK", "value": "1"}
+
+
+def test_pretrained_cache_is_mounted_read_only_and_passed_as_a_flag() -> None:
+    s = spec(pretrainedCache={"persistentVolumeClaim": {"claimName": "hub-cache", "path": "/hf/hub"}})
+    pod = builders.build_job(s, TARGET)["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    args = c["args"]
+    assert "--pretrained" in args
+    assert args[args.index("--pretrained-cache") + 1] == "/pretrained-cache/hf/hub"
+    claim = {"claimName": "hub-cache", "readOnly": True}
+    assert {"name": "pretrained-cache", "persistentVolumeClaim": claim} in pod["volumes"]
+    mount = {"name": "pretrained-cache", "mountPath": "/pretrained-cache", "readOnly": True}
+    assert mount in c["volumeMounts"]
+    weights = builders.build_job(spec(weights="/data/w.safetensors"), TARGET)["spec"]["template"]["spec"]
+    assert "--pretrained-cache" not in weights["containers"][0]["args"]
+    assert all(v["name"] != "pretrained-cache" for v in weights["volumes"])

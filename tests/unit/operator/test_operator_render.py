@@ -107,9 +107,9 @@ def test_every_rule_sits_on_an_object() -> None:
         ({"masterPort": 9090},
          'spec.masterPort: Invalid value: "object": spec.masterPort must not be 9090, the trainer\'s '
          "metrics port"),
-        ({"pretrained": True, "weights": "/w.safetensors"},
-         'spec.weights: Invalid value: "object": spec.weights and spec.pretrained=true are mutually '
-         "exclusive: pick one source of weights"),
+        ({"pretrained": False, "weights": "/w.safetensors"},
+         'spec.weights: Invalid value: "object": spec.weights is a source of pretrained weights, and '
+         "spec.pretrained is false: drop spec.weights, or set spec.pretrained: true"),
         ({"processesPerReplica": 4, "resources": {"gpu": 2}},
          'spec.processesPerReplica: Invalid value: "object": spec.processesPerReplica must not exceed '
          "spec.resources.gpu on GPU pods"),
@@ -135,7 +135,7 @@ def test_every_rule_sits_on_an_object() -> None:
         ({"env": [{"name": "RANK", "value": "0"}]},
          'spec.env[0].name: Invalid value: "object": spec.env[].name must not start with PETS_'),
     ],
-    ids=["master-port-9090", "pretrained-and-weights", "procs-more-than-gpus", "dataset-two",
+    ids=["master-port-9090", "weights-without-pretrained", "procs-more-than-gpus", "dataset-two",
          "dataset-none", "output-two", "output-none", "output-claim-read-only", "env-pets-prefix",
          "env-rank"],
 )
@@ -172,7 +172,9 @@ def test_render_requires_a_name(name: Any) -> None:
         {},
         {"pretrained": True},
         {"weights": "/w.safetensors"},
-        {"pretrained": False, "weights": "/w.safetensors"},
+        {"pretrained": True, "weights": "/w.safetensors"},
+        {"pretrainedCache": {"persistentVolumeClaim": {"claimName": "hub", "path": "/hub"}}},
+        {"pretrained": False},
         {"masterPort": 29501},
         {"processesPerReplica": 4, "resources": {"gpu": 4}},
         {"processesPerReplica": 4, "resources": {"gpu": 0}},

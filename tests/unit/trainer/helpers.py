@@ -23,6 +23,7 @@ SMALL_ARGS = [
     "--eval-batch-size", "32",
     "--mixed-precision", "bf16",
     "--log-every", "5",
+    "--no-pretrained",  # no internet here: random init
 ]  # fmt: skip
 
 PYTHON = sys.executable
@@ -33,6 +34,36 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def closed_port() -> int:
+    """A port nothing listens on (bound, then closed): a connection to it is refused at once."""
+    return free_port()
+
+
+class Tripwire:
+    """A listening socket that records whether anything connected to it: point HF_ENDPOINT here to prove
+    that no network call was made."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.sock.setblocking(False)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+
+    def connections(self) -> int:
+        count = 0
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except BlockingIOError:
+                return count
+            conn.close()
+            count += 1
+
+    def close(self) -> None:
+        self.sock.close()
 
 
 def run(

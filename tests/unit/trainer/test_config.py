@@ -1,17 +1,67 @@
 from pathlib import Path
 
 import pytest
+import timm
+import torch
 
 from pets_training.config import ConfigError, TrainConfig, build_parser, load_yaml, resolve, to_yaml
+from pets_training.train import Normalise
 
 pytestmark = pytest.mark.unit
 
 
 def test_defaults_are_the_tutorial_recipe() -> None:
+    """Left alone, the recipe is the tutorial's: pretrained resnet50d (from the hub), frozen backbone,
+    224 px crops and resizes, batch 64, OneCycle max_lr 3e-2, 5 epochs, the model's own mean/std."""
     cfg = resolve([])
+    assert cfg == TrainConfig() and resolve(build_parser_defaults()) == cfg
+    assert cfg.pretrained is True and (cfg.weights, cfg.pretrained_cache) == (None, None)  # from the hub
     assert (cfg.model, cfg.image_size, cfg.batch_size, cfg.eval_batch_size) == ("resnet50d", 224, 64, 128)
     assert (cfg.epochs, cfg.lr, cfg.seed, cfg.train_fraction) == (5, 3e-2, 42, 0.8)
     assert cfg.unfreeze is False and cfg.data == "synthetic"
+    with torch.device("meta"):  # the architecture and its pretrained_cfg, no weights
+        model = timm.create_model(cfg.model)
+    assert model.pretrained_cfg["hf_hub_id"] == "timm/resnet50d.ra2_in1k"
+    normalise = Normalise(model, torch.device("cpu"), channels_last=False)
+    assert model.pretrained_cfg["mean"] == (0.485, 0.456, 0.406)  # ImageNet's, the weights' own
+    assert model.pretrained_cfg["std"] == (0.229, 0.224, 0.225)
+    mean, std = torch.tensor(model.pretrained_cfg["mean"]), torch.tensor(model.pretrained_cfg["std"])
+    assert torch.allclose(normalise.shift.flatten(), mean / std)
+    assert torch.allclose(normalise.scale.flatten(), 1 / (255 * std))
+
+
+def build_parser_defaults() -> list[str]:
+    """The same defaults spelled out as flags, as the operator may pass them."""
+    return ["--pretrained", "--model", "resnet50d", "--no-unfreeze", "--image-size", "224",
+            "--batch-size", "64", "--lr", "0.03", "--epochs", "5"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--no-pretrained", "--weights", "/w.safetensors"],
+         r"--no-pretrained .* but --weights '/w.safetensors' .*: drop --no-pretrained or --weights"),
+        (["--no-pretrained", "--pretrained-cache", "/hub"],
+         r"--no-pretrained .* but --pretrained-cache '/hub' .*: drop --no-pretrained or --pretrained-cache"),
+        (["--weights", "/w.safetensors", "--pretrained-cache", "/hub"],
+         r"--weights '/w.safetensors' and --pretrained-cache '/hub' are two sources .*: give one"),
+    ],
+)  # fmt: skip
+def test_pretrained_weights_come_from_one_source(argv: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        resolve(argv)
+
+
+def test_a_file_or_a_cache_is_the_source_of_the_pretrained_weights(tmp_path: Path) -> None:
+    assert resolve(["--weights", "/w.safetensors"]).pretrained is True
+    assert resolve(["--pretrained", "--weights", "/w.safetensors"]).weights == "/w.safetensors"
+    file = tmp_path / "c.yaml"
+    file.write_text("pretrained_cache: /hub\n")
+    assert resolve(["--config", str(file)]).pretrained_cache == "/hub"
+    file.write_text("pretrained-cache: /hub\npretrained: false\n")
+    with pytest.raises(ConfigError, match="--no-pretrained"):
+        resolve(["--config", str(file)])
+    assert resolve(["--no-pretrained"]).pretrained is False
 
 
 def test_flags_override_yaml_which_overrides_defaults(tmp_path: Path) -> None:

@@ -189,6 +189,7 @@ def test_notebook_launcher_runs_the_training_function_on_two_cpu_processes(tmp_p
         "mixed_precision": "bf16",
         "output_dir": str(tmp_path),
         "checkpoints": False,
+        "pretrained": False,
     }
     output, _ = run([PYTHON, "-c", NOTEBOOK, json.dumps(settings), str(free_port())], timeout=230)
     assert "Launching training on 2" in output  # accelerate names the device after the torch build

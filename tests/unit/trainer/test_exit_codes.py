@@ -29,6 +29,7 @@ TINY_ARGS = [
     "--mixed-precision", "no",
     "--num-workers", "0",
     "--threads", "1",
+    "--no-pretrained",
 ]  # fmt: skip
 
 
@@ -110,13 +111,26 @@ def test_a_crash_still_exits_1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     assert code_file.read_text() == "1\n"  # the launcher only turns a 78 into 78
 
 
-def test_a_failed_hub_download_is_not_permanent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from pets_training import model
+def test_an_unreachable_hub_is_permanent_and_a_server_error_is_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pets_training import hubcache, model
 
-    monkeypatch.setattr(model.timm, "create_model", lambda *a, **k: (_ for _ in ()).throw(OSError("offline")))
-    with pytest.raises(model.ModelDownloadError, match="pretrained: downloading resnet10t"):
+    monkeypatch.setattr(hubcache, "unreachable", lambda source, timeout: None)  # the HEAD got an answer
+
+    def fail_with(err: Exception) -> None:
+        monkeypatch.setattr(model.timm, "create_model", lambda *a, **k: (_ for _ in ()).throw(err))
+
+    fail_with(RuntimeError("503 Server Error: Service Unavailable"))
+    with pytest.raises(model.ModelDownloadError, match=r"pretrained: downloading resnet10t weights"):
         model.create_model("resnet10t", 2, pretrained=True)
-    assert not issubclass(model.ModelDownloadError, contract.PermanentError)
+    assert not issubclass(model.ModelDownloadError, contract.PermanentError)  # exit 1: a restart may help
+
+    try:
+        raise OSError("cannot find the requested files") from ConnectionRefusedError(111, "refused")
+    except OSError as err:
+        fail_with(err)  # a network failure in the middle of the download: permanent, the one-line message
+    with pytest.raises(model.HubUnreachableError, match=r"cannot reach the Hugging Face hub"):
+        model.create_model("resnet10t", 2, pretrained=True)
+    assert issubclass(model.HubUnreachableError, contract.PermanentError)
 
 
 def _code_writer(code: int, exit_with: int) -> list[str]:

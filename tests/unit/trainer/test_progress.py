@@ -137,6 +137,7 @@ def test_a_run_serves_its_step_and_checkpoint_and_resume_continues_them(tmp_path
         "output_dir": str(tmp_path),
         "max_epochs_this_run": 2,
         "resume": True,
+        "pretrained": False,  # no internet here
     }
     first = _scrape_run({**settings, "metrics_port": free_port()})
     assert [s["hook_step"] for s in first] == list(range(1, 9))
