@@ -20,7 +20,7 @@ $(VENV)/.installed: pyproject.toml
 	$(VENV)/bin/pip install -q --upgrade pip
 	# No pip cache: it would keep another 3 GB copy of torch's wheels (the images take theirs from
 	# the wheelhouse in $$PETS_CACHE).
-	$(VENV)/bin/pip install --no-cache-dir -e '.[trainer,operator,dev]'
+	$(VENV)/bin/pip install --no-cache-dir -e '.[trainer,operator,dev,client]'
 	touch $@
 
 .PHONY: install
@@ -29,7 +29,7 @@ install: $(VENV)/.installed ## create .venv with the trainer, the operator and t
 .PHONY: lint
 lint: install ## ruff and mypy
 	$(VENV)/bin/ruff check src operator tests
-	$(VENV)/bin/mypy src/pets_training operator/pets_operator
+	$(VENV)/bin/mypy src/pets_training src/pets_client operator/pets_operator
 
 # ---------------------------------------------------------------- tests
 .PHONY: test
@@ -51,7 +51,9 @@ tools: ## build (once, cached in $PETS_CACHE/bin) helm and the control plane's b
 # torchrun, and the trainer picks the CPU (gloo) itself when there is no GPU. fp16 becomes bf16 on CPU.
 # The recipe with a CPU-sized model and set (about a minute here). `make train TRAIN_ARGS=` runs the full
 # defaults (resnet50d, 224 px, 37 classes): a random-init resnet50d memorises rather than learns that set.
-TRAIN_ARGS ?= --model resnet18 --image-size 128 --synthetic-classes 8 --synthetic-images-per-class 100 --batch-size 32
+# --no-pretrained: offline (the default, the tutorial's pretrained weights, needs the hub or a cache).
+TRAIN_ARGS ?= --model resnet18 --image-size 128 --synthetic-classes 8 --synthetic-images-per-class 100 --batch-size 32 \
+  --no-pretrained
 train: install ## the default local job: 2 processes, synthetic data, CPU (TRAIN_ARGS adds trainer flags)
 	rm -rf output/train
 	$(VENV)/bin/accelerate launch --multi_gpu --num_processes 2 --num_machines 1 --mixed_precision fp16 \

@@ -66,24 +66,34 @@ def _newest_rank0(backend: backends.Backend, pod_list: list[dict[str, Any]]) -> 
     return max(rank0, key=lambda p: str(p["metadata"].get("creationTimestamp") or ""), default=None)
 
 
-def _observe_progress(cl: Cluster, pod: dict[str, Any] | None, phase_hint: str, progress_port: int,
-                      logger: Logger) -> tuple[dict[str, float] | None, dict[str, Any] | None]:
+@dataclass(frozen=True)
+class Rank0:
+    """What rank 0's pod tells: live gauges, the final summary, and why the gauges could not be read."""
+
+    progress: dict[str, float] | None = None
+    summary: dict[str, Any] | None = None
+    progress_error: str | None = None
+    running_since: str | None = None  # when its trainer container started
+
+
+def _observe_rank0(pod: dict[str, Any] | None, phase_hint: str, progress_port: int) -> Rank0:
     """Rank 0's live gauges (while running) and its termination message (once finished)."""
     if pod is None:
-        return None, None
-    summary = None
+        return Rank0()
+    summary = running_since = None
     for cs in (pod.get("status") or {}).get("containerStatuses") or []:
-        terminated = (cs.get("state") or {}).get("terminated")
-        if terminated:
-            summary = pods.parse_summary(terminated.get("message"))
-    live = None
+        state = cs.get("state") or {}
+        if state.get("terminated"):
+            summary = pods.parse_summary(state["terminated"].get("message"))
+        running_since = (state.get("running") or {}).get("startedAt") or running_since
     ip = (pod.get("status") or {}).get("podIP")
-    if ip and (pod.get("status") or {}).get("phase") == "Running" and phase_hint not in api.FINISHED_PHASES:
-        try:
-            live = progress.scrape(ip, progress_port) or None
-        except (OSError, ValueError) as exc:
-            logger.debug(f"progress endpoint of rank 0 ({ip}) not readable yet: {exc}")
-    return live, summary
+    if not ip or (pod.get("status") or {}).get("phase") != "Running" or phase_hint in api.FINISHED_PHASES:
+        return Rank0(summary=summary)
+    url = f"http://{ip}:{progress_port}/metrics"
+    try:
+        return Rank0(progress.scrape(ip, progress_port) or None, summary, None, running_since)
+    except (OSError, ValueError) as exc:
+        return Rank0(None, summary, f"{url}: {exc}", running_since)
 
 
 def _creating(pod: dict[str, Any]) -> bool:
@@ -140,21 +150,22 @@ def reconcile_once(ctx: Context, namespace: str, name: str, logger: Logger) -> f
             f"Service {namespace}/{service['metadata']['name']} exists and is not owned by this "
             "PetsTraining; delete or rename it", delay=POLL_IDLE)
 
-    live = summary = state = None
+    state = None
+    rank0 = Rank0()
     pod_list: list[dict[str, Any]] | None = None
     warnings: dict[str, list[dict[str, Any]]] = {}
     if current is not None:
         state = backend.state(current, spec["replicas"])
         pod_list = cl.pods(backend, current["metadata"]["name"])
-        live, summary = _observe_progress(cl, _newest_rank0(backend, pod_list), state.phase,
-                                          ctx.progress_port, logger)
+        rank0 = _observe_rank0(_newest_rank0(backend, pod_list), state.phase, ctx.progress_port)
         if state.phase not in api.FINISHED_PHASES:
             warnings = cl.pod_warnings([p["metadata"]["name"] for p in pod_list if _creating(p)])
 
     target = builders.Target(name, namespace, restarts, ctx.default_image, ctx.cluster_domain)
     observed = status.Observed(backend=backend, workload=current, stale=stale, service=service,
-                               progress=live, summary=summary, state=state, pods=pod_list,
-                               pod_events=warnings)
+                               progress=rank0.progress, summary=rank0.summary, state=state, pods=pod_list,
+                               pod_events=warnings, progress_error=rank0.progress_error,
+                               rank0_running_since=rank0.running_since)
     result = status.plan(body, spec, observed, target, now)
     result.delete = [r for r in result.delete if r["name"] not in deleting]
     return _carry_out(ctx, cl, body, result, logger, restarts=restarts)

@@ -29,6 +29,8 @@ class Observed:
     state: WorkloadState | None = None  # `backend.state(workload)`, read once by the observer
     pods: list[dict[str, Any]] | None = None  # the current attempt's pods (None: not observed)
     pod_events: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # Warning Events by pod
+    progress_error: str | None = None  # why rank 0's progress endpoint could not be read
+    rank0_running_since: str | None = None  # when rank 0's trainer container started
 
     def workload_state(self, replicas: int) -> WorkloadState | None:
         if self.workload is None:
@@ -200,6 +202,7 @@ def plan(
     else:
         phase, reason, message = _while_active(result, spec, observed, ws, restarts, now)
     _apply_phase(result, old_phase, phase, reason, message, now, generation)
+    _progress_reported(result, observed, now, generation)
     _stalled(result, spec, now, generation)
     if phase in api.FINISHED_PHASES:
         _ttl(result, spec, status, now)
@@ -343,6 +346,31 @@ def _stalled(result: Plan, spec: dict[str, Any], now: datetime, generation: int 
     if not stalled:
         left = bound - quiet
         result.requeue_after = left if result.requeue_after is None else min(result.requeue_after, left)
+
+
+PROGRESS_GRACE_SECONDS = 30.0  # the trainer serves its gauges a few seconds after it starts
+
+
+def _progress_reported(result: Plan, observed: Observed, now: datetime, generation: int | None) -> None:
+    """ProgressReported: False, with the reason, when a running rank 0's gauges cannot be read (a
+    NetworkPolicy, a crashed metrics server, a wrong port); one Warning Event when that starts."""
+    status = result.status
+    if status.get("phase") != api.RUNNING:
+        return
+    if observed.progress is not None:
+        _set_condition(status["conditions"], "ProgressReported", True, "Scraped", "", now, generation)
+        return
+    since = observed.rank0_running_since
+    if not observed.progress_error or not since or \
+            (now - parse_timestamp(since)).total_seconds() < PROGRESS_GRACE_SECONDS:
+        return
+    message = (f"rank 0's progress cannot be read: {observed.progress_error}; the operator must reach the "
+               f"trainer's metrics port (NetworkPolicy: the chart's networkPolicy.enabled)")
+    was = next((c for c in status["conditions"] if c["type"] == "ProgressReported"), None)
+    _set_condition(status["conditions"], "ProgressReported", False, "EndpointUnreachable", message, now,
+                   generation)
+    if not was or was.get("status") != "False":
+        result.events.append(Event("Warning", "ProgressUnreadable", message))
 
 
 STALL_MIN_SECONDS = 120.0

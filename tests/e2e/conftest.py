@@ -13,23 +13,24 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
+from polling import wait_for
+from trainings import (  # tests/e2e/trainings.py: the helpers the suites share
+    OPERATOR_NAMESPACE,
+    RELEASE,
+    REPO,
+    Trainings,
+    cache_dir,
+    cluster_kubeconfig,
+    helm_binary,
+    kubectl,
+)
 
-REPO = Path(__file__).resolve().parents[2]
 CLUSTER_DIR = REPO / "tests" / "cluster"
 SMOKE_IMAGE = "localhost/pets-training/smoke:bookworm"
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("PETS_CACHE", Path.home() / ".cache" / "pets-training"))
-
-
-def cluster_kubeconfig() -> Path:
-    """$KUBECONFIG if set, else the local cluster's admin kubeconfig."""
-    if os.environ.get("KUBECONFIG"):
-        return Path(os.environ["KUBECONFIG"])
-    return Path(os.environ.get("PETS_STATE", "/tmp/pets-training-cluster")) / "kubeconfig"
 
 
 @pytest.fixture(scope="session")
@@ -83,3 +84,86 @@ def smoke_image(kube_api) -> str:  # type: ignore[no-untyped-def]
     # load-image.sh imports into the local node's containerd, or (PETS_CLUSTER=kind) into kind's.
     subprocess.run([str(CLUSTER_DIR / "load-image.sh"), "--archive", str(archive)], check=True)
     return SMOKE_IMAGE
+
+
+# ----------------------------------------------------------------------------- the chart and trainings
+# (the helpers they use live in tests/e2e/trainings.py)
+
+
+@pytest.fixture(scope="session")
+def operator_release(kube_api: Any) -> Iterator[str]:
+    """The chart installed with helm, its operator Deployment rolled out. Uninstalled afterwards."""
+    helm = helm_binary()
+    env = {**os.environ, "KUBECONFIG": str(cluster_kubeconfig())}
+    subprocess.run([helm, "upgrade", "--install", RELEASE, str(REPO / "charts" / "pets-training"),
+                    "--namespace", OPERATOR_NAMESPACE, "--create-namespace",
+                    "--set", "image.pullPolicy=IfNotPresent", "--wait", "--timeout", "5m"],
+                   env=env, check=True)
+    yield RELEASE
+    subprocess.run([helm, "uninstall", RELEASE, "--namespace", OPERATOR_NAMESPACE, "--wait"],
+                   env=env, check=False)
+
+
+@pytest.fixture
+def trainings(kube_api: Any, operator_release: str) -> Iterator[Trainings]:
+    from kubernetes import client
+
+    core = client.CoreV1Api(kube_api)
+    name = f"e2e-{uuid.uuid4().hex[:6]}"
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    wait_for(f"namespace {name} default ServiceAccount",
+             lambda: core.list_namespaced_service_account(
+                 name, field_selector="metadata.name=default").items, 60, 0.5)
+    trainings = Trainings(kube_api, name)
+    try:
+        yield trainings
+    finally:
+        core.delete_namespace(name, propagation_policy="Foreground")
+
+
+def node_volume(trainings: Trainings, claim: str, suffix: str) -> tuple[str, Path]:
+    """A ReadWriteMany claim bound to a hostPath directory of the node (the local cluster's node is this
+    machine, so the test can fill it). Returns the PersistentVolume's name and the directory."""
+    pv_name = f"{trainings.namespace}-{suffix}"
+    host_dir = Path(os.environ.get("PETS_STATE", "/tmp/pets-training-cluster")) / "volumes" / pv_name
+    pv = {"apiVersion": "v1", "kind": "PersistentVolume",
+          "metadata": {"name": pv_name},
+          "spec": {"capacity": {"storage": "2Gi"}, "accessModes": ["ReadWriteMany"],
+                   "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "",
+                   "hostPath": {"path": str(host_dir), "type": "DirectoryOrCreate"},
+                   "claimRef": {"namespace": trainings.namespace, "name": claim}}}
+    pvc = {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": claim},
+           "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "", "volumeName": pv_name,
+                    "resources": {"requests": {"storage": "2Gi"}}}}
+    kubectl("apply", "-f", "-", input_text=yaml.safe_dump(pv))
+    kubectl("-n", trainings.namespace, "apply", "-f", "-", input_text=yaml.safe_dump(pvc))
+    host_dir.mkdir(parents=True, exist_ok=True)
+    return pv_name, host_dir
+
+
+@pytest.fixture
+def shared_output(kube_api: Any, trainings: Trainings) -> Iterator[str]:
+    """A ReadWriteMany claim on a hostPath volume of the node: checkpoints outlive the pods."""
+    from kubernetes import client
+
+    claim = "pets-output"
+    pv_name, host_dir = node_volume(trainings, claim, "output")
+    os.chown(host_dir, 1000, 1000)  # the trainer runs as uid 1000 and writes here
+    yield claim
+    client.CoreV1Api(kube_api).delete_persistent_volume(pv_name)
+
+
+@pytest.fixture
+def hub_cache(kube_api: Any, trainings: Trainings) -> Iterator[str]:
+    """A claim holding a Hugging Face hub cache with timm's resnet50d weights, in the exact layout
+    `hf download timm/resnet50d.ra2_in1k --cache-dir DIR` leaves (the weights are a seeded random
+    init made here: there is no internet to download the real ones)."""
+    from kubernetes import client
+
+    from pets_training.hubcache import make_hub_cache
+
+    claim = "hub-cache"
+    pv_name, host_dir = node_volume(trainings, claim, "hub-cache")
+    make_hub_cache(host_dir, "resnet50d")  # world-readable: the pods mount it read-only as uid 1000
+    yield claim
+    client.CoreV1Api(kube_api).delete_persistent_volume(pv_name)

@@ -7,26 +7,30 @@ watches it through the real API server while real pods train across two machine 
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
-import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from conftest import cache_dir, cluster_kubeconfig  # tests/e2e/conftest.py (pytest puts its dir on sys.path)
 from polling import wait_for
+from trainings import (  # tests/e2e/trainings.py (pytest puts this dir on sys.path)
+    GROUP,
+    OPERATOR_NAMESPACE,
+    PLURAL,
+    POLL_S,
+    TRAIN_TIMEOUT_S,
+    VERSION,
+    Trainings,
+    kubectl,
+    pod_logs,
+    pod_of_rank,
+)
 
 pytestmark = pytest.mark.e2e
-
-REPO = Path(__file__).resolve().parents[2]
-GROUP, VERSION, PLURAL = "training.pets.dev", "v1alpha1", "petstrainings"
-RELEASE = "pets"
-OPERATOR_NAMESPACE = os.environ.get("PETS_E2E_OPERATOR_NAMESPACE", "pets-system")
-TRAIN_TIMEOUT_S = int(os.environ.get("PETS_E2E_TRAIN_TIMEOUT", "900"))
 
 # Small enough to train in a couple of minutes on two CPU pods of one 2-core node.
 SMALL_SPEC: dict[str, Any] = {
@@ -36,6 +40,7 @@ SMALL_SPEC: dict[str, Any] = {
     "batchSize": 16,
     "imageSize": 64,
     "model": "resnet18",
+    "pretrained": False,  # no internet here: random init (the default, pretrained, needs the hub or a cache)
     "mixedPrecision": "bf16",
     "dataset": {"synthetic": {"numClasses": 4, "imagesPerClass": 24}},
     "resources": {"cpu": "800m", "memory": "2Gi"},
@@ -45,154 +50,6 @@ SMALL_SPEC: dict[str, Any] = {
 # while Running, and the fault tests can act mid-run.
 LONGER_SPEC: dict[str, Any] = {**SMALL_SPEC, "imageSize": 128,
                                "dataset": {"synthetic": {"numClasses": 4, "imagesPerClass": 600}}}
-
-
-# ----------------------------------------------------------------------------- helpers
-
-
-def kubectl(*args: str, check: bool = True,
-            input_text: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "KUBECONFIG": str(cluster_kubeconfig())}
-    return subprocess.run(["kubectl", *args], env=env, text=True, capture_output=True,
-                          input=input_text, check=check)
-
-
-def helm_binary() -> str:
-    candidate = cache_dir() / "bin" / "helm"
-    return str(candidate) if candidate.is_file() else "helm"
-
-
-POLL_S = 2.0  # the cluster's API and kubectl, polled on a 2-core machine that also trains
-
-
-class Trainings:
-    """The PetsTrainings of one namespace, through the real API server."""
-
-    def __init__(self, api: Any, namespace: str) -> None:
-        from kubernetes import client
-
-        self.namespace = namespace
-        self.custom = client.CustomObjectsApi(api)
-        self.core = client.CoreV1Api(api)
-        self.batch = client.BatchV1Api(api)
-
-    def create(self, name: str, spec: dict[str, Any]) -> None:
-        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "PetsTraining",
-                "metadata": {"name": name}, "spec": spec}
-        self.custom.create_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, body)
-
-    def get(self, name: str) -> dict[str, Any]:
-        return self.custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name)
-
-    def status(self, name: str) -> dict[str, Any]:
-        return self.get(name).get("status") or {}
-
-    def patch_spec(self, name: str, spec: dict[str, Any]) -> None:
-        self.custom.patch_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name,
-                                                   {"spec": spec})
-
-    def wait_phase(self, name: str, phase: str, timeout_s: float = TRAIN_TIMEOUT_S) -> dict[str, Any]:
-        def probe() -> dict[str, Any] | None:
-            status = self.status(name)
-            if status.get("phase") == "Failed" and phase != "Failed":
-                pytest.fail(f"{self.namespace}/{name} Failed: {json.dumps(status, indent=1)}\n"
-                            f"{self.describe(name)}")
-            return status if status.get("phase") == phase else None
-        return wait_for(f"{self.namespace}/{name} phase {phase}", probe, timeout_s, POLL_S)
-
-    def wait_epoch(self, name: str, epoch: int, timeout_s: float = TRAIN_TIMEOUT_S) -> dict[str, Any]:
-        return wait_for(f"{self.namespace}/{name} status.epoch >= {epoch}",
-                        lambda: (s := self.status(name)) and (s.get("epoch") or 0) >= epoch and s,
-                        timeout_s, POLL_S)
-
-    def jobs(self, name: str) -> list[Any]:
-        return self.batch.list_namespaced_job(
-            self.namespace, label_selector=f"{GROUP}/training={name}").items
-
-    def pods(self, name: str) -> list[Any]:
-        return self.core.list_namespaced_pod(
-            self.namespace, label_selector=f"{GROUP}/training={name}").items
-
-    def describe(self, name: str) -> str:
-        """What a person would look at when a test fails: the objects and the pods' logs."""
-        out = [kubectl("-n", self.namespace, "get", "pt,job,svc,pod", "-o", "wide", check=False).stdout,
-               kubectl("-n", self.namespace, "get", "events", "--sort-by=.lastTimestamp",
-                       check=False).stdout[-4000:]]
-        for pod in self.pods(name):
-            logs = kubectl("-n", self.namespace, "logs", pod.metadata.name, "--tail=40", check=False)
-            out.append(f"--- {pod.metadata.name}\n{logs.stdout}{logs.stderr}")
-        return "\n".join(out)
-
-
-def pod_logs(namespace: str, pod: str) -> str:
-    return kubectl("-n", namespace, "logs", pod).stdout
-
-
-def pod_of_rank(pods: list[Any], rank: int) -> Any:
-    for pod in pods:
-        if pod.metadata.annotations.get("batch.kubernetes.io/job-completion-index") == str(rank):
-            return pod
-    pytest.fail(f"no pod of completion index {rank} among {[p.metadata.name for p in pods]}")
-
-
-# ----------------------------------------------------------------------------- fixtures
-
-
-@pytest.fixture(scope="module")
-def operator_release(kube_api: Any) -> Iterator[str]:
-    """The chart installed with helm, its operator Deployment rolled out. Uninstalled afterwards."""
-    helm = helm_binary()
-    env = {**os.environ, "KUBECONFIG": str(cluster_kubeconfig())}
-    subprocess.run([helm, "upgrade", "--install", RELEASE, str(REPO / "charts" / "pets-training"),
-                    "--namespace", OPERATOR_NAMESPACE, "--create-namespace",
-                    "--set", "image.pullPolicy=IfNotPresent", "--wait", "--timeout", "5m"],
-                   env=env, check=True)
-    yield RELEASE
-    subprocess.run([helm, "uninstall", RELEASE, "--namespace", OPERATOR_NAMESPACE, "--wait"],
-                   env=env, check=False)
-
-
-@pytest.fixture
-def trainings(kube_api: Any, operator_release: str) -> Iterator[Trainings]:
-    from kubernetes import client
-
-    core = client.CoreV1Api(kube_api)
-    name = f"e2e-{uuid.uuid4().hex[:6]}"
-    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
-    wait_for(f"namespace {name} default ServiceAccount",
-             lambda: core.list_namespaced_service_account(
-                 name, field_selector="metadata.name=default").items, 60, 0.5)
-    trainings = Trainings(kube_api, name)
-    try:
-        yield trainings
-    finally:
-        core.delete_namespace(name, propagation_policy="Foreground")
-
-
-@pytest.fixture
-def shared_output(kube_api: Any, trainings: Trainings) -> Iterator[str]:
-    """A ReadWriteMany claim on a hostPath volume of the node: checkpoints outlive the pods."""
-    from kubernetes import client
-
-    claim = "pets-output"
-    pv_name = f"{trainings.namespace}-output"
-    host_dir = Path(os.environ.get("PETS_STATE", "/tmp/pets-training-cluster")) / "volumes" / pv_name
-    pv = {"apiVersion": "v1", "kind": "PersistentVolume",
-          "metadata": {"name": pv_name},
-          "spec": {"capacity": {"storage": "2Gi"}, "accessModes": ["ReadWriteMany"],
-                   "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "",
-                   "hostPath": {"path": str(host_dir), "type": "DirectoryOrCreate"},
-                   "claimRef": {"namespace": trainings.namespace, "name": claim}}}
-    pvc = {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": claim},
-           "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "", "volumeName": pv_name,
-                    "resources": {"requests": {"storage": "2Gi"}}}}
-    kubectl("apply", "-f", "-", input_text=yaml.safe_dump(pv))
-    kubectl("-n", trainings.namespace, "apply", "-f", "-", input_text=yaml.safe_dump(pvc))
-    # The trainer runs as uid 1000: the volume's directory must be writable by it.
-    host_dir.mkdir(parents=True, exist_ok=True)
-    os.chown(host_dir, 1000, 1000)
-    yield claim
-    client.CoreV1Api(kube_api).delete_persistent_volume(pv_name)
 
 
 # ----------------------------------------------------------------------------- tests
@@ -398,3 +255,71 @@ def test_empty_dataset_fails_at_once_without_restarts(trainings: Trainings, empt
     assert status["restarts"] == 0, status
     assert "empty" in status["message"], status
     assert status["lastFailure"]["cause"] == "PermanentError", status
+
+
+@contextmanager
+def port_blocked(node: str, pod_ip: str, port: int) -> Iterator[None]:
+    """What a NetworkPolicy denying the operator would do, on the node: REJECT new connections to
+    `pod_ip:port` in the FORWARD chain that bridged pod traffic crosses (br_netfilter)."""
+    rule = ["FORWARD", "-d", pod_ip, "-p", "tcp", "--dport", str(port), "-j", "REJECT",
+            "--reject-with", "tcp-reset"]
+    # The local cluster's node is this machine; a kind node is a container named after the node.
+    prefix = ["docker", "exec", node] if os.environ.get("PETS_CLUSTER") == "kind" else []
+    subprocess.run([*prefix, "iptables", "-I", *rule], check=True)
+    try:
+        yield
+    finally:
+        subprocess.run([*prefix, "iptables", "-D", *rule], check=True)
+
+
+def test_unreadable_progress_is_said_in_a_condition(trainings: Trainings) -> None:
+    name = "no-progress"
+    trainings.create(name, {**LONGER_SPEC, "epochs": 4})
+    trainings.wait_phase(name, "Running")
+    rank0 = wait_for("rank 0's pod IP",
+                     lambda: (p := pod_of_rank(trainings.pods(name), 0)).status.pod_ip and p, 60, POLL_S)
+
+    def progress_condition(status: str) -> Callable[[], dict[str, Any] | None]:
+        def probe() -> dict[str, Any] | None:
+            conds = trainings.status(name).get("conditions") or []
+            return next((c for c in conds if c["type"] == "ProgressReported" and c["status"] == status), None)
+        return probe
+
+    with port_blocked(rank0.spec.node_name, rank0.status.pod_ip, 9090):
+        # 30 s of start-up grace after rank 0's container started, then one 10 s poll.
+        cond = wait_for("ProgressReported=False", progress_condition("False"), 90, POLL_S)
+    assert cond["reason"] == "EndpointUnreachable", cond
+    assert f"{rank0.status.pod_ip}:9090" in cond["message"], cond
+    events = kubectl("-n", trainings.namespace, "get", "events", "--field-selector",
+                     f"involvedObject.name={name},reason=ProgressUnreadable", "-o", "name").stdout.split()
+    assert len(events) == 1, events
+    wait_for("ProgressReported=True again", progress_condition("True"), 60, POLL_S)
+
+
+# ----------------------------------------------------------------------------- the pretrained default
+
+
+def test_pretrained_resnet50d_from_a_hub_cache_volume_trains(trainings: Trainings,
+                                                            hub_cache: str) -> None:
+    """The recipe's own model with pretrained: true, its weights read offline from a cache volume."""
+    name = "pretrained"
+    spec = {**SMALL_SPEC, "model": "resnet50d", "pretrained": True, "epochs": 1,
+            "pretrainedCache": {"persistentVolumeClaim": {"claimName": hub_cache}}}
+    trainings.create(name, spec)
+    status = trainings.wait_phase(name, "Succeeded")
+    assert status["restarts"] == 0 and status["summary"]["model"] == "resnet50d", status
+    rank0 = pod_logs(trainings.namespace, pod_of_rank(trainings.pods(name), 0).metadata.name)
+    assert "from the hub cache /pretrained-cache (offline)" in rank0, rank0[-3000:]
+
+
+def test_pretrained_without_the_hub_fails_at_once_naming_the_fields(trainings: Trainings) -> None:
+    """No cache, no weights, and no hub (HF_ENDPOINT at a closed port, so this holds where there is
+    internet too): Failed within a minute, no restart burned, and the way out in the message."""
+    name = "no-hub"
+    spec = {**SMALL_SPEC, "model": "resnet50d", "pretrained": True,
+            "env": [{"name": "HF_ENDPOINT", "value": "http://127.0.0.1:9"}]}
+    trainings.create(name, spec)
+    status = trainings.wait_phase(name, "Failed", REASON_WITHIN_S)
+    assert status["restarts"] == 0, status
+    for field in ("spec.pretrained", "spec.weights", "spec.pretrainedCache"):
+        assert field in status["message"], status["message"]

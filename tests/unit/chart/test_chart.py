@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 import yaml
-from pets_operator import rbac
+from pets_operator import api, builders, rbac
 
 from .support import CHART, NAMESPACE, RELEASE, Manifest, of_kind, one, render, run_helm, template_args
 
@@ -336,3 +336,30 @@ def test_service_account_name_required_when_not_created(helm: str) -> None:
     manifest = render(helm, set_values=("serviceAccount.create=false", "serviceAccount.name=existing"))
     assert not of_kind(manifest, "ServiceAccount")
     assert one(manifest, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == "existing"
+
+
+def test_network_policy_lets_the_operator_read_progress_and_the_gang_talk(helm: str) -> None:
+    assert not of_kind(render(helm), "NetworkPolicy")
+    manifest = render(helm, set_values=("networkPolicy.enabled=true", "watch.namespaces={team-a,team-b}"))
+    policies = of_kind(manifest, "NetworkPolicy")
+    assert sorted(p["metadata"]["namespace"] for p in policies) == ["team-a", "team-b"]
+    spec = policies[0]["spec"]
+    trainers = {"app.kubernetes.io/component": "trainer", "app.kubernetes.io/managed-by": "pets-operator"}
+    assert spec["podSelector"]["matchLabels"] == trainers
+    from_operator, from_gang = spec["ingress"]
+    (peer,) = from_operator["from"]
+    assert peer["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": NAMESPACE}
+    operator_pods = one(manifest, "Deployment")["spec"]["selector"]["matchLabels"]
+    assert peer["podSelector"]["matchLabels"] == operator_pods
+    assert from_operator["ports"] == [{"protocol": "TCP", "port": api.METRICS_PORT}]
+    assert from_gang == {"from": [{"podSelector": {"matchLabels": trainers}}]}
+    # The trainer pods the operator builds carry exactly those labels.
+    pod = builders.pod_template(api.resolve_spec({}), builders.Target("pets", "team-a"))
+    assert trainers.items() <= pod["metadata"]["labels"].items()
+
+
+def test_network_policy_needs_namespaces_in_cluster_mode(helm: str) -> None:
+    result = run_helm(helm, *template_args(set_values=("networkPolicy.enabled=true",)))
+    assert result.returncode != 0 and "networkPolicy.enabled" in result.stderr
+    cluster = render(helm, set_values=("networkPolicy.enabled=true", "networkPolicy.namespaces={ml}"))
+    assert [p["metadata"]["namespace"] for p in of_kind(cluster, "NetworkPolicy")] == ["ml"]

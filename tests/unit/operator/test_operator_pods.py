@@ -447,3 +447,43 @@ def test_stalled_is_set_and_cleared() -> None:
 def test_explicit_stall_timeout() -> None:
     assert status.stall_bound({"scheduling": {"stallTimeoutSeconds": 30}}, {}) == 30
     assert status.stall_bound({}, {}) is None  # no step yet: nothing to measure against
+
+
+def test_unreadable_progress_is_said_once_after_the_grace() -> None:
+    running = [pod(0, phase="Running"), pod(1, phase="Running")]
+    error = "http://10.0.0.5:9090/metrics: [Errno 111] Connection refused"
+    started = "2026-01-02T03:04:00Z"  # 5 s before NOW: still starting, not flagged
+    early = plan(body(), job(active=2), running, progress_error=error, rank0_running_since=started)
+    assert all(c["type"] != "ProgressReported" for c in early.status["conditions"])
+    later = plan(
+        body(early.status),
+        job(active=2),
+        running,
+        progress_error=error,
+        rank0_running_since=started,
+        now=NOW + timedelta(seconds=30),
+    )
+    cond = next(c for c in later.status["conditions"] if c["type"] == "ProgressReported")
+    assert cond["status"] == "False" and cond["reason"] == "EndpointUnreachable"
+    assert "Connection refused" in cond["message"] and "networkPolicy" in cond["message"]
+    assert [e.reason for e in later.events] == ["ProgressUnreadable"]
+    again = plan(
+        body(later.status),
+        job(active=2),
+        running,
+        progress_error=error,
+        rank0_running_since=started,
+        now=NOW + timedelta(seconds=40),
+    )
+    assert again.events == []
+    readable = plan(
+        body(again.status),
+        job(active=2),
+        running,
+        progress={"pets_step": 3.0},
+        rank0_running_since=started,
+        now=NOW + timedelta(seconds=50),
+    )
+    assert (
+        next(c for c in readable.status["conditions"] if c["type"] == "ProgressReported")["status"] == "True"
+    )

@@ -1,0 +1,184 @@
+"""`kubectl pets`: the kubectl plugin (kubectl runs `kubectl-pets` from PATH), thin over PetsTrainingClient.
+
+    kubectl pets run -f petstraining.yaml [--watch] [--timeout S]
+    kubectl pets wait NAME [--timeout S]
+    kubectl pets logs NAME [--rank N] [-f]
+    kubectl pets fetch NAME DIR
+    kubectl pets plot NAME [--out FILE]
+    kubectl pets list | delete NAME | suspend NAME | resume NAME
+
+Every command takes -n/--namespace and --kubeconfig (also --context). Exit codes: 0 done (run --watch
+and wait: Succeeded), 1 the training Failed or an error, 2 a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import PetsClientError, WaitTimeoutError
+from .progress import final_accuracy
+
+
+def _common() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-n", "--namespace", default=argparse.SUPPRESS,
+                        help="namespace (default: the kubeconfig context's, else default)")
+    common.add_argument("--kubeconfig", default=argparse.SUPPRESS,
+                        help="kubeconfig file (default: $KUBECONFIG)")
+    common.add_argument("--context", default=argparse.SUPPRESS, help="kubeconfig context")
+    return common
+
+
+def parser() -> argparse.ArgumentParser:
+    common = _common()
+    p = argparse.ArgumentParser(prog="kubectl pets", parents=[common],
+                                description="Run and inspect PetsTrainings (training.pets.dev).")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = sub.add_parser("run", parents=[common], help="create a PetsTraining from a YAML file")
+    run.add_argument("-f", "--filename", required=True, help="PetsTraining manifest (- for stdin)")
+    run.add_argument("--name", help="name (default: the manifest's, else generated pets-xxxxx)")
+    run.add_argument("-w", "--watch", action="store_true",
+                     help="wait with a progress bar; exit 0 on Succeeded, 1 on Failed")
+    run.add_argument("--timeout", type=float, help="with --watch: give up after this many seconds")
+
+    wait = sub.add_parser("wait", parents=[common], help="watch a training with a progress bar until it ends")
+    wait.add_argument("name")
+    wait.add_argument("--timeout", type=float, help="give up after this many seconds")
+
+    logs = sub.add_parser("logs", parents=[common], help="the trainer's log of one rank")
+    logs.add_argument("name")
+    logs.add_argument("--rank", type=int, default=0, help="machine rank (default 0)")
+    logs.add_argument("-f", "--follow", action="store_true", help="stream the log")
+
+    fetch = sub.add_parser("fetch", parents=[common],
+                           help="copy the outputs (needs spec.output.persistentVolumeClaim)")
+    fetch.add_argument("name")
+    fetch.add_argument("dir", help="local directory")
+
+    plot = sub.add_parser("plot", parents=[common], help="loss and accuracy curves as a PNG (matplotlib)")
+    plot.add_argument("name")
+    plot.add_argument("--out", help="PNG file (default: NAME-metrics.png)")
+
+    sub.add_parser("list", parents=[common], help="the namespace's PetsTrainings")
+    for verb, text in (("delete", "delete a training and its pods"),
+                       ("suspend", "suspend a training (its pods go)"),
+                       ("resume", "resume a suspended training")):
+        sub.add_parser(verb, parents=[common], help=text).add_argument("name")
+    return p
+
+
+def _age(created: str | None) -> str:
+    if not created:
+        return "?"
+    then = datetime.fromisoformat(created.replace("Z", "+00:00"))
+    seconds = int((datetime.now(UTC) - then).total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{max(seconds, 0)}s"
+
+
+def table(items: list[dict[str, Any]]) -> str:
+    """`kubectl pets list`: one row per training."""
+    rows = [("NAME", "PHASE", "REPLICAS", "EPOCH", "ACCURACY", "AGE")]
+    for obj in items:
+        st = obj.get("status") or {}
+        spec = obj.get("spec") or {}
+        epoch = f"{st['epoch']}/{st.get('totalEpochs', spec.get('epochs', '?'))}" if "epoch" in st else "-"
+        acc = st.get("evalAccuracy")
+        rows.append((obj["metadata"]["name"], st.get("phase") or "-", str(spec.get("replicas", "-")), epoch,
+                     f"{acc:.4f}" if isinstance(acc, int | float) else "-",
+                     _age(obj["metadata"].get("creationTimestamp"))))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("   ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
+
+
+def _load_manifest(path: str) -> dict[str, Any]:
+    text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    docs = [d for d in yaml.safe_load_all(text) if d]
+    if len(docs) != 1 or not isinstance(docs[0], dict):
+        raise PetsClientError(f"{path}: expected one PetsTraining document, found {len(docs)}")
+    return docs[0]
+
+
+def _client(args: argparse.Namespace) -> Any:
+    from .client import PetsTrainingClient
+
+    return PetsTrainingClient(namespace=getattr(args, "namespace", None),
+                              kubeconfig=getattr(args, "kubeconfig", None),
+                              context=getattr(args, "context", None))
+
+
+def _wait(pets: Any, name: str, timeout: float | None) -> int:
+    status = pets.wait(name, timeout=timeout, progress=True)
+    acc = final_accuracy(status)
+    if status.get("phase") == "Succeeded":
+        print(f"final accuracy: {acc:.4f}" if acc is not None else "final accuracy: not reported")
+        return 0
+    print(f"{name} Failed: {status.get('message') or 'no message'}", file=sys.stderr)
+    return 1
+
+
+def run(args: argparse.Namespace) -> int:
+    pets = _client(args)
+    cmd = args.command
+    if cmd == "run":
+        name = pets.train(_load_manifest(args.filename), name=args.name)
+        print(f"petstraining.training.pets.dev/{name} created (namespace {pets.namespace})")
+        return _wait(pets, name, args.timeout) if args.watch else 0
+    if cmd == "wait":
+        return _wait(pets, args.name, args.timeout)
+    if cmd == "logs":
+        got = pets.logs(args.name, rank=args.rank, follow=args.follow)
+        if isinstance(got, str):
+            sys.stdout.write(got)
+        else:
+            for line in got:
+                print(line, flush=True)
+        return 0
+    if cmd == "fetch":
+        paths = pets.fetch(args.name, args.dir)
+        for path in paths:
+            print(path)
+        wanted = {"summary.json", "progress.jsonl", "metrics.png", "model.safetensors", "config.yaml"}
+        missing = sorted(wanted - {p.name for p in paths})
+        if missing:
+            print(f"not written (yet): {', '.join(missing)}", file=sys.stderr)
+        return 0
+    if cmd == "plot":
+        print(pets.plot(args.name, args.out or f"{args.name}-metrics.png"))
+        return 0
+    if cmd == "list":
+        print(table(pets.list()))
+        return 0
+    getattr(pets, cmd)(args.name)  # delete, suspend, resume
+    past = {"delete": "deleted", "suspend": "suspended", "resume": "resumed"}[cmd]
+    print(f"petstraining.training.pets.dev/{args.name} {past}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return run(args)
+    except WaitTimeoutError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except PetsClientError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,114 @@
+"""What the e2e suites share: the cluster's PetsTrainings through the real API server, kubectl, helm."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from polling import wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("PETS_CACHE", Path.home() / ".cache" / "pets-training"))
+
+
+def cluster_kubeconfig() -> Path:
+    """$KUBECONFIG if set, else the local cluster's admin kubeconfig."""
+    if os.environ.get("KUBECONFIG"):
+        return Path(os.environ["KUBECONFIG"])
+    return Path(os.environ.get("PETS_STATE", "/tmp/pets-training-cluster")) / "kubeconfig"
+
+GROUP, VERSION, PLURAL = "training.pets.dev", "v1alpha1", "petstrainings"
+RELEASE = "pets"
+OPERATOR_NAMESPACE = os.environ.get("PETS_E2E_OPERATOR_NAMESPACE", "pets-system")
+TRAIN_TIMEOUT_S = int(os.environ.get("PETS_E2E_TRAIN_TIMEOUT", "900"))
+
+def kubectl(*args: str, check: bool = True,
+            input_text: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "KUBECONFIG": str(cluster_kubeconfig())}
+    return subprocess.run(["kubectl", *args], env=env, text=True, capture_output=True,
+                          input=input_text, check=check)
+
+
+def helm_binary() -> str:
+    candidate = cache_dir() / "bin" / "helm"
+    return str(candidate) if candidate.is_file() else "helm"
+
+
+POLL_S = 2.0  # the cluster's API and kubectl, polled on a 2-core machine that also trains
+
+
+class Trainings:
+    """The PetsTrainings of one namespace, through the real API server."""
+
+    def __init__(self, api: Any, namespace: str) -> None:
+        from kubernetes import client
+
+        self.namespace = namespace
+        self.custom = client.CustomObjectsApi(api)
+        self.core = client.CoreV1Api(api)
+        self.batch = client.BatchV1Api(api)
+
+    def create(self, name: str, spec: dict[str, Any]) -> None:
+        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "PetsTraining",
+                "metadata": {"name": name}, "spec": spec}
+        self.custom.create_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, body)
+
+    def get(self, name: str) -> dict[str, Any]:
+        return self.custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name)
+
+    def status(self, name: str) -> dict[str, Any]:
+        return self.get(name).get("status") or {}
+
+    def patch_spec(self, name: str, spec: dict[str, Any]) -> None:
+        self.custom.patch_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name,
+                                                   {"spec": spec})
+
+    def wait_phase(self, name: str, phase: str, timeout_s: float = TRAIN_TIMEOUT_S) -> dict[str, Any]:
+        def probe() -> dict[str, Any] | None:
+            status = self.status(name)
+            if status.get("phase") == "Failed" and phase != "Failed":
+                pytest.fail(f"{self.namespace}/{name} Failed: {json.dumps(status, indent=1)}\n"
+                            f"{self.describe(name)}")
+            return status if status.get("phase") == phase else None
+        return wait_for(f"{self.namespace}/{name} phase {phase}", probe, timeout_s, POLL_S)
+
+    def wait_epoch(self, name: str, epoch: int, timeout_s: float = TRAIN_TIMEOUT_S) -> dict[str, Any]:
+        return wait_for(f"{self.namespace}/{name} status.epoch >= {epoch}",
+                        lambda: (s := self.status(name)) and (s.get("epoch") or 0) >= epoch and s,
+                        timeout_s, POLL_S)
+
+    def jobs(self, name: str) -> list[Any]:
+        return self.batch.list_namespaced_job(
+            self.namespace, label_selector=f"{GROUP}/training={name}").items
+
+    def pods(self, name: str) -> list[Any]:
+        return self.core.list_namespaced_pod(
+            self.namespace, label_selector=f"{GROUP}/training={name}").items
+
+    def describe(self, name: str) -> str:
+        """What a person would look at when a test fails: the objects and the pods' logs."""
+        out = [kubectl("-n", self.namespace, "get", "pt,job,svc,pod", "-o", "wide", check=False).stdout,
+               kubectl("-n", self.namespace, "get", "events", "--sort-by=.lastTimestamp",
+                       check=False).stdout[-4000:]]
+        for pod in self.pods(name):
+            logs = kubectl("-n", self.namespace, "logs", pod.metadata.name, "--tail=40", check=False)
+            out.append(f"--- {pod.metadata.name}\n{logs.stdout}{logs.stderr}")
+        return "\n".join(out)
+
+
+def pod_logs(namespace: str, pod: str) -> str:
+    return kubectl("-n", namespace, "logs", pod).stdout
+
+
+def pod_of_rank(pods: list[Any], rank: int) -> Any:
+    for pod in pods:
+        if pod.metadata.annotations.get("batch.kubernetes.io/job-completion-index") == str(rank):
+            return pod
+    pytest.fail(f"no pod of completion index {rank} among {[p.metadata.name for p in pods]}")

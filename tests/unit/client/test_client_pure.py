@@ -1,0 +1,234 @@
+"""The client's pure parts: building the PetsTraining, pod selectors, the fetch pod, the bar's state."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pets_client import InvalidTrainingError, LogsError, build_training
+from pets_client import _api as client_api
+from pets_client.client import _Reporter, extract_tar, fetch_pod, pod_selector, tar_command
+from pets_client.errors import FetchError, server_error
+from pets_client.progress import BarState, bar_state, final_line, phase_line, postfix
+
+pytestmark = pytest.mark.unit
+
+
+def test_importing_the_client_does_not_import_torch() -> None:
+    code = ("import sys, pets_client, pets_client.cli, pets_client.plot, pets_client.progress\n"
+            "heavy = sorted(m for m in ('torch', 'pets_training', 'pets_operator', 'kopf', 'matplotlib')\n"
+            "               if m in sys.modules)\n"
+            "print(','.join(heavy))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "", f"import pets_client imported {out.stdout.strip()}"
+
+
+def test_the_client_names_match_the_operator() -> None:
+    from pets_operator import api
+
+    for name in ("GROUP", "VERSION", "API_VERSION", "KIND", "PLURAL", "DEFAULT_IMAGE", "OUTPUT_DIR",
+                 "SUCCEEDED", "FAILED"):
+        assert getattr(client_api, name) == getattr(api, name), name
+    assert set(client_api.FINISHED_PHASES) == set(api.FINISHED_PHASES)
+    from pets_operator import backends, builders
+
+    assert builders.CONTAINER in client_api.TRAINER_CONTAINERS
+    assert backends.PyTorchJobBackend.container in client_api.TRAINER_CONTAINERS
+    assert pod_selector({"job": "pets"}, 0) == backends.JOB.rank0_selector("pets")
+
+
+def test_trainer_outputs_are_what_fetch_copies() -> None:
+    from pets_training import progress
+
+    for f in (progress.PROGRESS_FILE, progress.SUMMARY_FILE, progress.PLOT_FILE):
+        assert f in client_api.OUTPUT_FILES
+
+
+# ----------------------------------------------------------------------------- build_training
+
+
+def test_build_from_keywords_generates_a_name() -> None:
+    body = build_training(epochs=2, batch_size=16, mixedPrecision="bf16")
+    assert body == {"apiVersion": "training.pets.dev/v1alpha1", "kind": "PetsTraining",
+                    "metadata": {"generateName": "pets-"},
+                    "spec": {"epochs": 2, "batchSize": 16, "mixedPrecision": "bf16"}}
+
+
+def test_build_from_a_spec_dict_and_a_name() -> None:
+    spec = {"epochs": 2, "dataset": {"synthetic": {"numClasses": 4}}}
+    body = build_training(spec, name="pets", replicas=2)
+    assert body["metadata"] == {"name": "pets"}
+    assert body["spec"] == {"epochs": 2, "dataset": {"synthetic": {"numClasses": 4}}, "replicas": 2}
+    assert spec == {"epochs": 2, "dataset": {"synthetic": {"numClasses": 4}}}, "the caller's dict changed"
+
+
+def test_build_from_a_manifest() -> None:
+    manifest = {"apiVersion": "training.pets.dev/v1alpha1", "kind": "PetsTraining",
+                "metadata": {"name": "from-file", "labels": {"team": "a"}}, "spec": {"epochs": 3}}
+    body = build_training(manifest, epochs=1)
+    assert body["metadata"] == {"name": "from-file", "labels": {"team": "a"}}
+    assert body["spec"] == {"epochs": 1}
+    assert build_training(manifest, name="other")["metadata"]["name"] == "other"
+    assert build_training({"metadata": {"generateName": "x-"}})["metadata"] == {"generateName": "x-"}
+    assert build_training({"kind": "PetsTraining", "spec": None})["spec"] == {}
+
+
+@pytest.mark.parametrize(("manifest", "field"), [
+    ({"kind": "Job", "spec": {}}, "kind"),
+    ({"apiVersion": "training.pets.dev/v1", "spec": {}}, "apiVersion"),
+    ({"metadata": {"namespace": "other"}, "spec": {}}, "metadata.namespace"),
+])
+def test_build_refuses_a_foreign_manifest(manifest: dict[str, Any], field: str) -> None:
+    with pytest.raises(InvalidTrainingError) as err:
+        build_training(manifest, namespace="mine")
+    assert err.value.fields == [field] and field in str(err.value)
+
+
+def test_server_error_carries_the_message_and_the_fields() -> None:
+    class Exc:
+        status = 422
+        reason = "Unprocessable Entity"
+        body = ('{"kind":"Status","message":"PetsTraining.training.pets.dev \\"x\\" is invalid: '
+                'spec.replicas: Invalid value: 0: spec.replicas in body should be greater than or equal '
+                'to 1",'
+                '"details":{"causes":[{"reason":"FieldValueInvalid","message":"...","field":"spec.replicas"}]}}')
+
+    message, fields, causes = server_error(Exc())
+    assert "spec.replicas: Invalid value: 0" in message and fields == ["spec.replicas"] and len(causes) == 1
+    Exc.body = "not json"
+    assert server_error(Exc())[0] == "Unprocessable Entity"
+
+
+# ----------------------------------------------------------------------------- pods
+
+
+def test_pod_selectors_of_each_backend() -> None:
+    assert pod_selector({"job": "pets-r1", "service": "pets"}, 1) == (
+        "job-name=pets-r1,batch.kubernetes.io/job-completion-index=1")
+    assert pod_selector({"pytorchJob": "pets"}, 0) == (
+        "training.kubeflow.org/job-name=pets,training.kubeflow.org/replica-type=master,"
+        "training.kubeflow.org/replica-index=0")
+    assert pod_selector({"pytorchJob": "pets"}, 3).endswith("replica-type=worker,"
+                                                            "training.kubeflow.org/replica-index=2")
+    with pytest.raises(LogsError, match="no workload yet"):
+        pod_selector({}, 0)
+    with pytest.raises(LogsError, match="rank"):
+        pod_selector({"job": "pets"}, -1)
+
+
+def test_the_fetch_pod_mounts_the_claim_read_only() -> None:
+    training = {"metadata": {"name": "pets"}, "spec": {
+        "output": {"persistentVolumeClaim": {"claimName": "out", "path": "/runs/1/"}},
+        "nodeSelector": {"pool": "cpu"}, "tolerations": [{"operator": "Exists"}]}}
+    pod = fetch_pod(training, "img:1", ["summary.json"])
+    spec = pod["spec"]
+    (c,) = spec["containers"]
+    assert c["image"] == "img:1" and c["imagePullPolicy"] == "IfNotPresent"
+    assert c["volumeMounts"] == [{"name": "output", "mountPath": "/output", "readOnly": True,
+                                  "subPath": "runs/1"}]
+    assert spec["volumes"] == [{"name": "output", "persistentVolumeClaim": {"claimName": "out",
+                                                                           "readOnly": True}}]
+    assert spec["restartPolicy"] == "Never" and spec["activeDeadlineSeconds"] > 0
+    assert spec["automountServiceAccountToken"] is False and spec["securityContext"]["runAsNonRoot"]
+    assert spec["nodeSelector"] == {"pool": "cpu"} and spec["tolerations"] == [{"operator": "Exists"}]
+    assert pod["metadata"]["generateName"] == "pets-fetch-"
+    assert "training.pets.dev/training" not in pod["metadata"]["labels"], "the operator's children label"
+    root = fetch_pod({"metadata": {"name": "p"}, "spec": {"output": {"persistentVolumeClaim": {
+        "claimName": "out"}}}}, "img", [])
+    assert "subPath" not in root["spec"]["containers"][0]["volumeMounts"][0]
+
+
+def test_tar_command_refuses_paths_outside_the_output() -> None:
+    cmd = tar_command(["summary.json", "checkpoints/epoch_1/model.safetensors"])
+    assert cmd[:2] == ["sh", "-c"] and cmd[-1] == "/output"
+    for bad in ("../etc/passwd", "/etc/passwd", "a;rm -rf /", "$(x)"):
+        with pytest.raises(FetchError):
+            tar_command([bad])
+
+
+def test_tar_command_tars_what_exists(tmp_path: Path) -> None:
+    (tmp_path / "summary.json").write_text("{}")
+    cmd = tar_command(["summary.json", "metrics.png"])
+    res = subprocess.run([*cmd[:-1], str(tmp_path)], capture_output=True, check=False)
+    assert res.returncode == 0, res.stderr
+    got = extract_tar(res.stdout, tmp_path / "dest")
+    assert [p.name for p in got] == ["summary.json"]
+    empty = subprocess.run([*cmd[:-1], str(tmp_path / "dest" / "none")], capture_output=True, check=False)
+    assert empty.returncode != 0
+
+
+def test_extract_keeps_regular_files_inside_dest(tmp_path: Path) -> None:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data in (("metrics.png", b"png"), ("../evil", b"x")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        link = tarfile.TarInfo("link")
+        link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
+        tar.addfile(link)
+    with pytest.raises(tarfile.TarError):
+        extract_tar(buf.getvalue(), tmp_path / "d")
+    assert not (tmp_path / "evil").exists()
+
+
+# ----------------------------------------------------------------------------- the bar
+
+
+def test_bar_counts_steps_when_reported() -> None:
+    status = {"phase": "Running", "epoch": 1, "totalEpochs": 2, "step": 7, "stepsTotal": 20,
+              "trainLoss": 1.23456, "evalAccuracy": 0.8125, "imagesPerSecond": 123.456}
+    assert bar_state(status) == BarState(7, 20, "step", {"loss": "1.2346", "acc": "81.2%", "img/s": "123.5"})
+
+
+def test_bar_falls_back_to_epochs_then_to_nothing() -> None:
+    assert bar_state({"epoch": 1, "totalEpochs": 5, "trainLoss": 2.0}) == BarState(1, 5, "epoch",
+                                                                                  {"loss": "2.0000"})
+    assert bar_state({"phase": "Pending"}) == BarState(0, None, "step", {})
+    assert bar_state({"step": 30, "stepsTotal": 20}).n == 20
+    assert postfix({"trainLoss": "nan?", "evalAccuracy": None, "imagesPerSecond": True}) == {}
+
+
+def test_phase_lines_print_only_changes() -> None:
+    pending = {"phase": "Pending", "message": "0/1 nodes are available: Insufficient cpu"}
+    assert phase_line("pets", None, pending) == "pets: Pending: 0/1 nodes are available: Insufficient cpu"
+    assert phase_line("pets", pending, {**pending, "step": 3}) is None
+    assert phase_line("pets", pending, {"phase": "Running"}) == "pets: Running"
+    assert phase_line("pets", None, {}) is None
+
+
+def test_final_line() -> None:
+    ok = {"phase": "Succeeded", "epoch": 2, "totalEpochs": 2, "evalAccuracy": 0.5,
+          "summary": {"final_accuracy": 0.875}, "message": "done"}
+    assert final_line("pets", ok) == "pets: Succeeded, final accuracy 0.8750 (87.5%), epoch 2/2"
+    assert final_line("pets", {"phase": "Failed", "message": "unknown model"}) == (
+        "pets: Failed, unknown model")
+
+
+def test_reporter_draws_the_bar_and_the_lines() -> None:
+    out = io.StringIO()
+    rep = _Reporter("pets", True, out)
+    rep.update({"phase": "Pending", "message": "waiting for the Job's pods"})
+    rep.update({"phase": "Running", "epoch": 0, "totalEpochs": 2})
+    rep.update({"phase": "Running", "epoch": 1, "totalEpochs": 2, "step": 5, "stepsTotal": 10,
+                "trainLoss": 0.5, "evalAccuracy": 0.25, "imagesPerSecond": 10})
+    final = {"phase": "Succeeded", "epoch": 2, "totalEpochs": 2, "step": 10, "stepsTotal": 10,
+             "evalAccuracy": 0.75}
+    rep.update(final)
+    rep.close(final)
+    text = out.getvalue()
+    assert "pets: Pending: waiting for the Job's pods" in text
+    assert "5/10" in text and "loss=0.5000" in text and "acc=25.0%" in text and "img/s=10.0" in text
+    assert "10/10" in text
+    assert text.rstrip().endswith("pets: Succeeded, final accuracy 0.7500 (75.0%), epoch 2/2")
+    quiet = io.StringIO()
+    rep = _Reporter("pets", False, quiet)
+    rep.update(final)
+    rep.close(final)
+    assert quiet.getvalue() == ""
