@@ -1,11 +1,12 @@
 """The tutorial's training loop as written (Accelerate's Pets example), the baseline of ``make bench``.
 
-Kept deliberately plain: PIL decoding and ``ToTensor`` in 4 DataLoader workers, float32, the default
-memory format, autograd through the frozen backbone, the model's default thread count, and the plain
-``gather`` in evaluation. Only what the bench needs was added: a step limit, per-step timestamps, and
-random init instead of a hub download (there may be no internet).
+Kept deliberately plain: PIL decoding and ``ToTensor`` in 4 DataLoader workers, float32 (unless
+``--mixed-precision``, which the tutorial's ``accelerate launch`` sets), the default memory format,
+autograd through the frozen backbone, the model's default thread count, and the plain ``gather`` in
+evaluation. Only what the bench needs was added: a step limit, per-step timestamps, the precision as
+an option, and random init instead of a hub download (there may be no internet).
 
-    python -m pets_training.baseline --data DIR [--steps N] [--no-eval]
+    python -m pets_training.baseline --data DIR [--steps N] [--no-eval] [--mixed-precision no|fp16|bf16]
 """
 
 from __future__ import annotations
@@ -65,8 +66,9 @@ def training_function(
     max_steps: int | None = None,
     run_eval: bool = True,
     step_hook: Callable[[int, int], None] | None = None,
+    mixed_precision: str = "no",
 ) -> None:
-    accelerator = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision="no")
+    accelerator = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision=mixed_precision)
     lr = config["lr"]
     num_epochs = int(config["num_epochs"])
     seed = int(config["seed"])
@@ -158,6 +160,9 @@ def main() -> int:
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--steps", type=int, default=None, help="stop after this many training steps")
     parser.add_argument("--no-eval", action="store_true")
+    parser.add_argument("--mixed-precision", choices=["no", "fp16", "bf16"], default="no",
+                        help="what the tutorial's `accelerate launch --mixed_precision` sets (default: no, "
+                             "the script as written)")
     args = parser.parse_args()
     config = {
         "lr": 3e-2,
@@ -175,7 +180,7 @@ def main() -> int:
         images.append(n)
 
     start = time.perf_counter()
-    training_function(config, args.data, args.steps, not args.no_eval, hook)
+    training_function(config, args.data, args.steps, not args.no_eval, hook, args.mixed_precision)
     print("RESULT " + json.dumps({"start": start, "step_times": times, "step_images": images}), flush=True)
     return 0
 

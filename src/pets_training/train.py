@@ -369,6 +369,18 @@ def run_epoch(
             metrics.set("checkpoint_epoch", epoch + 1)  # renamed into place: complete
 
 
+def train_step(t: Training, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """One optimiser step on one batch (the tutorial's loop body); returns the loss, detached.
+    ``make bench``'s model-only ceiling runs exactly this on a batch kept in memory."""
+    outputs = t.module(t.normalise(images))
+    loss = F.cross_entropy(outputs, labels)
+    t.accelerator.backward(loss)
+    t.optimizer.step()
+    t.scheduler.step()
+    t.optimizer.zero_grad()
+    return loss.detach()
+
+
 def train_epoch(
     t: Training,
     cfg: TrainConfig,
@@ -391,13 +403,8 @@ def train_epoch(
     seen = torch.zeros((), device=accelerator.device)
     bar = StepProgress(len(t.train_loader), epoch + 1, cfg.epochs, accelerator.is_main_process, cfg.log_every)
     for images, labels in t.train_loader:
-        outputs = t.module(t.normalise(images))
-        loss = F.cross_entropy(outputs, labels)
-        accelerator.backward(loss)
-        t.optimizer.step()
-        t.scheduler.step()
-        t.optimizer.zero_grad()
-        loss_sum += loss.detach() * labels.shape[0]
+        loss = train_step(t, images, labels)
+        loss_sum += loss * labels.shape[0]
         seen += labels.shape[0]
         state.global_step += 1
         state.steps_this_run += 1
@@ -407,7 +414,7 @@ def train_epoch(
             # make bench-e2e measures time-to-first-step from this line's log timestamp
             log.info("first training step done, %.1f s after the start of this run",
                      time.perf_counter() - state.run_start)
-        bar.update(loss.detach(), labels.shape[0] * world)
+        bar.update(loss, labels.shape[0] * world)
         if step_hook is not None:
             step_hook(state.global_step, labels.shape[0] * world)
         if _step_limit_reached(cfg, state):

@@ -19,7 +19,7 @@ def test_throughput_counts_only_the_timed_steps() -> None:
 
 
 @pytest.mark.timeout(300)
-def test_bench_runs_both_loops_on_the_same_files_and_ends_with_the_speedup(tmp_path: Path) -> None:
+def test_bench_runs_the_four_loops_on_the_same_files_and_ends_with_the_speedup(tmp_path: Path) -> None:
     output, _ = run(
         [PYTHON, "-m", "pets_training.bench", "--model", "resnet10t", "--image-size", "64",
          "--batch-size", "8", "--jpeg-size", "80", "--steps", "2", "--repeats", "1",
@@ -28,8 +28,25 @@ def test_bench_runs_both_loops_on_the_same_files_and_ends_with_the_speedup(tmp_p
     )  # fmt: skip
     lines = output.strip().splitlines()
     assert lines[-1].startswith("speedup: ") and lines[-1].endswith("x")
-    assert "baseline (tutorial loop" in output and "ours (pets-train" in output
+    # the four loops side by side, each with its ratio to the tutorial as written
+    four = lines[-6:-2]
+    assert [line.split(" (")[0].split(":")[0] for line in four] == [
+        "tutorial loop as written", "tutorial loop with its mixed precision", "ours", "model-only ceiling"]
+    assert four[0].endswith("images/s (1.00x)") and "(bf16)" in four[1]
+    assert lines[-2].startswith("ours at ") and lines[-2].endswith("% of the model-only ceiling")
     result = read_json(tmp_path / "out" / "bench.json")
-    ratio = result["ours_images_per_second"] / result["baseline_images_per_second"]
-    assert result["speedup"] == pytest.approx(ratio, rel=1e-2)
+    ips = result["images_per_second"]
+    assert set(ips) == {"tutorial", "tutorial-mp", "ours", "ceiling"} and all(v > 0 for v in ips.values())
+    assert result["speedup"] == pytest.approx(ips["ours"] / ips["tutorial"], rel=1e-2)
+    assert f"speedup: {result['speedup']:.2f}x" == lines[-1]
     assert len(list((tmp_path / "cache").glob("bench-jpegs-*/*.jpg"))) >= 37
+
+
+def test_report_gives_each_loop_its_ratio_and_ends_with_the_speedup() -> None:
+    from pets_training.bench import report
+
+    lines = report({"tutorial": 10.0, "tutorial-mp": 20.0, "ours": 40.0, "ceiling": 50.0}, "bf16")
+    assert lines[0].endswith(": 10.00 images/s (1.00x)")
+    assert lines[1].startswith("tutorial loop with its mixed precision (bf16): 20.00 images/s (2.00x)")
+    assert lines[2].endswith(": 40.00 images/s (4.00x)") and lines[3].endswith(": 50.00 images/s (5.00x)")
+    assert lines[4:] == ["ours at 80 % of the model-only ceiling", "speedup: 4.00x"]
