@@ -7,13 +7,15 @@ credentials (a kubeconfig, or a pod's service account).
 
 from __future__ import annotations
 
+import base64
+import binascii
 import builtins
 import copy
+import hashlib
 import io
 import os
 import re
 import sys
-import tarfile
 import tempfile
 import time
 import warnings
@@ -153,25 +155,79 @@ def fetch_pod(training: dict[str, Any], image: str, files: list[str]) -> dict[st
 _SAFE_FILE = re.compile(r"^[A-Za-z0-9_.-][A-Za-z0-9_./-]*$")
 
 
-def tar_command(files: list[str]) -> list[str]:
-    """The command run in the fetch pod: tar the files that exist under /output to stdout."""
+# The exec stream of the kubernetes client (37.0.2, v5.channel.k8s.io, against this project's cluster)
+# dropped whole 32 KiB websocket frames from large outputs: a 45 MB tar came back about 1.2 MB short,
+# binary or base64 alike, with exit code 0. So fetch checks everything it reads: sizes and sha256
+# first, then each file in chunks small enough to come through (a short chunk is read again), and the
+# whole file against its digest.
+CHUNK_BYTES = 1 << 20
+CHUNK_TRIES = 3
+
+
+def _check_names(files: list[str]) -> None:
     for f in files:
         if not _SAFE_FILE.match(f) or ".." in f.split("/"):
             raise FetchError(f"cannot fetch {f!r}: a path relative to the output directory is needed")
-    script = ('cd "$0" || exit 3; set --; for f in ' + " ".join(files) +
-              '; do [ -e "$f" ] && set -- "$@" "$f"; done; [ $# -gt 0 ] || exit 4; exec tar -cf - "$@"')
+
+
+def list_command(files: list[str]) -> list[str]:
+    """The fetch pod's first command: `<size> <sha256> <name>` for each of ``files`` under /output."""
+    _check_names(files)
+    script = ('cd "$0" || exit 3; for f in ' + " ".join(files) + '; do [ -f "$f" ] && '
+              'echo "$(stat -c %s "$f") $(sha256sum "$f" | cut -d " " -f 1) $f"; done; true')
     return ["sh", "-c", script, _api.OUTPUT_DIR]
 
 
-def extract_tar(data: bytes, dest: Path) -> list[Path]:
-    """Unpack what the fetch pod sent (regular files only, nothing outside ``dest``)."""
-    dest.mkdir(parents=True, exist_ok=True)
+def chunk_command(name: str, index: int) -> list[str]:
+    """Chunk ``index`` (CHUNK_BYTES each) of the file ``name`` under /output, as base64."""
+    _check_names([name])
+    script = 'cd "$0" && dd if="$1" bs=' + str(CHUNK_BYTES) + ' skip="$2" count=1 2>/dev/null | base64 -w0'
+    return ["sh", "-c", script, _api.OUTPUT_DIR, name, str(index)]
+
+
+def parse_listing(text: bytes) -> list[tuple[str, int, str]]:
+    """list_command's output -> (name, size, sha256) of each file that is there."""
     out = []
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
-        members = [m for m in tar.getmembers() if m.isfile()]
-        tar.extractall(dest, members=members, filter="data")
-        out = [dest / m.name for m in members]
+    for line in text.decode(errors="replace").splitlines():
+        parts = line.split(" ", 2)
+        if len(parts) == 3 and parts[0].isdigit() and len(parts[1]) == 64:
+            out.append((parts[2], int(parts[0]), parts[1]))
     return out
+
+
+def assemble(name: str, size: int, digest: str, read_chunk: Any) -> bytes:
+    """The file from its chunks (``read_chunk(index)`` -> bytes), each checked for length and read
+    again when short, the whole checked against ``digest``; FetchError when it cannot be had whole."""
+    data = bytearray()
+    for index in range((size + CHUNK_BYTES - 1) // CHUNK_BYTES):
+        want = min(CHUNK_BYTES, size - index * CHUNK_BYTES)
+        for _ in range(CHUNK_TRIES):
+            chunk = read_chunk(index)
+            if len(chunk) == want:
+                break
+        else:
+            raise FetchError(f"{name}: chunk {index} came back with {len(chunk)} of {want} bytes "
+                             f"{CHUNK_TRIES} times; fetch again")
+        data += chunk
+    if hashlib.sha256(data).hexdigest() != digest:
+        raise FetchError(f"{name}: the copy does not match its sha256 in the volume; fetch again")
+    return bytes(data)
+
+
+def decode_chunk(encoded: bytes) -> bytes:
+    """A chunk as chunk_command printed it; b"" when it is not whole base64 (read it again)."""
+    try:
+        return base64.b64decode(encoded.strip(), validate=True)
+    except binascii.Error:
+        return b""
+
+
+def save(dest: Path, name: str, data: bytes) -> Path:
+    """Write a fetched file under ``dest`` (names were checked: nothing lands outside it)."""
+    path = dest / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return path
 
 
 # ----------------------------------------------------------------------------- credentials
@@ -487,7 +543,8 @@ class PetsTrainingClient:
         config.yaml, or ``files``) into ``dest`` and return the paths copied.
 
         Works when the training writes to spec.output.persistentVolumeClaim: a short-lived pod with the
-        training's image mounts the claim read-only, the files come back through the exec API (tar), and
+        training's image mounts the claim read-only, the files come back through the exec API in checked
+        chunks (sizes and sha256 first: the client's exec stream can drop frames of a large output), and
         the pod is deleted. With the default emptyDir output the files went with the pods: FetchError.
         ``timeout`` bounds the wait for that pod to start.
         """
@@ -500,13 +557,21 @@ class PetsTrainingClient:
                 "(claimName: a claim in this namespace) to keep summary.json, progress.jsonl, metrics.png, "
                 "model.safetensors and config.yaml; the final summary is in status.summary meanwhile.")
         wanted = builtins.list(files or _api.OUTPUT_FILES)
-        command = tar_command(wanted)
+        _check_names(wanted)
         manifest = fetch_pod(training, self._trainer_image(training), wanted)
         pod = self._call("creating the fetch pod", self.core.create_namespaced_pod, self.namespace, manifest)
         pod_name = pod.metadata.name
         try:
             self._wait_pod_running(pod_name, timeout)
-            data = self._exec_bytes(pod_name, command)
+            listing = parse_listing(self._exec_bytes(pod_name, list_command(wanted)))
+            if not listing:
+                raise FetchError(f"none of {', '.join(wanted)} are in {name}'s output volume yet "
+                                 "(the training has not written them)")
+            dest_dir = Path(dest)
+            return [save(dest_dir, fname, assemble(
+                fname, size, digest,
+                lambda index, f=fname: decode_chunk(self._exec_bytes(pod_name, chunk_command(f, index)))))
+                for fname, size, digest in listing]
         finally:
             from kubernetes.client.exceptions import ApiException
 
@@ -514,7 +579,6 @@ class PetsTrainingClient:
                 self.core.delete_namespaced_pod(pod_name, self.namespace, grace_period_seconds=0)
             except ApiException:
                 pass
-        return extract_tar(data, Path(dest))
 
     def _wait_pod_running(self, pod: str, timeout: float) -> None:
         from kubernetes import watch
@@ -570,8 +634,6 @@ class PetsTrainingClient:
             code = resp.returncode
         finally:
             resp.close()
-        if code == 4:
-            raise FetchError("none of the outputs are there yet (the training has not written them)")
         if code:
             raise FetchError(f"reading the outputs failed (exit {code}): "
                              f"{err.getvalue().decode(errors='replace').strip()}")

@@ -100,6 +100,11 @@ def make_hub_cache(cache_dir: str | Path, model_name: str, seed: int = 0) -> Pat
     digest = hashlib.sha256(tmp.read_bytes()).hexdigest()
     blob = blobs / digest
     tmp.replace(blob)
+    # safetensors writes 0600; the hub's own download applies the umask (0644 here), and a cache on a
+    # volume is read by the trainer's uid 1000, not by whoever filled it
+    umask = os.umask(0)
+    os.umask(umask)
+    blob.chmod(0o666 & ~umask)
     commit = hashlib.sha1(f"{source.repo_id}:{digest}".encode()).hexdigest()  # any 40 hex digits
     (repo / "refs").mkdir(exist_ok=True)
     (repo / "refs" / (source.revision or "main")).write_text(commit)

@@ -95,6 +95,11 @@ def operator_release(kube_api: Any) -> Iterator[str]:
     """The chart installed with helm, its operator Deployment rolled out. Uninstalled afterwards."""
     helm = helm_binary()
     env = {**os.environ, "KUBECONFIG": str(cluster_kubeconfig())}
+    # Helm installs crds/ only on a first install and never upgrades them: a cluster kept from an
+    # earlier run would test today's operator against yesterday's schema (unknown fields pruned).
+    # Apply the CRD the way docs/chart.md tells users to when they upgrade.
+    crds = REPO / "charts" / "pets-training" / "crds"
+    kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crds))
     subprocess.run([helm, "upgrade", "--install", RELEASE, str(REPO / "charts" / "pets-training"),
                     "--namespace", OPERATOR_NAMESPACE, "--create-namespace",
                     "--set", "image.pullPolicy=IfNotPresent", "--wait", "--timeout", "5m"],

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import io
+import os
 import subprocess
 import sys
-import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +15,18 @@ import pytest
 
 from pets_client import InvalidTrainingError, LogsError, build_training
 from pets_client import _api as client_api
-from pets_client.client import _Reporter, extract_tar, fetch_pod, pod_selector, tar_command
+from pets_client.client import (
+    CHUNK_BYTES,
+    _Reporter,
+    assemble,
+    chunk_command,
+    decode_chunk,
+    fetch_pod,
+    list_command,
+    parse_listing,
+    pod_selector,
+    save,
+)
 from pets_client.errors import FetchError, server_error
 from pets_client.progress import BarState, bar_state, final_line, phase_line, postfix
 
@@ -144,41 +157,54 @@ def test_the_fetch_pod_mounts_the_claim_read_only() -> None:
     assert "subPath" not in root["spec"]["containers"][0]["volumeMounts"][0]
 
 
-def test_tar_command_refuses_paths_outside_the_output() -> None:
-    cmd = tar_command(["summary.json", "checkpoints/epoch_1/model.safetensors"])
+def test_fetch_commands_refuse_paths_outside_the_output() -> None:
+    cmd = list_command(["summary.json", "checkpoints/epoch_1/model.safetensors"])
     assert cmd[:2] == ["sh", "-c"] and cmd[-1] == "/output"
     for bad in ("../etc/passwd", "/etc/passwd", "a;rm -rf /", "$(x)"):
         with pytest.raises(FetchError):
-            tar_command([bad])
+            list_command([bad])
+        with pytest.raises(FetchError):
+            chunk_command(bad, 0)
 
 
-def test_tar_command_tars_what_exists(tmp_path: Path) -> None:
+def _run_in(directory: Path, cmd: list[str]) -> bytes:
+    """A fetch pod command run here, with ``directory`` standing in for /output."""
+    res = subprocess.run([cmd[0], cmd[1], cmd[2], str(directory), *cmd[4:]], capture_output=True, check=False)
+    assert res.returncode == 0 and not res.stderr, res.stderr
+    return res.stdout
+
+
+def test_the_pod_commands_list_and_read_a_file_in_checked_chunks(tmp_path: Path) -> None:
+    payload = os.urandom(CHUNK_BYTES * 2 + 12345)
+    (tmp_path / "model.safetensors").write_bytes(payload)
     (tmp_path / "summary.json").write_text("{}")
-    cmd = tar_command(["summary.json", "metrics.png"])
-    res = subprocess.run([*cmd[:-1], str(tmp_path)], capture_output=True, check=False)
-    assert res.returncode == 0, res.stderr
-    got = extract_tar(res.stdout, tmp_path / "dest")
-    assert [p.name for p in got] == ["summary.json"]
-    empty = subprocess.run([*cmd[:-1], str(tmp_path / "dest" / "none")], capture_output=True, check=False)
-    assert empty.returncode != 0
+    wanted = ["summary.json", "metrics.png", "model.safetensors"]
+    listing = parse_listing(_run_in(tmp_path, list_command(wanted)))
+    assert [(n, size) for n, size, _ in listing] == [("summary.json", 2), ("model.safetensors", len(payload))]
+    name, size, digest = listing[1]
+    assert digest == hashlib.sha256(payload).hexdigest()
+    got = assemble(name, size, digest, lambda i: decode_chunk(_run_in(tmp_path, chunk_command(name, i))))
+    assert got == payload
+    assert save(tmp_path / "dest", name, got).read_bytes() == payload
 
 
-def test_extract_keeps_regular_files_inside_dest(tmp_path: Path) -> None:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for name, data in (("metrics.png", b"png"), ("../evil", b"x")):
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-        link = tarfile.TarInfo("link")
-        link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
-        tar.addfile(link)
-    with pytest.raises(tarfile.TarError):
-        extract_tar(buf.getvalue(), tmp_path / "d")
-    assert not (tmp_path / "evil").exists()
+def test_a_short_chunk_is_read_again_and_a_wrong_digest_refused() -> None:
+    payload = b"x" * (CHUNK_BYTES + 10)
+    digest = hashlib.sha256(payload).hexdigest()
+    reads: list[int] = []
 
+    def flaky(index: int) -> bytes:  # what a dropped websocket frame looks like: a short chunk
+        reads.append(index)
+        chunk = payload[index * CHUNK_BYTES:(index + 1) * CHUNK_BYTES]
+        return chunk[:-32768] if reads.count(index) == 1 else chunk
 
-# ----------------------------------------------------------------------------- the bar
+    assert assemble("model.safetensors", len(payload), digest, flaky) == payload
+    assert reads == [0, 0, 1, 1]
+    with pytest.raises(FetchError, match="came back with 0 of"):
+        assemble("m", len(payload), digest, lambda i: b"")
+    with pytest.raises(FetchError, match="does not match its sha256"):
+        assemble("m", len(payload), "0" * 64, lambda i: payload[i * CHUNK_BYTES:(i + 1) * CHUNK_BYTES])
+    assert decode_chunk(base64.b64encode(b"abc")[:-1]) == b""  # not whole base64: read again
 
 
 def test_bar_counts_steps_when_reported() -> None:
