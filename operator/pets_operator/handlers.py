@@ -202,16 +202,24 @@ def _carry_out(ctx: Context, cl: Cluster, body: dict[str, Any], result: status.P
         cl.delete_training()
         return None
 
-    if result.requeue_after is not None:
-        return max(0.5, min(result.requeue_after, POLL_FINISHED))
-    phase = new_status.get("phase")
+    return next_delay(result, ctx.poll_active)
+
+
+def next_delay(result: status.Plan, poll_active: float) -> float:
+    """Seconds until the next round: the phase's poll, or sooner when the Plan asks (a TTL, a pending
+    timeout, a stall bound, a restart): a Plan's deadline never makes the poll slower."""
+    phase = result.status.get("phase")
     if phase in api.FINISHED_PHASES:
-        return POLL_FINISHED
-    if phase == api.RUNNING or (phase == api.PENDING and new_status.get("pendingSince")):
-        return ctx.poll_active  # running, or its pods wait: say why soon (pods are not watched)
-    if phase == api.RESTARTING or result.create or result.delete:
-        return 1.0
-    return POLL_IDLE
+        delay = POLL_FINISHED
+    elif phase == api.RUNNING or (phase == api.PENDING and result.status.get("pendingSince")):
+        delay = poll_active  # running, or its pods wait: say why soon (pods are not watched)
+    elif phase == api.RESTARTING or result.create or result.delete:
+        delay = 1.0
+    else:
+        delay = POLL_IDLE
+    if result.requeue_after is not None:
+        delay = min(delay, result.requeue_after)
+    return max(0.5, delay)
 
 
 def register(registry: kopf.OperatorRegistry, ctx: Context) -> None:
