@@ -140,7 +140,8 @@ def worst_waiting(pods: list[dict[str, Any]], events: dict[str, list[dict[str, A
 
 
 def running_count(pods: list[dict[str, Any]]) -> int:
-    return sum(1 for p in pods if _status(p).get("phase") == "Running")
+    """Pods that run, or have finished well: a rank done before the others is not waiting."""
+    return sum(1 for p in pods if _status(p).get("phase") in ("Running", "Succeeded"))
 
 
 def _terminated(pod: dict[str, Any]) -> dict[str, Any] | None:

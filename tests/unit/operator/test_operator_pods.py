@@ -504,3 +504,9 @@ def test_a_plans_deadline_only_ever_shortens_the_poll() -> None:
     waiting = status.Plan(status={"phase": api.PENDING, "pendingSince": "2026-01-02T03:04:05Z"})
     assert handlers.next_delay(waiting, poll_active=10.0) == 10.0
     assert handlers.next_delay(status.Plan(status={"phase": api.PENDING}), 10.0) == handlers.POLL_IDLE
+
+
+def test_a_rank_that_finished_first_is_not_waiting() -> None:
+    ending = [pod(0, phase="Running"), pod(1, phase="Succeeded")]
+    p = plan(body({"phase": api.RUNNING}), job(active=1), ending)
+    assert p.status["phase"] == api.RUNNING, p.status["message"]
