@@ -82,10 +82,6 @@ class Backend:
     def state(self, workload: dict[str, Any], replicas: int) -> WorkloadState:
         raise NotImplementedError
 
-    def rank0_selector(self, workload_name: str) -> str:
-        """Label selector of the pod that runs machine rank 0 (its progress and termination message)."""
-        raise NotImplementedError
-
     def pods_selector(self, workload_name: str) -> str:
         """Label selector of every pod of the workload."""
         raise NotImplementedError
@@ -145,9 +141,6 @@ class JobBackend(Backend):
                                  f"{ready}/{replicas} pods ready, {active} active", active, ready, start)
         return WorkloadState(api.PENDING, "WaitingForPods", "waiting for the Job's pods",
                              active, ready, start)
-
-    def rank0_selector(self, workload_name: str) -> str:
-        return f"{self.pods_selector(workload_name)},batch.kubernetes.io/job-completion-index=0"
 
     def pods_selector(self, workload_name: str) -> str:
         return f"job-name={workload_name}"
@@ -219,9 +212,6 @@ class PyTorchJobBackend(Backend):
                                  active, active, start)
         return WorkloadState(api.PENDING, "WaitingForPods", "waiting for the PyTorchJob's pods", active,
                              active, start)
-
-    def rank0_selector(self, workload_name: str) -> str:
-        return f"{self.pods_selector(workload_name)},training.kubeflow.org/replica-type=master"
 
     def pods_selector(self, workload_name: str) -> str:
         return f"training.kubeflow.org/job-name={workload_name}"

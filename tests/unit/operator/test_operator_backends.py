@@ -85,7 +85,13 @@ def test_pytorchjob_states() -> None:
     assert backends.PYTORCHJOB.state(pj, 2).phase == api.SUCCEEDED
 
 
-def test_rank0_selectors() -> None:
-    assert backends.JOB.rank0_selector("pets-r1") == \
-        "job-name=pets-r1,batch.kubernetes.io/job-completion-index=0"
-    assert "replica-type=master" in backends.PYTORCHJOB.rank0_selector("pets")
+def test_pods_and_their_ranks() -> None:
+    assert backends.JOB.pods_selector("pets-r1") == "job-name=pets-r1"
+    labels = {"job-name": "pets-r1", "batch.kubernetes.io/job-completion-index": "2"}
+    assert backends.JOB.rank_of({"metadata": {"labels": labels}}) == 2
+    assert backends.PYTORCHJOB.pods_selector("pets") == "training.kubeflow.org/job-name=pets"
+    labels = {"training.kubeflow.org/replica-type": "master", "training.kubeflow.org/replica-index": "0"}
+    assert backends.PYTORCHJOB.rank_of({"metadata": {"labels": labels}}) == 0
+    labels = {"training.kubeflow.org/replica-type": "worker", "training.kubeflow.org/replica-index": "1"}
+    assert backends.PYTORCHJOB.rank_of({"metadata": {"labels": labels}}) == 2  # Worker i is rank i + 1
+    assert backends.JOB.rank_of({"metadata": {"labels": {}}}) is None
