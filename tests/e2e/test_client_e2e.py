@@ -12,30 +12,15 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
-from trainings import GROUP, PLURAL, REPO, TRAIN_TIMEOUT_S, VERSION, Trainings, cluster_kubeconfig
+from trainings import GROUP, PLURAL, REPO, SMALL_SPEC, TRAIN_TIMEOUT_S, VERSION, Trainings, cluster_kubeconfig
 
 pytestmark = pytest.mark.e2e
 
 NOTEBOOK = REPO / "examples" / "train-from-python.ipynb"
 
-# tests/e2e/test_training.py's SMALL_SPEC: two CPU pods of one 2-core node, a couple of minutes.
-SMALL_SPEC: dict[str, Any] = {
-    "replicas": 2,
-    "processesPerReplica": 1,
-    "epochs": 2,
-    "batchSize": 16,
-    "imageSize": 64,
-    "model": "resnet18",
-    "pretrained": False,
-    "mixedPrecision": "bf16",
-    "dataset": {"synthetic": {"numClasses": 4, "imagesPerClass": 24}},
-    "resources": {"cpu": "800m", "memory": "2Gi"},
-    "maxRestarts": 2,
-}
 
 
 def kubectl_pets(*args: str, timeout: float = TRAIN_TIMEOUT_S + 120) -> subprocess.CompletedProcess[str]:

@@ -22,6 +22,7 @@ from trainings import (  # tests/e2e/trainings.py (pytest puts this dir on sys.p
     OPERATOR_NAMESPACE,
     PLURAL,
     POLL_S,
+    SMALL_SPEC,
     TRAIN_TIMEOUT_S,
     VERSION,
     Trainings,
@@ -32,20 +33,6 @@ from trainings import (  # tests/e2e/trainings.py (pytest puts this dir on sys.p
 
 pytestmark = pytest.mark.e2e
 
-# Small enough to train in a couple of minutes on two CPU pods of one 2-core node.
-SMALL_SPEC: dict[str, Any] = {
-    "replicas": 2,
-    "processesPerReplica": 1,
-    "epochs": 2,
-    "batchSize": 16,
-    "imageSize": 64,
-    "model": "resnet18",
-    "pretrained": False,  # no internet here: random init (the default, pretrained, needs the hub or a cache)
-    "mixedPrecision": "bf16",
-    "dataset": {"synthetic": {"numClasses": 4, "imagesPerClass": 24}},
-    "resources": {"cpu": "800m", "memory": "2Gi"},
-    "maxRestarts": 2,
-}
 # Epochs of 10-20 s here: longer than the operator's 10 s progress poll, so status shows an epoch
 # while Running, and the fault tests can act mid-run.
 LONGER_SPEC: dict[str, Any] = {**SMALL_SPEC, "imageSize": 128,

@@ -14,6 +14,22 @@ from polling import wait_for
 REPO = Path(__file__).resolve().parents[2]
 
 
+# Small enough to train in a couple of minutes on two CPU pods of one 2-core node.
+SMALL_SPEC: dict[str, Any] = {
+    "replicas": 2,
+    "processesPerReplica": 1,
+    "epochs": 2,
+    "batchSize": 16,
+    "imageSize": 64,
+    "model": "resnet18",
+    "pretrained": False,  # no internet here: random init (the default, pretrained, needs the hub or a cache)
+    "mixedPrecision": "bf16",
+    "dataset": {"synthetic": {"numClasses": 4, "imagesPerClass": 24}},
+    "resources": {"cpu": "800m", "memory": "2Gi"},
+    "maxRestarts": 2,
+}
+
+
 def cache_dir() -> Path:
     return Path(os.environ.get("PETS_CACHE", Path.home() / ".cache" / "pets-training"))
 
