@@ -96,13 +96,6 @@ def _observe_rank0(pod: dict[str, Any] | None, phase_hint: str, progress_port: i
         return Rank0(None, summary, f"{url}: {exc}", running_since)
 
 
-def _creating(pod: dict[str, Any]) -> bool:
-    """Scheduled but its containers not started: where a mount failure keeps a pod."""
-    st = pod.get("status") or {}
-    return st.get("phase") == "Pending" and any(
-        c.get("type") == "PodScheduled" and c.get("status") == "True" for c in st.get("conditions") or [])
-
-
 def _resolve_backend(ctx: Context, spec: dict[str, Any], old_status: dict[str, Any]) -> backends.Backend:
     """`auto` is decided once, then kept in status.backend; discovery is asked only while undecided."""
     if spec["backend"] == "auto" and old_status.get("backend") in backends.BACKENDS:
@@ -159,7 +152,7 @@ def reconcile_once(ctx: Context, namespace: str, name: str, logger: Logger) -> f
         pod_list = cl.pods(backend, current["metadata"]["name"])
         rank0 = _observe_rank0(_newest_rank0(backend, pod_list), state.phase, ctx.progress_port)
         if state.phase not in api.FINISHED_PHASES:
-            warnings = cl.pod_warnings([p["metadata"]["name"] for p in pod_list if _creating(p)])
+            warnings = cl.pod_warnings([p["metadata"]["name"] for p in pod_list if pods.creating(p)])
 
     target = builders.Target(name, namespace, restarts, ctx.default_image, ctx.cluster_domain)
     observed = status.Observed(backend=backend, workload=current, stale=stale, service=service,

@@ -129,6 +129,13 @@ def waiting_reason(pod: dict[str, Any], events: list[dict[str, Any]] | None = No
     return Waiting("WaitingForPods", "waiting to be scheduled")
 
 
+def creating(pod: dict[str, Any]) -> bool:
+    """Scheduled but its containers not started: where a mount failure keeps a pod, and the only pods
+    whose Events `waiting_reason` needs."""
+    scheduled = _condition(pod, "PodScheduled")
+    return _status(pod).get("phase") == "Pending" and bool(scheduled and scheduled.get("status") == "True")
+
+
 def worst_waiting(pods: list[dict[str, Any]], events: dict[str, list[dict[str, Any]]] | None = None
                   ) -> tuple[Waiting, int] | None:
     """The worst reason any pod waits for, and how many pods wait for it (None: none waits)."""

@@ -510,3 +510,9 @@ def test_a_rank_that_finished_first_is_not_waiting() -> None:
     ending = [pod(0, phase="Running"), pod(1, phase="Succeeded")]
     p = plan(body({"phase": api.RUNNING}), job(active=1), ending)
     assert p.status["phase"] == api.RUNNING, p.status["message"]
+
+
+def test_only_pods_stuck_creating_need_their_events_read() -> None:
+    assert pods.creating(pod(scheduled=SCHEDULED, waiting="ContainerCreating"))
+    assert not pods.creating(pod(scheduled=UNSCHEDULABLE))
+    assert not pods.creating(pod(phase="Running", scheduled=SCHEDULED))
