@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pets_operator import k8s_schema
+
 GROUP = "training.pets.dev"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -41,7 +43,9 @@ RESTARTING = "Restarting"
 SUCCEEDED = "Succeeded"
 FAILED = "Failed"
 SUSPENDED = "Suspended"
-PHASES = [PENDING, RUNNING, RESTARTING, SUCCEEDED, FAILED, SUSPENDED]
+QUEUED = "Queued"  # a queue (Kueue) holds the workload: not admitted yet
+PREEMPTED = "Preempted"  # the queue took the admission back; it resumes from its checkpoint when re-admitted
+PHASES = [PENDING, QUEUED, RUNNING, RESTARTING, PREEMPTED, SUSPENDED, SUCCEEDED, FAILED]
 ACTIVE_PHASES = [RUNNING, RESTARTING]
 FINISHED_PHASES = [SUCCEEDED, FAILED]
 
@@ -54,6 +58,15 @@ LABEL_PART_OF = "app.kubernetes.io/part-of"
 LABEL_TRAINING = f"{GROUP}/training"
 MANAGED_BY = "pets-operator"
 ANNOTATION_ATTEMPT = f"{GROUP}/attempt"
+# On the workload: a digest of the spec it was built from, so an edit made while it was suspended
+# (or queued) is noticed and the workload rebuilt from the current spec.
+ANNOTATION_SPEC_DIGEST = f"{GROUP}/spec-digest"
+
+# Kueue: a PetsTraining labelled with a queue passes these labels to its workload and leaves the
+# workload's suspend to Kueue (https://kueue.sigs.k8s.io/docs/tasks/run/jobs/).
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
+KUEUE_LABELS = [KUEUE_QUEUE_LABEL, KUEUE_PRIORITY_LABEL]
 
 
 class SpecError(ValueError):
@@ -111,7 +124,10 @@ def _obj(description: str, properties: dict[str, Any], *, required: list[str] | 
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 ABS_PATH = r"^/.*$"
-QUANTITY = r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
+# A non-negative resource.Quantity (a number and an optional suffix: 3Gi, 512Mi, 1.5, 500m, 1e3), as
+# resource.ParseQuantity reads it, slightly narrowed (no sign, no "1.", exponents of at most 2 digits),
+# so every value it admits is one the Job accepts. No backslash: it also sits in a CEL string literal.
+QUANTITY = r"^([0-9]+([.][0-9]+)?|[.][0-9]+)([KMGTPE]i|[numkMGTPE]|[eE][-+]?[0-9]{1,2})?$"
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 IMAGE = r"^[^\s]+$"
 RESERVED_ENV = [
@@ -190,6 +206,32 @@ _OUTPUT_VOLUMES = ["persistentVolumeClaim", "emptyDir"]
 
 def _exactly_one(keys: list[str]) -> str:
     return "[" + ", ".join(f"has(self.{k})" for k in keys) + "].filter(x, x).size() == 1"
+
+
+def _is_quantity(value: Any) -> bool:
+    """Python twin of `_quantity_rule`'s CEL: a non-negative integer, or a string matching QUANTITY."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return value >= 0
+    return isinstance(value, str) and _matches(QUANTITY, value)
+
+
+def _quantity_rule(rule_id: str, at: str, key: str, example: dict[str, Any]) -> Rule:
+    """A quantity field (int-or-string) must hold a valid, non-negative quantity. A rule on the parent
+    object (not a schema pattern) so that the server and `render` refuse it with the same words."""
+    path = f"{at}.{key}"
+    return Rule(
+        id=rule_id,
+        at=at,
+        cel=f"!has(self.{key}) || (type(self.{key}) == int ? self.{key} >= 0 : "
+            f"string(self.{key}).matches('{QUANTITY}'))",
+        message=f"{path} must be a non-negative quantity: a number with an optional suffix, such as "
+                "3Gi, 512Mi, 1.5 or 500m",
+        check=lambda obj: not _has(obj, key) or _is_quantity(obj[key]),
+        example_spec=example,
+        field_path=f".{key}",
+    )
 
 
 RULES: list[Rule] = [
@@ -300,6 +342,10 @@ RULES: list[Rule] = [
         example_spec={"output": {"persistentVolumeClaim": {"claimName": "out", "readOnly": True}}},
         field_path=".output.persistentVolumeClaim.readOnly",
     ),
+    _quantity_rule("cpu-quantity", "spec.resources", "cpu", {"resources": {"cpu": "0.5.5"}}),
+    _quantity_rule("memory-quantity", "spec.resources", "memory", {"resources": {"memory": "-4Gi"}}),
+    _quantity_rule("size-limit-quantity", "spec.output.emptyDir", "sizeLimit",
+                   {"output": {"emptyDir": {"sizeLimit": "-1Gi"}}}),
 ]
 
 
@@ -312,14 +358,50 @@ def _validations(at: str) -> list[dict[str, str]]:
 
 
 def _quantity(description: str, default: str | None = None) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "description": description,
-        "x-kubernetes-int-or-string": True,
-        "anyOf": [{"type": "integer"}, {"type": "string"}],
-        "pattern": QUANTITY,  # applies to the string form; the API server also parses it as a quantity
-    }
+    """An int-or-string quantity; its value is checked by a `_quantity_rule` on the parent object."""
+    out = k8s_schema.int_or_string(description)
     if default is not None:
         out["default"] = default
+    return out
+
+
+def _k8s(model: str, field_name: str, description: str, **extra: Any) -> dict[str, Any]:
+    """A pod field with the real Kubernetes schema (generated from the client's model metadata, see
+    `k8s_schema`), our description, and extra bounds (maxItems...) on top."""
+    return k8s_schema.field(model, field_name, description) | extra
+
+
+def _tolerations() -> dict[str, Any]:
+    out = _k8s("V1PodSpec", "tolerations", "Tolerations of the pods (core/v1 Toleration).", maxItems=32)
+    props = out["items"]["properties"]
+    props["key"]["maxLength"] = 316
+    props["value"]["maxLength"] = 63
+    return out
+
+
+def _image_pull_secrets() -> dict[str, Any]:
+    out = _k8s("V1PodSpec", "imagePullSecrets", "Secrets to pull the trainer image with (core/v1 "
+               "LocalObjectReference).", maxItems=16)
+    out["items"]["properties"]["name"].update(pattern=DNS_SUBDOMAIN, minLength=1, maxLength=253)
+    out["items"]["required"] = ["name"]
+    return out
+
+
+def _node_selector() -> dict[str, Any]:
+    out = _k8s("V1PodSpec", "nodeSelector", "Node labels the pods must match.")
+    out["additionalProperties"]["maxLength"] = 63
+    return out
+
+
+def _env() -> dict[str, Any]:
+    out = _k8s("V1Container", "env",
+               "Extra environment variables of the trainer container (core/v1 EnvVar: value or "
+               "valueFrom). Names match `" + ENV_NAME + "`; names starting with PETS_ and the rank "
+               "variables belong to the pod contract.", maxItems=64)
+    item = out["items"]
+    item["properties"]["name"].update(pattern=ENV_NAME, minLength=1, maxLength=128)
+    item["properties"]["value"]["maxLength"] = 32768
+    item["x-kubernetes-validations"] = _validations("spec.env[]")
     return out
 
 
@@ -340,8 +422,9 @@ def _claim(description: str) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- the spec
 
 SPEC_SCHEMA: dict[str, Any] = _obj(
-    "What to train and where. Fields marked immutable while running cannot change while the "
-    "training is Running or Restarting (suspend it first, or delete and recreate it).",
+    "What to train and where. Every field but maxRestarts, ttlSecondsAfterFinished, scheduling and "
+    "suspend is immutable while the training's workload runs (status.workloadActive): suspend it, "
+    "edit it, and resume it, and the workload is rebuilt from the edited spec.",
     {
         "replicas": _int("Number of machines (pods) in the gang. Immutable while running.",
                          default=1, minimum=1, maximum=128),
@@ -418,7 +501,8 @@ SPEC_SCHEMA: dict[str, Any] = _obj(
             {
                 "persistentVolumeClaim": _claim("A PersistentVolumeClaim (ReadWriteMany for replicas > 1)."),
                 "emptyDir": _obj("A scratch volume that lives as long as the pod.",
-                                 {"sizeLimit": _quantity("Size limit of the emptyDir.")}),
+                                 {"sizeLimit": _quantity("Size limit of the emptyDir.")},
+                                 rules=_validations("spec.output.emptyDir")),
             },
             default={"emptyDir": {}},
             rules=_validations("spec.output")),
@@ -426,13 +510,7 @@ SPEC_SCHEMA: dict[str, Any] = _obj(
                       pattern=IMAGE, min_length=1, max_length=512),
         "imagePullPolicy": _str("Pull policy of the trainer image.", default="IfNotPresent",
                                 enum=["Always", "IfNotPresent", "Never"]),
-        "imagePullSecrets": {
-            "type": "array", "description": "Secrets to pull the trainer image with.", "maxItems": 16,
-            "items": _obj("A Secret in the training's namespace.",
-                          {"name": _str("Secret name.", pattern=DNS_SUBDOMAIN, min_length=1,
-                                        max_length=253)},
-                          required=["name"]),
-        },
+        "imagePullSecrets": _image_pull_secrets(),
         "resources": _obj(
             "Per-pod resources. Requests equal limits (Guaranteed QoS); the CPU limit also sizes the "
             "trainer's threads.",
@@ -447,42 +525,18 @@ SPEC_SCHEMA: dict[str, Any] = _obj(
                                         pattern=r"^([a-z0-9.-]+/)?[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$",
                                         max_length=253),
             },
-            default={}),
-        "nodeSelector": {
-            "type": "object", "description": "Node labels the pods must match.",
-            "additionalProperties": {"type": "string", "maxLength": 63},
-        },
-        "tolerations": {
-            "type": "array", "description": "Tolerations of the pods (core/v1 Toleration).", "maxItems": 32,
-            "items": _obj("A toleration.", {
-                "key": _str("Taint key; empty with operator Exists matches every taint.", max_length=316),
-                "operator": _str("Exists or Equal.", enum=["Exists", "Equal"]),
-                "value": _str("Taint value (with Equal).", max_length=63),
-                "effect": _str("NoSchedule, PreferNoSchedule or NoExecute; empty matches all.",
-                               enum=["", "NoSchedule", "PreferNoSchedule", "NoExecute"]),
-                "tolerationSeconds": {"type": "integer", "format": "int64",
-                                      "description": "How long a NoExecute taint is tolerated."},
-            }),
-        },
-        "affinity": {
-            "type": "object", "description": "Affinity of the pods (core/v1 Affinity, checked by the Job).",
-            "x-kubernetes-preserve-unknown-fields": True,
-        },
+            default={},
+            rules=_validations("spec.resources")),
+        "nodeSelector": _node_selector(),
+        "tolerations": _tolerations(),
+        "affinity": _k8s("V1PodSpec", "affinity", "Affinity of the pods (core/v1 Affinity)."),
         "priorityClassName": _str("PriorityClass of the pods.", pattern=DNS_SUBDOMAIN, max_length=253),
         "serviceAccountName": _str("ServiceAccount of the pods (the namespace's default when unset).",
                                    pattern=DNS_SUBDOMAIN, max_length=253),
-        "env": {
-            "type": "array",
-            "description": "Extra environment variables of the trainer container. Names starting "
-                           "with PETS_ and the rank variables belong to the pod contract.",
-            "maxItems": 64,
-            "items": _obj("An environment variable.", {
-                "name": _str("Variable name.", pattern=ENV_NAME, min_length=1, max_length=128),
-                "value": _str("Value.", max_length=32768),
-            }, required=["name"], rules=_validations("spec.env[]")),
-        },
+        "env": _env(),
         "backend": _str("job: an Indexed Job and a headless Service; pytorchjob: a Kubeflow "
-                        "PyTorchJob; auto: pytorchjob when its CRD is installed, else job. "
+                        "PyTorchJob; auto: the operator's --auto-backend (job unless the chart's "
+                        "autoBackend says pytorchjob) where it is served, else job. "
                         "Immutable while running.", default="auto", enum=["auto", "job", "pytorchjob"]),
         "masterPort": _int("Rendezvous port of the main process. Immutable while running.",
                            default=29500, minimum=1024, maximum=65535),
@@ -506,34 +560,39 @@ SPEC_SCHEMA: dict[str, Any] = _obj(
                     "condition. Unset: 20 of its own steps, at least 2 minutes.",
                     minimum=10, maximum=2592000),
             }),
-        "suspend": _bool("Suspend the training: the Job is suspended and its pods removed; false "
-                         "resumes it (Kueue can drive this).", False),
+        "suspend": _bool("Suspend the training: its workload is suspended and its pods removed; false "
+                         "resumes it, rebuilt from the spec if that was edited meanwhile. In a Kueue "
+                         "queue, this deactivates Kueue's Workload instead.", False),
     },
     default={},
     rules=_validations("spec"),
 )
 
-# Fields of spec that cannot change while the training is Running or Restarting.
-IMMUTABLE_WHILE_RUNNING = [
-    "replicas", "processesPerReplica", "epochs", "batchSize", "learningRate", "mixedPrecision", "seed",
-    "model", "pretrained", "weights", "pretrainedCache", "freezeBackbone", "imageSize", "dataset", "output",
-    "image", "backend", "masterPort",
-]
+# Fields of spec the operator alone reads: they may change at any time. Every other field shapes
+# the workload (its pods), so it cannot change while that workload runs.
+MUTABLE_WHILE_RUNNING = ["maxRestarts", "ttlSecondsAfterFinished", "scheduling", "suspend"]
+
+
+def immutable_while_running() -> list[str]:
+    return [key for key in SPEC_SCHEMA["properties"] if key not in MUTABLE_WHILE_RUNNING]
 
 
 def _immutable_rules() -> list[dict[str, str]]:
     """Transition rules (they compare with oldSelf), so CEL-only: not `Rule`s, and not checked by
-    `resolve_spec`, because `pets-operator render` has no old object to compare with."""
-    running = ("has(oldSelf.status) && has(oldSelf.status.phase) && "
-               "oldSelf.status.phase in ['Running', 'Restarting']")
+    `resolve_spec`, because `pets-operator render` has no old object to compare with.
+
+    Keyed on status.workloadActive (set by the operator: a workload exists and is not suspended),
+    not on the phase: a Pending training whose Job already exists is running as far as an edit is
+    concerned, while a Suspended or Queued one takes edits and is rebuilt from them on resume."""
+    running = "has(oldSelf.status) && has(oldSelf.status.workloadActive) && oldSelf.status.workloadActive"
     rules = []
-    for key in IMMUTABLE_WHILE_RUNNING:
+    for key in immutable_while_running():
         same = (f"has(self.spec.{key}) == has(oldSelf.spec.{key}) && "
                 f"(!has(self.spec.{key}) || self.spec.{key} == oldSelf.spec.{key})")
         rules.append({
             "rule": f"!({running}) || ({same})",
-            "message": f"spec.{key} is immutable while the training is running; suspend it or "
-                       f"recreate the PetsTraining",
+            "message": f"spec.{key} is immutable while the training's workload runs; suspend it first "
+                       f"(the edit is applied on resume) or recreate the PetsTraining",
             "fieldPath": f".spec.{key}",
             "reason": "FieldValueForbidden",
         })
@@ -550,17 +609,30 @@ _CONDITION = _obj("A standard condition (metav1.Condition).", {
 }, required=["type", "status"])
 
 STATUS_SCHEMA: dict[str, Any] = _obj("Observed state, written by the operator.", {
-    "phase": _str("Pending, Running, Restarting, Succeeded, Failed or Suspended.", enum=PHASES),
+    "phase": _str(", ".join(PHASES[:-1]) + f" or {PHASES[-1]}.", enum=PHASES),
     "message": _str("What is happening, and what to do about it."),
     "observedGeneration": {"type": "integer", "format": "int64",
                            "description": "metadata.generation the status reflects."},
     "conditions": {"type": "array", "items": _CONDITION, "description": "Standard conditions.",
                    "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     "backend": _str("The backend in use: job or pytorchjob."),
+    "backendReason": _str("Why that backend: spec.backend, or what auto means on this operator."),
     "replicas": {"type": "integer", "description": "Pods of the gang."},
     "activeReplicas": {"type": "integer", "description": "Pods running now."},
     "readyReplicas": {"type": "integer", "description": "Pods ready now."},
     "restarts": {"type": "integer", "description": "Gang restarts so far."},
+    "attempt": {"type": "integer",
+                "description": "Workloads created so far, minus one: a gang restart and a rebuild after an "
+                               "edit each start a new attempt (its workload is named <name>-r<attempt>)."},
+    "workloadActive": {"type": "boolean",
+                       "description": "A workload exists and is not suspended: the fields that shape it are "
+                                      "immutable until it is suspended or finished."},
+    "queue": _obj("Where a queue (Kueue) holds the workload.", {
+        "name": _str("The LocalQueue (the kueue.x-k8s.io/queue-name label)."),
+        "workload": _str("Kueue's Workload object for this attempt."),
+        "admitted": {"type": "boolean", "description": "Whether Kueue has admitted it."},
+        "message": _str("Kueue's own words on why it waits, or why it was preempted."),
+    }),
     "progress": _str("epoch/totalEpochs, for kubectl get."),
     "epoch": {"type": "integer", "description": "Last finished epoch (rank 0)."},
     "totalEpochs": {"type": "integer", "description": "Epochs of the run."},

@@ -180,13 +180,13 @@ class PyTorchJobBackend(Backend):
             replica_specs["Worker"] = {"replicas": spec["replicas"] - 1, "restartPolicy": "Never",
                                        "template": copy.deepcopy(template)}
         run_policy: dict[str, Any] = {"cleanPodPolicy": "None", "backoffLimit": 0,
-                                      "suspend": bool(spec["suspend"])}
+                                      "suspend": builders.created_suspended(spec, target)}
         if spec.get("activeDeadlineSeconds"):
             run_policy["activeDeadlineSeconds"] = spec["activeDeadlineSeconds"]
         return {
             "apiVersion": self.api_version,
             "kind": self.kind,
-            "metadata": builders.workload_metadata(target),
+            "metadata": builders.workload_metadata(spec, target),
             "spec": {"runPolicy": run_policy, "pytorchReplicaSpecs": replica_specs},
         }
 
@@ -235,7 +235,11 @@ class PyTorchJobBackend(Backend):
 JOB = JobBackend()
 PYTORCHJOB = PyTorchJobBackend()
 BACKENDS: dict[str, Backend] = {b.name: b for b in (JOB, PYTORCHJOB)}
-AUTO_PREFERENCE = [PYTORCHJOB, JOB]  # what `backend: auto` picks, first served wins
+# What `backend: auto` means unless the operator is told otherwise (--auto-backend, the chart's
+# autoBackend): the Indexed Job, built into every cluster, admitted by Kueue without extra set-up, and
+# the backend whose permanent errors end at once (its pod failure policy). Installing Kubeflow does not
+# silently move every training to a PyTorchJob; a platform team opts in once, for all its trainings.
+DEFAULT_AUTO = JOB.name
 
 
 def get(name: str) -> Backend:
@@ -252,18 +256,29 @@ def for_kind(api_version: str, kind: str) -> Backend | None:
     return next((b for b in BACKENDS.values() if (b.api_version, b.kind) == (api_version, kind)), None)
 
 
-def resolve(spec: dict[str, Any], served: set[str]) -> Backend:
+def resolve(spec: dict[str, Any], served: set[str], auto: str = DEFAULT_AUTO) -> Backend:
     """spec.backend -> the backend to use, given the names of the backends whose API is served.
 
-    `auto` picks the first served of AUTO_PREFERENCE; a named backend that is not served raises
-    BackendUnavailable (the training waits: the CRD may be installed later).
+    `auto` is the operator's `auto` backend where its API is served, else the Job; a named backend that
+    is not served raises BackendUnavailable (the training waits: the CRD may be installed later).
     """
     wanted = spec["backend"]
     if wanted == "auto":
-        return next(b for b in AUTO_PREFERENCE if b.always_served or b.name in served)
+        preferred = get(auto)
+        return preferred if preferred.always_served or preferred.name in served else JOB
     backend = get(wanted)
     if not backend.always_served and backend.name not in served:
         raise BackendUnavailable(
             f"spec.backend is {wanted!r} but the {backend.group} {backend.kind} CRD is not installed; "
             f"{backend.install_hint} or use backend 'job'")
     return backend
+
+
+def why(spec: dict[str, Any], backend: Backend, auto: str = DEFAULT_AUTO) -> str:
+    """Why `resolve` chose `backend`, in words for status and an Event."""
+    if spec["backend"] != "auto":
+        return f"spec.backend is {backend.name}"
+    if backend.name == auto:
+        return f"spec.backend is auto, which this operator runs as {auto} (its --auto-backend)"
+    return (f"spec.backend is auto; this operator prefers {auto} (its --auto-backend), but the "
+            f"{get(auto).kind} CRD is not served, so {backend.name}")

@@ -7,7 +7,10 @@ manifests implement is docs/contract.md.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from pets_operator import api, pods
@@ -27,6 +30,40 @@ class Target:
     attempt: int = 0
     default_image: str = api.DEFAULT_IMAGE
     cluster_domain: str = api.DEFAULT_CLUSTER_DOMAIN
+    # The training's own labels that its workload carries too (Kueue's queue and priority class).
+    queue_labels: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def queued(self) -> bool:
+        """A queue decides when the workload runs: it is created suspended and Kueue unsuspends it."""
+        return api.KUEUE_QUEUE_LABEL in self.queue_labels
+
+
+def queue_labels(training_labels: Mapping[str, str] | None) -> dict[str, str]:
+    """The PetsTraining's labels that pass on to its workload."""
+    return {k: v for k, v in (training_labels or {}).items() if k in api.KUEUE_LABELS}
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def spec_digest(spec: dict[str, Any]) -> str:
+    """What the workload is built from: the spec without the fields only the operator reads. A workload
+    whose annotation differs was built from an older spec (edited while it was suspended or queued)."""
+    return _digest({k: v for k, v in spec.items() if k not in api.MUTABLE_WHILE_RUNNING})
+
+
+# The spec fields that shape a checkpoint's state (the trainer's own check is train._fingerprint,
+# plus the world size, which fixes the LR schedule's length).
+CHECKPOINT_SHAPE = ["model", "freezeBackbone", "imageSize", "batchSize", "epochs", "learningRate", "seed",
+                    "dataset", "replicas", "processesPerReplica"]
+
+
+def checkpoint_dir(spec: dict[str, Any]) -> str:
+    """One checkpoint directory per shape: a restart resumes where the shape allows, and an edit that
+    changes the shape (epochs 5 -> 9) starts afresh instead of refusing the old checkpoint."""
+    return f"{api.OUTPUT_DIR}/checkpoints/{_digest({k: spec.get(k) for k in CHECKPOINT_SHAPE})}"
 
 
 def job_name(name: str, attempt: int) -> str:
@@ -82,6 +119,7 @@ def trainer_args(spec: dict[str, Any]) -> list[str]:
         "--model", spec["model"],
         "--image-size", str(spec["imageSize"]),
         "--output-dir", api.OUTPUT_DIR,
+        "--checkpoint-dir", checkpoint_dir(spec),
     ]
     # Explicit either way: the trainer's own default (pretrained, as in the tutorial) must not decide.
     args.append("--pretrained" if spec["pretrained"] else "--no-pretrained")
@@ -233,14 +271,19 @@ def pod_template(spec: dict[str, Any], target: Target, *, container_name: str = 
     }
 
 
-def workload_metadata(target: Target) -> dict[str, Any]:
+def workload_metadata(spec: dict[str, Any], target: Target) -> dict[str, Any]:
     """Metadata of one attempt's workload, whatever its kind."""
     return {
         "name": job_name(target.name, target.attempt),
         "namespace": target.namespace,
-        "labels": labels(target.name, "training-job"),
-        "annotations": {api.ANNOTATION_ATTEMPT: str(target.attempt)},
+        "labels": labels(target.name, "training-job") | dict(target.queue_labels),
+        "annotations": {api.ANNOTATION_ATTEMPT: str(target.attempt),
+                        api.ANNOTATION_SPEC_DIGEST: spec_digest(spec)},
     }
+
+
+def created_suspended(spec: dict[str, Any], target: Target) -> bool:
+    return bool(spec["suspend"]) or target.queued
 
 
 def build_service(spec: dict[str, Any], target: Target) -> dict[str, Any]:
@@ -272,7 +315,7 @@ def build_job(spec: dict[str, Any], target: Target) -> dict[str, Any]:
     job: dict[str, Any] = {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": workload_metadata(target),
+        "metadata": workload_metadata(spec, target),
         "spec": {
             "completionMode": "Indexed",
             "completions": spec["replicas"],
@@ -286,7 +329,7 @@ def build_job(spec: dict[str, Any], target: Target) -> dict[str, Any]:
                 "onExitCodes": {"containerName": CONTAINER, "operator": "In",
                                 "values": [pods.PERMANENT_EXIT_CODE]},
             }]},
-            "suspend": bool(spec["suspend"]),
+            "suspend": created_suspended(spec, target),
             "template": pod_template(spec, target),
         },
     }

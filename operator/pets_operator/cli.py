@@ -105,6 +105,12 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"cluster DNS domain used in the main process address (default {api.DEFAULT_CLUSTER_DOMAIN})",
     )
 
+    run.add_argument(
+        "--auto-backend", choices=list(backends.BACKENDS), default=backends.DEFAULT_AUTO,
+        help=f"what spec.backend 'auto' runs as where that backend's API is served (else job) "
+             f"(default {backends.DEFAULT_AUTO})",
+    )
+
     render = sub.add_parser(
         "render",
         help="print the manifests the operator would create for a PetsTraining (no cluster)",
@@ -162,6 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 verbose=args.verbose,
                 default_image=args.default_image,
                 cluster_domain=args.cluster_domain,
+                auto_backend=args.auto_backend,
             )
         )
     except NoClusterError as exc:

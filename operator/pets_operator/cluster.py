@@ -8,12 +8,15 @@ backend needs no change here.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, cast
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from pets_operator import api, backends, builders, metrics
+
+KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta2"
 
 
 def api_message(exc: ApiException) -> str:
@@ -22,6 +25,26 @@ def api_message(exc: ApiException) -> str:
         return str(json.loads(exc.body or "{}").get("message") or exc.body or exc.reason)
     except (TypeError, ValueError, AttributeError):
         return str(exc.body or exc.reason)
+
+
+# A 403 on create that is no verdict on the object: a ResourceQuota (full, or its usage not computed
+# yet), the operator's own RBAC, or the namespace going away. Each can change without a new spec.
+_FORBIDDEN_FOR_NOW = re.compile(r"exceeded quota|status unknown for quota|cannot create resource|"
+                                r"is being terminated")
+
+
+def child_refusal_permanent(exc: ApiException) -> bool:
+    """Whether the API server's refusal to create a child is final for this spec (docs/operator.md).
+
+    Permanent: 400 and 422 (the object is invalid, or a ValidatingAdmissionPolicy refused it), 413, and a
+    403 from admission (a webhook or policy denial, a LimitRange). Not permanent, retried: a 403 from a
+    ResourceQuota, from RBAC or from a terminating namespace, 409, 429, 5xx, and no response at all.
+    """
+    if exc.status in (400, 413, 422):
+        return True
+    if exc.status == 403:
+        return _FORBIDDEN_FOR_NOW.search(api_message(exc)) is None
+    return False
 
 
 def owned_by(obj: dict[str, Any], uid: str) -> bool:
@@ -138,6 +161,26 @@ class Cluster:
     def set_suspend(self, backend: backends.Backend, name: str, value: bool) -> None:
         self.custom.patch_namespaced_custom_object(backend.group, backend.version, self.namespace,
                                                    backend.plural, name, backend.suspend_patch(value))
+
+    def queue_workload(self, workload: dict[str, Any]) -> tuple[bool, dict[str, Any] | None]:
+        """Kueue's Workload for our workload: (whether Kueue's API is served, the Workload or None).
+        Kueue labels it with the owner's uid and sets the owner as its controller."""
+        uid = workload["metadata"]["uid"]
+        try:
+            listed = cast(dict[str, Any], self.custom.list_namespaced_custom_object(
+                KUEUE_GROUP, KUEUE_VERSION, self.namespace, "workloads",
+                label_selector=f"{KUEUE_GROUP}/job-uid={uid}"))
+            found: list[dict[str, Any]] = listed["items"]
+        except ApiException as exc:
+            if exc.status == 404:
+                return False, None
+            raise
+        return True, next((w for w in found if owned_by(w, uid)), None)
+
+    def set_queue_active(self, name: str, value: bool) -> None:
+        """Kueue's own suspend switch: an inactive Workload is evicted and stays out of the queue."""
+        self.custom.patch_namespaced_custom_object(KUEUE_GROUP, KUEUE_VERSION, self.namespace, "workloads",
+                                                   name, {"spec": {"active": value}})
 
     def patch_status(self, new_status: dict[str, Any]) -> None:
         self.custom.patch_namespaced_custom_object_status(

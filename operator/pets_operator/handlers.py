@@ -21,7 +21,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from pets_operator import api, backends, builders, metrics, pods, progress, status
-from pets_operator.cluster import Cluster, api_message, owned_by, served_backends
+from pets_operator.cluster import Cluster, api_message, child_refusal_permanent, owned_by, served_backends
 
 # Seconds between reconciliations when nothing triggers one.
 POLL_ACTIVE = 10.0
@@ -40,6 +40,7 @@ class Context:
     default_image: str = api.DEFAULT_IMAGE
     cluster_domain: str = api.DEFAULT_CLUSTER_DOMAIN
     progress_port: int = api.METRICS_PORT
+    auto_backend: str = backends.DEFAULT_AUTO  # what spec.backend `auto` runs as (where it is served)
     poll_active: float = POLL_ACTIVE
     # Watching a fixed list of namespaces: the chart grants Roles only, so kopf must not scan
     # cluster-wide namespaces and CRDs (it would retry 403s for about a minute before starting).
@@ -96,11 +97,14 @@ def _observe_rank0(pod: dict[str, Any] | None, phase_hint: str, progress_port: i
         return Rank0(None, summary, f"{url}: {exc}", running_since)
 
 
-def _resolve_backend(ctx: Context, spec: dict[str, Any], old_status: dict[str, Any]) -> backends.Backend:
-    """`auto` is decided once, then kept in status.backend; discovery is asked only while undecided."""
+def _resolve_backend(ctx: Context, spec: dict[str, Any], old_status: dict[str, Any]
+                     ) -> tuple[backends.Backend, str]:
+    """The backend and why. `auto` is decided once, then kept in status.backend; discovery is asked
+    only while undecided."""
     if spec["backend"] == "auto" and old_status.get("backend") in backends.BACKENDS:
-        return backends.get(old_status["backend"])
-    return backends.resolve(spec, served_backends(ctx.api_client))
+        return backends.get(old_status["backend"]), str(old_status.get("backendReason") or "")
+    backend = backends.resolve(spec, served_backends(ctx.api_client), ctx.auto_backend)
+    return backend, backends.why(spec, backend, ctx.auto_backend)
 
 
 def reconcile_once(ctx: Context, namespace: str, name: str, logger: Logger) -> float | None:
@@ -114,7 +118,7 @@ def reconcile_once(ctx: Context, namespace: str, name: str, logger: Logger) -> f
     old_status = body.get("status") or {}
     try:
         spec = api.resolve_spec(body.get("spec"))
-        backend = _resolve_backend(ctx, spec, old_status)
+        backend, backend_reason = _resolve_backend(ctx, spec, old_status)
         builders.dataset_source(spec)
     except backends.BackendUnavailable as exc:  # the CRD may be installed later: wait for it
         _carry_out(ctx, cl, body, status.plan_backend_unavailable(body, str(exc), now), logger)
@@ -124,7 +128,8 @@ def reconcile_once(ctx: Context, namespace: str, name: str, logger: Logger) -> f
         raise kopf.PermanentError(str(exc)) from exc
 
     restarts = int(old_status.get("restarts") or 0)
-    current_name = builders.job_name(name, restarts)
+    attempt = int(old_status.get("attempt", restarts))  # before `attempt` existed, one per restart
+    current_name = builders.job_name(name, attempt)
     uid = body["metadata"]["uid"]
     current, stale = None, []
     for w in cl.workloads(backend):
@@ -143,25 +148,52 @@ def reconcile_once(ctx: Context, namespace: str, name: str, logger: Logger) -> f
             f"Service {namespace}/{service['metadata']['name']} exists and is not owned by this "
             "PetsTraining; delete or rename it", delay=POLL_IDLE)
 
+    target = builders.Target(name, namespace, attempt, ctx.default_image, ctx.cluster_domain,
+                             builders.queue_labels(body["metadata"].get("labels")))
     state = None
     rank0 = Rank0()
     pod_list: list[dict[str, Any]] | None = None
     warnings: dict[str, list[dict[str, Any]]] = {}
+    queue_served, queue_workload = True, None
     if current is not None:
+        if target.queued:
+            queue_served, queue_workload = cl.queue_workload(current)
         state = backend.state(current, spec["replicas"])
         pod_list = cl.pods(backend, current["metadata"]["name"])
         rank0 = _observe_rank0(_newest_rank0(backend, pod_list), state.phase, ctx.progress_port)
         if state.phase not in api.FINISHED_PHASES:
             warnings = cl.pod_warnings([p["metadata"]["name"] for p in pod_list if pods.creating(p)])
 
-    target = builders.Target(name, namespace, restarts, ctx.default_image, ctx.cluster_domain)
-    observed = status.Observed(backend=backend, workload=current, stale=stale, service=service,
-                               progress=rank0.progress, summary=rank0.summary, state=state, pods=pod_list,
-                               pod_events=warnings, progress_error=rank0.progress_error,
-                               rank0_running_since=rank0.running_since)
+    observed = status.Observed(backend=backend, backend_reason=backend_reason, workload=current, stale=stale,
+                               service=service, progress=rank0.progress, summary=rank0.summary, state=state,
+                               pods=pod_list, pod_events=warnings, progress_error=rank0.progress_error,
+                               rank0_running_since=rank0.running_since, queue_workload=queue_workload,
+                               queue_served=queue_served)
     result = status.plan(body, spec, observed, target, now)
     result.delete = [r for r in result.delete if r["name"] not in deleting]
     return _carry_out(ctx, cl, body, result, logger, restarts=restarts)
+
+
+def _child_refused(cl: Cluster, body: dict[str, Any], result: status.Plan, manifest: dict[str, Any],
+                   made: list[dict[str, Any]], exc: ApiException, logger: Logger) -> status.Plan:
+    """The Plan once the API server refused to create `manifest` (`made`: created before it)."""
+    permanent = child_refusal_permanent(exc)
+    child = f"{manifest['kind']} {manifest['metadata']['name']}"
+    message = api_message(exc)
+    metrics.ERRORS.labels(kind=f"api_{exc.status}").inc()
+    logger.warning(f"the API server refused {child} (HTTP {exc.status}, "
+                   f"{'permanent' if permanent else 'will retry'}): {message}")
+    # If it fails: what this round made, our Service (maybe made by an earlier round; reconcile_once
+    # checked it is ours), and what the Plan meant to delete anyway (older attempts' workloads).
+    cleanup = list(made)
+    service = (result.status.get("children") or {}).get("service")
+    if service and not any(m["kind"] == "Service" for m in made) and manifest["kind"] != "Service":
+        cleanup.append({"apiVersion": "v1", "kind": "Service",
+                        "metadata": {"name": service, "namespace": cl.namespace}})
+    cleanup += [{"apiVersion": r["apiVersion"], "kind": r["kind"],
+                 "metadata": {"name": r["name"], "namespace": r["namespace"]}} for r in result.delete]
+    return status.plan_child_refused(body, message, datetime.now(UTC), permanent, child=child,
+                                     cleanup=cleanup)
 
 
 def _carry_out(ctx: Context, cl: Cluster, body: dict[str, Any], result: status.Plan, logger: Logger,
@@ -171,12 +203,22 @@ def _carry_out(ctx: Context, cl: Cluster, body: dict[str, Any], result: status.P
     # then the status; deletions last: a restart's new attempt number must be stored before the old
     # workload goes, or a crash in between could restart the same attempt twice.
     kbody = cast(kopf.Body, body)
+    refused: status.Plan | None = None
+    made: list[dict[str, Any]] = []
     for manifest in result.create:
         kopf.adopt(manifest, owner=kbody)
-        if cl.create(manifest):
+        try:
+            created = cl.create(manifest)
+        except ApiException as exc:  # refused: the training ends (Failed) or waits, saying why
+            refused = _child_refused(cl, body, result, manifest, made, exc, logger)
+            break
+        if created:
+            made.append(manifest)
             logger.info(f"created {manifest['kind']} {manifest['metadata']['name']}")
         else:
             logger.info(f"{manifest['kind']} {manifest['metadata']['name']} already exists; not recreated")
+    if refused is not None:
+        result = refused
     new_status = result.status
     if new_status != (body.get("status") or {}):
         cl.patch_status(new_status)
@@ -185,6 +227,8 @@ def _carry_out(ctx: Context, cl: Cluster, body: dict[str, Any], result: status.P
         cl.delete(ref)
     if result.suspend is not None and result.suspend_workload:
         cl.set_suspend(backends.get(new_status["backend"]), result.suspend_workload, result.suspend)
+    if result.queue_active is not None and result.queue_workload:
+        cl.set_queue_active(result.queue_workload, result.queue_active)
     for ev in result.events:
         kopf.event(kbody, type=ev.type, reason=ev.reason, message=ev.message)
     if new_status.get("phase") == api.RESTARTING and new_status.get("restarts", 0) > restarts:
@@ -194,7 +238,8 @@ def _carry_out(ctx: Context, cl: Cluster, body: dict[str, Any], result: status.P
         logger.info("ttlSecondsAfterFinished expired: deleting the PetsTraining")
         cl.delete_training()
         return None
-
+    if refused is not None and refused.requeue_after is not None:
+        return max(0.5, refused.requeue_after)  # the refusal's own backoff
     return next_delay(result, ctx.poll_active)
 
 

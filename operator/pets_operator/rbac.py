@@ -22,4 +22,7 @@ NAMESPACED: list[tuple[str, str, tuple[str, ...]]] = [
     ("", "events", ("create", "patch", "list")),
     ("events.k8s.io", "events", ("create", "patch")),
     ("kubeflow.org", "pytorchjobs", ("create", "get", "list", "watch", "patch", "delete")),
+    # Kueue's Workload of a queued training: read for its admission and reasons, patched (spec.active)
+    # when the user suspends or resumes it.
+    ("kueue.x-k8s.io", "workloads", ("list", "patch")),
 ]

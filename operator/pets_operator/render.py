@@ -38,6 +38,7 @@ def render_object(
         namespace=meta.get("namespace") or namespace or "default",
         default_image=default_image,
         cluster_domain=cluster_domain,
+        queue_labels=builders.queue_labels(meta.get("labels")),
     )
     # No cluster to ask: an explicit spec.backend wins, and 'auto' becomes --backend (default job).
     served = {name for name in (backend, spec["backend"]) if name and name != "auto"}

@@ -13,7 +13,7 @@ import kopf
 import yaml
 from kubernetes import client, config
 
-from pets_operator import api, handlers
+from pets_operator import api, backends, handlers
 
 log = logging.getLogger("pets_operator")
 
@@ -29,6 +29,7 @@ class RunOptions:
     verbose: bool = False
     default_image: str = api.DEFAULT_IMAGE
     cluster_domain: str = api.DEFAULT_CLUSTER_DOMAIN
+    auto_backend: str = backends.DEFAULT_AUTO
     kubeconfig: str | None = None  # None: in-cluster, else $KUBECONFIG / ~/.kube/config
     progress_poll_seconds: float = handlers.POLL_ACTIVE
     progress_port: int = api.METRICS_PORT  # the trainer's contract port; tests point it elsewhere
@@ -87,6 +88,7 @@ def build(options: RunOptions, cfg: client.Configuration) -> tuple[kopf.Operator
         api_client=client.ApiClient(cfg),
         default_image=options.default_image,
         cluster_domain=options.cluster_domain,
+        auto_backend=options.auto_backend,
         poll_active=options.progress_poll_seconds,
         progress_port=options.progress_port,
         fixed_namespaces=bool(options.namespaces),

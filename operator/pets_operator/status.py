@@ -31,6 +31,9 @@ class Observed:
     pod_events: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # Warning Events by pod
     progress_error: str | None = None  # why rank 0's progress endpoint could not be read
     rank0_running_since: str | None = None  # when rank 0's trainer container started
+    queue_workload: dict[str, Any] | None = None  # Kueue's Workload for the current workload (queued ones)
+    queue_served: bool = True  # whether Kueue's Workload API is served at all
+    backend_reason: str = ""  # why that backend (backends.why)
 
     def workload_state(self, replicas: int) -> WorkloadState | None:
         if self.workload is None:
@@ -52,6 +55,8 @@ class Plan:
     delete: list[dict[str, Any]] = field(default_factory=list)  # objects (kind/name/namespace)
     suspend: bool | None = None  # set the workload's suspend to this
     suspend_workload: str | None = None  # the workload whose suspend to set
+    queue_active: bool | None = None  # set Kueue's Workload spec.active to this (queued trainings)
+    queue_workload: str | None = None  # the Kueue Workload to set it on
     events: list[Event] = field(default_factory=list)
     delete_self: bool = False  # TTL after finish expired
     requeue_after: float | None = None  # seconds until the plan should be made again at the latest
@@ -148,16 +153,20 @@ def plan(
 
     status["observedGeneration"] = generation
     status["backend"] = backend.name
+    if observed.backend_reason:
+        status["backendReason"] = observed.backend_reason
     status["replicas"] = spec["replicas"]
     status["restarts"] = restarts
-    status.setdefault("totalEpochs", spec["epochs"])
-    status["children"] = backend.children_names(target.name, restarts)
+    status["attempt"] = target.attempt
+    status["totalEpochs"] = spec["epochs"]
+    status["children"] = backend.children_names(target.name, target.attempt)
 
     # Older attempts' workloads are always cleaned up (a restart deletes, then recreates).
     result.delete += [_ref(w) for w in observed.stale]
 
     if old_phase in api.FINISHED_PHASES:
         # Terminal: nothing is created again. Only the TTL remains.
+        status["workloadActive"] = False
         _ttl(result, spec, status, now)
         return result
 
@@ -166,19 +175,36 @@ def plan(
         result.create.append(service)
     ws = observed.workload_state(spec["replicas"])
     if observed.workload is None or ws is None:
+        status["workloadActive"] = False
         if observed.stale:
-            phase, reason, message = api.RESTARTING, "WaitingForOldAttempt", \
-                "waiting for the previous attempt's workload to go away"
+            phase = (api.RESTARTING if old_phase == api.RESTARTING
+                     else api.SUSPENDED if spec["suspend"] else api.PENDING)
+            reason, message = "WaitingForOldAttempt", "waiting for the previous attempt's workload to go away"
         else:
             workload = backend.build_workload(spec, target)
             result.create.append(workload)
-            phase = api.SUSPENDED if spec["suspend"] else (api.RESTARTING if restarts else api.PENDING)
+            status["workloadActive"] = not builders.created_suspended(spec, target)
             reason = "Created"
             message = f"created {workload['kind']} {workload['metadata']['name']}"
+            if spec["suspend"]:
+                phase = api.SUSPENDED
+            elif target.queued:
+                phase, reason = api.QUEUED, "WaitingForAdmission"
+                message += f", suspended until Kueue admits it from queue {_queue_name(target)}"
+            else:
+                phase = api.RESTARTING if restarts else api.PENDING
+            if old.get("backend") != backend.name:
+                result.events.append(Event("Normal", "BackendSelected",
+                                           f"running as a {backend.kind}: {observed.backend_reason}"))
             result.events.append(Event("Normal", "Created", message))
         status["activeReplicas"] = 0
         status["readyReplicas"] = 0
         _apply_phase(result, old_phase, phase, reason, message, now, generation)
+        return result
+    status["workloadActive"] = (not backend.is_suspended(observed.workload)
+                                and ws.phase not in api.FINISHED_PHASES)
+    if ws.phase not in api.FINISHED_PHASES and _built_from_older_spec(observed.workload, spec):
+        _rebuild(result, spec, observed, target, old_phase, now, generation)
         return result
 
     status["activeReplicas"] = ws.active
@@ -199,6 +225,8 @@ def plan(
     elif phase == api.FAILED:
         status.pop("pendingSince", None)
         phase, reason, message = _after_failure(result, spec, observed, ws, restarts, now)
+    elif target.queued:
+        phase, reason, message = _while_queued(result, spec, observed, ws, target, restarts, now)
     else:
         phase, reason, message = _while_active(result, spec, observed, ws, restarts, now)
     _apply_phase(result, old_phase, phase, reason, message, now, generation)
@@ -207,6 +235,40 @@ def plan(
     if phase in api.FINISHED_PHASES:
         _ttl(result, spec, status, now)
     return result
+
+
+def _queue_name(target: builders.Target) -> str:
+    return target.queue_labels.get(api.KUEUE_QUEUE_LABEL, "")
+
+
+def _built_from_older_spec(workload: dict[str, Any], spec: dict[str, Any]) -> bool:
+    """The workload was built from a spec since edited (while it was suspended or queued). A workload
+    from before the annotation existed is taken as current."""
+    built_from = ((workload.get("metadata") or {}).get("annotations") or {}).get(api.ANNOTATION_SPEC_DIGEST)
+    return bool(built_from) and built_from != builders.spec_digest(spec)
+
+
+def _rebuild(result: Plan, spec: dict[str, Any], observed: Observed, target: builders.Target,
+             old_phase: str | None, now: datetime, generation: int | None) -> None:
+    """No edit is lost: a workload built from an older spec is replaced by one built from this spec, as a
+    new attempt that is not a restart (nothing failed). Checkpoints carry over where their shape allows
+    (`builders.checkpoint_dir`)."""
+    status = result.status
+    assert observed.workload is not None
+    status["attempt"] = target.attempt + 1
+    status["children"] = observed.backend.children_names(target.name, target.attempt + 1)
+    result.delete.append(_ref(observed.workload))
+    kind, name = observed.workload["kind"], observed.workload["metadata"]["name"]
+    message = (f"spec changed (generation {generation}) since {kind} {name} was built: "
+               "rebuilding it from the new spec")
+    if status.get("workloadActive"):
+        message += "; its pods restart from the newest checkpoint of this shape (not counted as a restart)"
+    result.events.append(Event("Normal", "Rebuilding", message))
+    result.requeue_after = 0.0
+    phase = (api.SUSPENDED if spec["suspend"] else api.QUEUED if target.queued
+             else api.RESTARTING if old_phase == api.RESTARTING else api.PENDING)
+    status["workloadActive"] = False
+    _apply_phase(result, old_phase, phase, "Rebuilding", message, now, generation)
 
 
 def _failure_record(failure: pods.Failure, now: datetime) -> dict[str, Any]:
@@ -240,6 +302,7 @@ def _after_failure(result: Plan, spec: dict[str, Any], observed: Observed, ws: W
     by_cluster = failure is not None and failure.caused_by_cluster
     if not permanent and (by_cluster or counted < spec["maxRestarts"]):
         status["restarts"] = restarts + 1
+        status["attempt"] = int(status["attempt"]) + 1
         if by_cluster:
             status["disruptions"] = disruptions + 1
         result.delete.append(_ref(observed.workload))
@@ -306,6 +369,76 @@ def _while_active(result: Plan, spec: dict[str, Any], observed: Observed, ws: Wo
     if timeout is not None:
         result.requeue_after = max(0.0, timeout - waited)
     return (api.RESTARTING if restarts else api.PENDING), reason, message
+
+
+def _kueue_conditions(queue_workload: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+    conditions = ((queue_workload or {}).get("status") or {}).get("conditions") or []
+    return {c.get("type", ""): c for c in conditions}
+
+
+def _while_queued(result: Plan, spec: dict[str, Any], observed: Observed, ws: WorkloadState,
+                  target: builders.Target, restarts: int, now: datetime) -> tuple[str, str, str]:
+    """A workload in a Kueue queue: Kueue alone flips its suspend (admission, preemption). The user's
+    spec.suspend goes through Kueue's own switch, the Workload's spec.active; Kueue's reasons are
+    mirrored into status in its own words."""
+    status = result.status
+    assert observed.workload is not None
+    queue = _queue_name(target)
+    if not observed.queue_served:
+        status["queue"] = {"name": queue, "admitted": False,
+                           "message": "Kueue is not installed (workloads.kueue.x-k8s.io is not served)"}
+        return (api.QUEUED, "QueueUnavailable",
+                f"labelled {api.KUEUE_QUEUE_LABEL}={queue}, but Kueue is not installed in this cluster, so "
+                f"nothing will admit the workload: install Kueue or remove the label")
+    qw = observed.queue_workload
+    conds = _kueue_conditions(qw)
+    admitted = conds.get("Admitted", {}).get("status") == "True"
+    if qw is not None:
+        wanted = not spec["suspend"]
+        if bool((qw.get("spec") or {}).get("active", True)) != wanted:
+            result.queue_active, result.queue_workload = wanted, qw["metadata"]["name"]
+            result.events.append(Event("Normal", "Resumed" if wanted else "Suspended",
+                                       f"{'activating' if wanted else 'deactivating'} Kueue Workload "
+                                       f"{qw['metadata']['name']}"))
+    suspended = observed.backend.is_suspended(observed.workload)
+    if spec["suspend"]:
+        status.pop("pendingSince", None)
+        detail = "" if suspended else "; its pods stop once Kueue suspends the workload"
+        qw_name = (qw or {}).get("metadata", {}).get("name", "")
+        message = f"suspended: Kueue Workload {qw_name} is deactivated{detail}"
+        status["queue"] = _queue_status(queue, qw, admitted, message)
+        return api.SUSPENDED, "Deactivated", message
+    if not suspended:  # admitted: Kueue unsuspended it; from here on the pods tell
+        status["queue"] = _queue_status(queue, qw, True, "")
+        return _while_active(result, spec, observed, ws, restarts, now)
+    status.pop("pendingSince", None)
+    evicted = next((c for t in ("Evicted", "Preempted") if (c := conds.get(t, {})).get("status") == "True"),
+                   None)
+    old_phase = result.status.get("phase")
+    if evicted or old_phase in (api.RUNNING, api.PREEMPTED):
+        why = evicted or {}
+        message = (f"preempted by Kueue ({why.get('reason') or 'Evicted'}: "
+                   f"{why.get('message') or 'suspended'}); it waits to be admitted again and then resumes "
+                   "from its newest checkpoint (not a failure)")
+        status["queue"] = _queue_status(queue, qw, False, why.get("message") or "")
+        if old_phase != api.PREEMPTED:
+            result.events.append(Event("Warning", "Preempted", message))
+        return api.PREEMPTED, why.get("reason") or "Preempted", message
+    waiting = conds.get("QuotaReserved") or {}
+    kueue_says = waiting.get("message") or ("Kueue has not created its Workload yet" if qw is None
+                                            else "waiting for admission")
+    message = f"queued in {queue}: {kueue_says}"
+    status["queue"] = _queue_status(queue, qw, False, kueue_says)
+    if old_phase != api.QUEUED:
+        result.events.append(Event("Normal", "Queued", message))
+    return api.QUEUED, waiting.get("reason") or "WaitingForAdmission", message
+
+
+def _queue_status(queue: str, qw: dict[str, Any] | None, admitted: bool, message: str) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": queue, "admitted": admitted, "message": message}
+    if qw is not None:
+        out["workload"] = qw["metadata"]["name"]
+    return out
 
 
 def _from_pods(result: Plan, spec: dict[str, Any], observed: Observed) -> tuple[str, str, str]:
@@ -447,3 +580,48 @@ def _ttl(result: Plan, spec: dict[str, Any], status: dict[str, Any], now: dateti
         result.delete_self = True
     else:
         result.requeue_after = left
+
+
+CHILD_RETRY_MIN_SECONDS = 2.0
+CHILD_RETRY_MAX_SECONDS = 30.0
+
+
+def plan_child_refused(body: dict[str, Any], error: str, now: datetime, permanent: bool, *,
+                       child: str = "a child", cleanup: list[dict[str, Any]] | None = None) -> Plan:
+    """The API server refused to create a child (`child`: "Job pets-r0"); `error` is its own message.
+
+    permanent (the request itself is wrong, see `cluster.child_refusal_permanent`): Failed, with the
+    server's message, one Warning Event, and `cleanup` (the children of this attempt that exist) deleted:
+    nothing is left behind and nothing is retried. Otherwise (a quota, rate limiting, a busy server):
+    Pending (Restarting during a gang restart) with reason ChildCreateRetrying and the message, retried
+    after a backoff that doubles with the time spent waiting (2 s up to 30 s, `requeue_after`). That wait
+    counts as waiting for pods: it starts status.pendingSince, so spec.scheduling.pendingTimeoutSeconds
+    bounds it as it bounds unschedulable pods.
+    """
+    old = body.get("status") or {}
+    old_since = old.get("pendingSince")
+    waited = (now - parse_timestamp(old_since)).total_seconds() if old_since else 0.0
+    timeout = (((body.get("spec") or {}).get("scheduling")) or {}).get("pendingTimeoutSeconds")
+    if permanent or (timeout is not None and waited >= timeout):
+        if permanent:
+            reason = "ChildRejected"
+            message = (f"the API server refused {child}: {error} (a retry cannot fix this: fix the spec or "
+                       "the policy, then recreate the PetsTraining)")
+        else:
+            reason = "PendingTimeout"
+            message = f"did not start within spec.scheduling.pendingTimeoutSeconds={timeout}: could not " \
+                      f"create {child}: {error}"
+        result = _plan_without_workload(body, api.FAILED, reason, message, now)
+        result.status.pop("pendingSince", None)
+        result.status["completionTime"] = timestamp(now)
+        result.delete = [_ref(obj) for obj in cleanup or []]
+    else:
+        phase = api.RESTARTING if old.get("phase") == api.RESTARTING else api.PENDING
+        message = f"waiting to create {child}: {error}; retrying"
+        result = _plan_without_workload(body, phase, "ChildCreateRetrying", message, now)
+        result.status["pendingSince"] = old_since or timestamp(now)
+        delay = min(max(waited, CHILD_RETRY_MIN_SECONDS), CHILD_RETRY_MAX_SECONDS)
+        result.requeue_after = delay if timeout is None else max(0.0, min(delay, timeout - waited))
+    if "workloadActive" in result.status:
+        result.status["workloadActive"] = False  # its workload was not created
+    return result

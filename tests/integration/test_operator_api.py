@@ -128,9 +128,9 @@ def test_samples_are_accepted_by_the_server(admin: client.ApiClient, crd: dict[s
                 assert got["spec"] == api.resolve_spec(doc["spec"]), path
 
 
-def _set_phase(admin: client.ApiClient, ns: str, name: str, phase: str) -> None:
+def _set_status(admin: client.ApiClient, ns: str, name: str, **fields: Any) -> None:
     client.CustomObjectsApi(admin).patch_namespaced_custom_object_status(
-        api.GROUP, api.VERSION, ns, api.PLURAL, name, {"status": {"phase": phase}})
+        api.GROUP, api.VERSION, ns, api.PLURAL, name, {"status": fields})
 
 
 def _patch(admin: client.ApiClient, ns: str, name: str, spec: dict[str, Any]) -> Any:
@@ -138,23 +138,26 @@ def _patch(admin: client.ApiClient, ns: str, name: str, spec: dict[str, Any]) ->
         api.GROUP, api.VERSION, ns, api.PLURAL, name, {"spec": spec})
 
 
-@pytest.mark.parametrize("field", ["replicas", "epochs", "dataset", "image", "backend"])
+@pytest.mark.parametrize("field", ["replicas", "epochs", "dataset", "image", "backend", "resources"])
 @pytest.mark.usefixtures("operator_paused")
-def test_fields_are_immutable_while_running(admin: client.ApiClient, crd: dict[str, Any], namespace: str,
-                                            field: str) -> None:
+def test_fields_are_immutable_while_the_workload_runs(admin: client.ApiClient, crd: dict[str, Any],
+                                                      namespace: str, field: str) -> None:
     create(admin, namespace, training("running", replicas=2))
     change = {"replicas": 3, "epochs": 9, "dataset": {"synthetic": {"imagesPerClass": 3}},
-              "image": "other:1", "backend": "job"}[field]
-    _set_phase(admin, namespace, "running", api.RUNNING)
+              "image": "other:1", "backend": "job", "resources": {"cpu": "2"}}[field]
+    # Keyed on the workload, not the phase: a Pending training whose Job exists is running already.
+    _set_status(admin, namespace, "running", phase=api.PENDING, workloadActive=True)
     with pytest.raises(ApiException) as err:
         _patch(admin, namespace, "running", {field: change})
-    assert err.value.status == 422 and f"spec.{field} is immutable" in err.value.body
-    # Suspend, maxRestarts and the TTL stay editable while running ...
-    _patch(admin, namespace, "running", {"suspend": True, "maxRestarts": 5, "ttlSecondsAfterFinished": 60})
-    # ... and everything is editable again once it is not running.
-    _set_phase(admin, namespace, "running", api.SUSPENDED)
-    assert _patch(admin, namespace, "running", {field: change})["spec"][field] == api.resolve_spec(
-        {field: change})[field]
+    assert err.value.status == 422 and f"spec.{field} is immutable while the training's workload runs" \
+        in err.value.body
+    # Suspend, maxRestarts, the TTL and the scheduling bounds stay editable while it runs ...
+    _patch(admin, namespace, "running", {"suspend": True, "maxRestarts": 5, "ttlSecondsAfterFinished": 60,
+                                         "scheduling": {"stallTimeoutSeconds": 600}})
+    # ... and everything is editable once the workload is suspended (the operator rebuilds it on resume).
+    _set_status(admin, namespace, "running", phase=api.SUSPENDED, workloadActive=False)
+    got = _patch(admin, namespace, "running", {field: change})["spec"][field]
+    assert got == api.resolve_spec({field: change})[field]
 
 
 def _children(spec: dict[str, Any], ns: str, backend: str) -> list[dict[str, Any]]:

@@ -303,7 +303,7 @@ def test_health_and_metrics(admin: client.ApiClient, operator: OperatorThread, n
 
 def test_pytorchjob_backend(admin: client.ApiClient, operator: OperatorThread, pytorchjob_crd: str,
                             namespace: str) -> None:
-    pt = create_training(admin, namespace, "pj", replicas=3, backend="auto")
+    pt = create_training(admin, namespace, "pj", replicas=3, backend="pytorchjob")
     custom = client.CustomObjectsApi(admin)
     pj = wait_for("the PyTorchJob", lambda: custom.list_namespaced_custom_object(
         "kubeflow.org", "v1", namespace, "pytorchjobs")["items"])
@@ -312,6 +312,7 @@ def test_pytorchjob_backend(admin: client.ApiClient, operator: OperatorThread, p
     assert not jobs(admin, namespace) and not services(admin, namespace)
     st = wait_phase(admin, namespace, "pj", api.PENDING)["status"]
     assert st["backend"] == "pytorchjob" and st["children"] == {"pytorchJob": "pj"}
+    assert st["backendReason"] == "spec.backend is pytorchjob"
     t = now()
     custom.patch_namespaced_custom_object_status("kubeflow.org", "v1", namespace, "pytorchjobs", "pj", {
         "status": {"startTime": t, "conditions": [
@@ -319,6 +320,11 @@ def test_pytorchjob_backend(admin: client.ApiClient, operator: OperatorThread, p
              "lastTransitionTime": t, "lastUpdateTime": t}],
             "replicaStatuses": {"Master": {"active": 1}, "Worker": {"active": 2}}}})
     assert wait_phase(admin, namespace, "pj", api.RUNNING)["status"]["activeReplicas"] == 3
+    # With the PyTorchJob CRD served, `auto` still runs as the operator's --auto-backend (job), and says so.
+    create_training(admin, namespace, "auto", replicas=2, backend="auto")
+    assert the_job(admin, namespace, "auto").spec.parallelism == 2
+    st = wait_phase(admin, namespace, "auto", api.PENDING)["status"]
+    assert st["backend"] == "job" and "--auto-backend" in st["backendReason"]
 
 
 def trainer_pods(admin: client.ApiClient, ns: str, job: str, replicas: int) -> None:

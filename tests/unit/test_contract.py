@@ -85,7 +85,8 @@ def test_the_pod_env_and_args_reach_the_launcher_and_the_trainer() -> None:
     cfg = resolve(launch.trainer_args(container["args"]))
     assert cfg.mixed_precision == spec["mixedPrecision"] and cfg.resume
     assert cfg.resolved_output_dir(pod.output_dir) == Path(api.OUTPUT_DIR)
-    assert cfg.resolved_checkpoint_dir(pod.output_dir) == Path(api.OUTPUT_DIR) / "checkpoints"
+    assert cfg.resolved_checkpoint_dir(pod.output_dir) == Path(builders.checkpoint_dir(spec))
+    assert cfg.resolved_checkpoint_dir(pod.output_dir).parent == Path(api.OUTPUT_DIR) / "checkpoints"
 
 
 def test_the_trainer_serves_the_gauges_the_operator_reads() -> None:

@@ -117,6 +117,11 @@ Every verb and resource is named: no wildcards. Keep in step with operator/pets_
   resources: ["pytorchjobs"]
   verbs: ["create", "get", "list", "watch", "delete", "patch"]
 {{- end }}
+{{- if .Values.rbac.kueue }}
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads"]
+  verbs: ["list", "patch"]
+{{- end }}
 {{- if and .Values.peering.enabled (include "pets-training.namespaced" .) }}
 - apiGroups: ["kopf.dev"]
   resources: ["kopfpeerings"]

@@ -17,10 +17,12 @@ CI_VALUES = sorted(f"ci/{p.name}" for p in (CHART / "ci").glob("*-values.yaml"))
 VARIANTS = [None, *CI_VALUES]  # None: the chart's defaults
 
 # What the operator may do inside a namespace it watches, as (apiGroup, resource, verb): exactly what
-# pets_operator.rbac says its code uses. The PyTorchJob grants are switched by rbac.pytorchJobs.
+# pets_operator.rbac says its code uses. The PyTorchJob and Kueue grants are switched by rbac.pytorchJobs
+# and rbac.kueue.
 USED = {(group, resource, verb) for group, resource, verbs in rbac.NAMESPACED for verb in verbs}
 PYTORCHJOBS = {grant for grant in USED if grant[0] == "kubeflow.org"}
-NEEDED_IN_NAMESPACE = USED - PYTORCHJOBS
+KUEUE = {grant for grant in USED if grant[0] == "kueue.x-k8s.io"}
+NEEDED_IN_NAMESPACE = USED - PYTORCHJOBS - KUEUE
 NAMESPACED_PEERING = {("kopf.dev", "kopfpeerings", v) for v in ("get", "list", "watch", "patch")}
 CLUSTER_ONLY = {("", "namespaces", v) for v in ("list", "watch")} | {
     ("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("list", "watch")
@@ -89,7 +91,7 @@ def test_cluster_mode_grants_exactly_what_the_operator_needs(helm: str) -> None:
     manifest = render(helm)
     assert not of_kind(manifest, "Role") and not of_kind(manifest, "RoleBinding")
     role = one(manifest, "ClusterRole")
-    assert grants(role["rules"]) == NEEDED_IN_NAMESPACE | PYTORCHJOBS | CLUSTER_ONLY | CLUSTER_PEERING
+    assert grants(role["rules"]) == NEEDED_IN_NAMESPACE | PYTORCHJOBS | KUEUE | CLUSTER_ONLY | CLUSTER_PEERING
     binding = one(manifest, "ClusterRoleBinding")
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",
@@ -114,7 +116,7 @@ def test_namespaced_mode_renders_only_roles_in_each_watched_namespace(helm: str)
     assert sorted(b["metadata"]["namespace"] for b in bindings) == sorted(watched)
     sa_name = one(manifest, "ServiceAccount")["metadata"]["name"]
     for role in roles:
-        assert grants(role["rules"]) == NEEDED_IN_NAMESPACE | PYTORCHJOBS | NAMESPACED_PEERING
+        assert grants(role["rules"]) == NEEDED_IN_NAMESPACE | PYTORCHJOBS | KUEUE | NAMESPACED_PEERING
     for binding in bindings:
         assert binding["roleRef"]["kind"] == "Role"
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa_name, "namespace": NAMESPACE}]
@@ -138,7 +140,7 @@ def test_chart_grants_what_the_operator_code_uses(helm: str, variant: str | None
 def test_standalone_without_pytorchjobs_drops_those_grants(helm: str) -> None:
     manifest = render(helm, "ci/standalone-values.yaml")
     role = one(manifest, "ClusterRole")
-    assert grants(role["rules"]) == NEEDED_IN_NAMESPACE | CLUSTER_ONLY
+    assert grants(role["rules"]) == NEEDED_IN_NAMESPACE | KUEUE | CLUSTER_ONLY
     assert not [d for d in manifest if d["apiVersion"].startswith("kopf.dev/")]
     assert not of_kind(manifest, "CustomResourceDefinition")
     args = container(manifest)["args"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from operator_specs import TARGET, env_of, spec  # tests/unit/operator/operator_specs.py
-from pets_operator import api, backends
+from pets_operator import api, backends, builders
 
 pytestmark = pytest.mark.unit
 
@@ -38,13 +38,34 @@ def test_pytorchjob_workload() -> None:
 
 
 def test_resolution() -> None:
-    assert backends.resolve(spec(), {"job", "pytorchjob"}) is backends.PYTORCHJOB
+    # auto runs as the operator's --auto-backend (job unless told) where that is served, else as a Job.
+    assert backends.resolve(spec(), {"job", "pytorchjob"}) is backends.JOB
+    assert backends.resolve(spec(), {"job", "pytorchjob"}, auto="pytorchjob") is backends.PYTORCHJOB
+    assert backends.resolve(spec(), {"job"}, auto="pytorchjob") is backends.JOB
     assert backends.resolve(spec(), set()) is backends.JOB
     assert backends.resolve(spec(backend="job"), {"pytorchjob"}) is backends.JOB
     with pytest.raises(backends.BackendUnavailable, match="spec.backend is 'pytorchjob'.*training-operator"):
         backends.resolve(spec(backend="pytorchjob"), {"job"})
     with pytest.raises(api.SpecError, match="spec.backend must be one of auto, job, pytorchjob, got 'mpi'"):
         backends.get("mpi")
+
+
+def test_why_names_the_reason() -> None:
+    assert backends.why(spec(backend="pytorchjob"), backends.PYTORCHJOB) == "spec.backend is pytorchjob"
+    assert "--auto-backend" in backends.why(spec(), backends.JOB)
+    assert "CRD is not served, so job" in backends.why(spec(), backends.JOB, auto="pytorchjob")
+
+
+@pytest.mark.parametrize("backend", list(backends.BACKENDS.values()), ids=list(backends.BACKENDS))
+def test_queued_workloads_are_created_suspended_with_the_queue_labels(backend: backends.Backend) -> None:
+    labels = builders.queue_labels({api.KUEUE_QUEUE_LABEL: "team-a", api.KUEUE_PRIORITY_LABEL: "high",
+                                    "team": "vision"})
+    assert labels == {api.KUEUE_QUEUE_LABEL: "team-a", api.KUEUE_PRIORITY_LABEL: "high"}
+    queued = builders.Target("pets", "ns", queue_labels=labels)
+    workload = backend.build_workload(spec(), queued)
+    assert backend.is_suspended(workload)
+    assert labels.items() <= workload["metadata"]["labels"].items()
+    assert not backend.is_suspended(backend.build_workload(spec(), TARGET))
 
 
 @pytest.mark.parametrize("backend", list(backends.BACKENDS.values()), ids=list(backends.BACKENDS))

@@ -88,7 +88,7 @@ def test_cross_field_and_immutability_rules_exist() -> None:
     schema = api.object_schema()
     root_rules = schema["x-kubernetes-validations"]
     immutable = {r["fieldPath"] for r in root_rules if "oldSelf" in r["rule"]}
-    assert immutable == {f".spec.{f}" for f in api.IMMUTABLE_WHILE_RUNNING}
+    assert immutable == {f".spec.{f}" for f in api.immutable_while_running()}
     dataset_rules = schema["properties"]["spec"]["properties"]["dataset"]["x-kubernetes-validations"]
     assert "exactly one" in dataset_rules[0]["message"]
     assert all(r["message"].startswith(("spec.", "metadata.")) for r in root_rules)

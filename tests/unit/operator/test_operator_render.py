@@ -82,7 +82,7 @@ def test_the_crd_holds_exactly_the_records_cel() -> None:
     _validations(api.object_schema(), "", found)
     root = found.pop("")
     assert [r for r in root if "oldSelf" not in r["rule"]] == [r.validation() for r in api.rules_at("")]
-    assert len([r for r in root if "oldSelf" in r["rule"]]) == len(api.IMMUTABLE_WHILE_RUNNING)
+    assert len([r for r in root if "oldSelf" in r["rule"]]) == len(api.immutable_while_running())
     expected = {at: [r.validation() for r in api.rules_at(at)] for at in {r.at for r in api.RULES} if at}
     assert found == expected
 

@@ -30,10 +30,15 @@ def job(conditions: list[dict[str, Any]] | None = None, attempt: int = 0, suspen
 
 
 def run(b: dict[str, Any], workload: dict[str, Any] | None, *, backend: str = "job", now: datetime = NOW,
-        **observed: Any) -> status.Plan:
+        built_from: dict[str, Any] | None = None, **observed: Any) -> status.Plan:
+    """Plan with `workload` as the current one, built from the body's spec (or from `built_from`)."""
     spec = api.resolve_spec(b["spec"])
     chosen = backends.get(backend)
-    target = builders.Target("pets", "ns", int((b.get("status") or {}).get("restarts") or 0))
+    st = b.get("status") or {}
+    target = builders.Target("pets", "ns", int(st.get("attempt", st.get("restarts") or 0)))
+    if workload is not None:
+        workload["metadata"]["annotations"][api.ANNOTATION_SPEC_DIGEST] = builders.spec_digest(
+            api.resolve_spec(built_from) if built_from is not None else spec)
     obs = status.Observed(backend=chosen, workload=workload, service=chosen.build_service(spec, target),
                           **observed)
     return status.plan(b, spec, obs, target, now)
@@ -45,13 +50,17 @@ def cond(plan: status.Plan, ctype: str) -> dict[str, Any]:
 
 def test_new_training_creates_service_and_job_once() -> None:
     spec = api.resolve_spec({"replicas": 2})
-    p = status.plan(body(replicas=2), spec, status.Observed(backend=backends.JOB, workload=None), TARGET, NOW)
+    observed = status.Observed(backend=backends.JOB, workload=None, backend_reason="spec.backend is job")
+    p = status.plan(body(replicas=2), spec, observed, TARGET, NOW)
     assert [m["kind"] for m in p.create] == ["Service", "Job"]
     assert p.status["phase"] == api.PENDING
     assert p.status["observedGeneration"] == 3
     assert p.status["children"] == {"service": "pets", "job": "pets"}
+    assert p.status["workloadActive"] is True and p.status["attempt"] == 0
+    assert p.status["backendReason"] == "spec.backend is job"
     assert cond(p, "Progressing")["status"] == "True"
-    assert [e.reason for e in p.events] == ["Created"]
+    assert [(e.reason, e.message) for e in p.events] == [
+        ("BackendSelected", "running as a Job: spec.backend is job"), ("Created", "created Job pets")]
     # Once both exist, nothing is created again (idempotent).
     p2 = run(body(p.status, replicas=2), job())
     assert p2.create == [] and p2.delete == []

@@ -1,0 +1,172 @@
+"""No edit is lost (a workload built from an older spec is rebuilt), and a queued training leaves its
+workload's suspend to Kueue, mirroring Kueue's reasons into status."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pets_operator import api, backends, builders, status
+from test_operator_status import NOW, body, cond, job, run
+
+pytestmark = pytest.mark.unit
+
+QUEUE = {api.KUEUE_QUEUE_LABEL: "team-a"}
+
+
+# ------------------------------------------------------------------------------------ no edit is lost
+
+def test_spec_digest_ignores_the_fields_only_the_operator_reads() -> None:
+    base = api.resolve_spec({"replicas": 2})
+    same = api.resolve_spec({"replicas": 2, "maxRestarts": 7, "suspend": True, "ttlSecondsAfterFinished": 5,
+                             "scheduling": {"pendingTimeoutSeconds": 60}})
+    assert builders.spec_digest(base) == builders.spec_digest(same)
+    for edit in ({"replicas": 3}, {"epochs": 9}, {"resources": {"cpu": "2"}}, {"image": "other:1"}):
+        assert builders.spec_digest(api.resolve_spec({"replicas": 2, **edit})) != builders.spec_digest(base)
+
+
+def test_checkpoints_carry_over_only_where_their_shape_allows() -> None:
+    base = builders.checkpoint_dir(api.resolve_spec({}))
+    assert base.startswith(f"{api.OUTPUT_DIR}/checkpoints/")
+    # Same shape: a restart (or an edit of the image, say) resumes from the same directory ...
+    assert builders.checkpoint_dir(api.resolve_spec({"image": "other:1", "mixedPrecision": "no"})) == base
+    # ... a new shape (the LR schedule's length, the world size) starts afresh beside it.
+    for edit in ({"epochs": 9}, {"replicas": 3}, {"batchSize": 8}, {"seed": 1}):
+        assert builders.checkpoint_dir(api.resolve_spec(edit)) != base
+
+
+def test_an_edit_while_suspended_rebuilds_the_workload_from_the_new_spec() -> None:
+    old_spec = {"replicas": 2, "epochs": 5, "suspend": True}
+    new_spec = {"replicas": 3, "epochs": 9, "suspend": False}  # edited, then resumed in one apply
+    suspended = job(suspend=True, conditions=[{"type": "Suspended"}])
+    p = run(body({"phase": api.SUSPENDED, "backend": "job"}, **new_spec), suspended, built_from=old_spec)
+    # The old workload goes, as a new attempt that is not a restart; nothing is unsuspended.
+    assert p.delete == [{"apiVersion": "batch/v1", "kind": "Job", "name": "pets", "namespace": "ns"}]
+    assert p.suspend is None
+    assert p.status["attempt"] == 1 and p.status["restarts"] == 0
+    assert p.status["children"]["job"] == "pets-r1"
+    assert p.status["phase"] == api.PENDING and "rebuilding it from the new spec" in p.status["message"]
+    assert p.status["workloadActive"] is False
+    assert [e.reason for e in p.events] == ["Rebuilding"]
+    # The next round waits for the old one to go, then builds attempt 1 from the spec that is there now.
+    stale = job(suspend=True)
+    stale["metadata"]["deletionTimestamp"] = "2026-01-02T03:04:00Z"
+    waiting = status.plan(body(p.status, **new_spec), api.resolve_spec(new_spec),
+                          status.Observed(backend=backends.JOB, workload=None, stale=[stale], service={}),
+                          builders.Target("pets", "ns", 1), NOW)
+    assert waiting.create == [] and waiting.status["phase"] == api.PENDING
+    created = status.plan(body(waiting.status, **new_spec), api.resolve_spec(new_spec),
+                          status.Observed(backend=backends.JOB, workload=None, service={}),
+                          builders.Target("pets", "ns", 1), NOW)
+    (new_job,) = created.create
+    assert new_job["metadata"]["name"] == "pets-r1"
+    assert new_job["spec"]["parallelism"] == 3 and new_job["spec"]["suspend"] is False
+    assert "9" == new_job["spec"]["template"]["spec"]["containers"][0]["args"][1]  # --epochs 9
+    assert created.status["workloadActive"] is True and created.status["totalEpochs"] == 9
+
+
+def test_a_workload_built_from_the_current_spec_is_kept_and_resumed() -> None:
+    p = run(body({"phase": api.SUSPENDED}, replicas=2), job(suspend=True, conditions=[{"type": "Suspended"}]))
+    assert p.delete == [] and p.suspend is False and p.status["attempt"] == 0
+
+
+def test_a_workload_from_before_the_digest_is_taken_as_current() -> None:
+    old = job(suspend=True)
+    spec = api.resolve_spec({"replicas": 2, "suspend": False})
+    old["metadata"]["annotations"].pop(api.ANNOTATION_SPEC_DIGEST)
+    observed = status.Observed(backend=backends.JOB, workload=old, service={})
+    target = builders.Target("pets", "ns")
+    p = status.plan(body({"phase": api.SUSPENDED}, replicas=2), spec, observed, target, NOW)
+    assert p.delete == [] and p.suspend is False
+
+
+def test_a_restart_starts_a_new_attempt_and_counts() -> None:
+    failed = job(conditions=[{"type": "Failed", "reason": "BackoffLimitExceeded"}])
+    p = run(body({"phase": api.RUNNING, "attempt": 2, "restarts": 1}, maxRestarts=3), failed)
+    assert p.status["phase"] == api.RESTARTING
+    assert p.status["restarts"] == 2 and p.status["attempt"] == 3
+
+
+# ------------------------------------------------------------------------------------------ Kueue
+
+def kueue_workload(*conditions: dict[str, Any], active: bool = True) -> dict[str, Any]:
+    return {"metadata": {"name": "job-pets-1a2b3", "namespace": "ns"}, "spec": {"active": active},
+            "status": {"conditions": [{"status": "True", **c} for c in conditions]}}
+
+
+def run_queued(st: dict[str, Any], workload: dict[str, Any] | None, qw: dict[str, Any] | None = None,
+               served: bool = True, **spec: Any) -> status.Plan:
+    b = body(st, **spec)
+    b["metadata"]["labels"] = dict(QUEUE)
+    resolved = api.resolve_spec(b["spec"])
+    target = builders.Target("pets", "ns", queue_labels=QUEUE)
+    if workload is not None:
+        workload["metadata"]["annotations"][api.ANNOTATION_SPEC_DIGEST] = builders.spec_digest(resolved)
+    obs = status.Observed(backend=backends.JOB, workload=workload, service={}, queue_workload=qw,
+                          queue_served=served)
+    return status.plan(b, resolved, obs, target, NOW)
+
+
+def queued_job(**kw: Any) -> dict[str, Any]:
+    j = job(suspend=True, conditions=[{"type": "Suspended"}], **kw)
+    j["metadata"]["labels"].update(QUEUE)
+    return j
+
+
+def test_a_queued_training_is_created_suspended_and_shows_queued() -> None:
+    p = run_queued({}, None)
+    (job_manifest,) = [m for m in p.create if m["kind"] == "Job"]
+    assert job_manifest["spec"]["suspend"] is True
+    assert job_manifest["metadata"]["labels"][api.KUEUE_QUEUE_LABEL] == "team-a"
+    assert p.status["phase"] == api.QUEUED and p.status["workloadActive"] is False
+
+
+def test_queued_shows_kueues_own_reason_and_never_touches_suspend() -> None:
+    why = "couldn't assign flavors to pod set main: insufficient unused quota for cpu in flavor default"
+    qw = kueue_workload({"type": "QuotaReserved", "status": "False", "reason": "Pending", "message": why})
+    p = run_queued({"phase": api.PENDING}, queued_job(), qw)
+    assert p.suspend is None and p.queue_active is None
+    assert p.status["phase"] == api.QUEUED
+    assert p.status["message"] == f"queued in team-a: {why}"
+    assert p.status["queue"] == {"name": "team-a", "workload": "job-pets-1a2b3", "admitted": False,
+                                 "message": why}
+    assert [e.reason for e in p.events] == ["Queued"]
+    assert not run_queued(p.status, queued_job(), qw).events  # one Event, not one per poll
+
+
+def test_admitted_runs_as_usual() -> None:
+    admitted = job(active=2, ready=2)
+    admitted["metadata"]["labels"].update(QUEUE)
+    qw = kueue_workload({"type": "QuotaReserved"}, {"type": "Admitted"})
+    p = run_queued({"phase": api.QUEUED}, admitted, qw)
+    assert p.suspend is None and p.status["queue"]["admitted"] is True
+    assert p.status["workloadActive"] is True
+
+
+def test_preemption_is_shown_and_is_not_a_failure() -> None:
+    qw = kueue_workload({"type": "Evicted", "reason": "Preempted",
+                         "message": "Preempted to accommodate a workload (UID: x) due to prioritization"})
+    p = run_queued({"phase": api.RUNNING, "restarts": 1}, queued_job(), qw)
+    assert p.status["phase"] == api.PREEMPTED
+    assert "Preempted to accommodate" in p.status["message"] and "not a failure" in p.status["message"]
+    assert p.status["restarts"] == 1 and p.delete == [] and p.suspend is None
+    assert [e.reason for e in p.events] == ["Preempted"]
+    assert cond(p, "Failed")["status"] == "False"
+
+
+def test_the_users_suspend_goes_through_kueues_active_switch() -> None:
+    admitted = job(active=2)
+    admitted["metadata"]["labels"].update(QUEUE)
+    p = run_queued({"phase": api.RUNNING}, admitted, kueue_workload({"type": "Admitted"}), suspend=True)
+    assert p.suspend is None  # never the Job's own suspend
+    assert (p.queue_active, p.queue_workload) == (False, "job-pets-1a2b3")
+    assert p.status["phase"] == api.SUSPENDED
+    assert p.status["workloadActive"] is True  # until Kueue has suspended the Job
+    resumed = run_queued({"phase": api.SUSPENDED}, queued_job(), kueue_workload(active=False))
+    assert (resumed.queue_active, resumed.suspend) == (True, None)
+
+
+def test_a_queue_label_without_kueue_says_so() -> None:
+    p = run_queued({"phase": api.QUEUED}, queued_job(), None, served=False)
+    assert p.status["phase"] == api.QUEUED
+    assert "Kueue is not installed" in p.status["message"] and p.suspend is None

@@ -1,0 +1,240 @@
+"""Children the API server refuses: permanent or not (cluster.child_refusal_permanent), what the
+training then shows (status.plan_child_refused), and what the adapter does (handlers._carry_out)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+from pets_operator import api, builders, handlers, status
+from pets_operator.cluster import child_refusal_permanent
+
+pytestmark = pytest.mark.unit
+
+NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+VAP = ('jobs.batch "pets-r0" is forbidden: ValidatingAdmissionPolicy \'no-jobs\' with binding \'no-jobs\' '
+       "denied request: spec.template.metadata.labels: a team label is required")
+
+
+def refusal(code: int | None, message: str = "", reason: str = "") -> ApiException:
+    exc = ApiException(status=code, reason=reason)
+    exc.body = json.dumps({"kind": "Status", "status": "Failure", "message": message, "code": code})
+    return exc
+
+
+@pytest.mark.parametrize(("code", "message", "permanent"), [
+    (422, 'Job.batch "pets-r0" is invalid: spec.template.spec.containers[0].resources.limits[memory]: '
+          "Invalid value: \"-4Gi\": must be greater than or equal to 0", True),
+    (400, "the object provided is unrecognized", True),
+    (413, "Request entity too large", True),
+    (403, VAP, True),
+    (403, 'admission webhook "deny.example.com" denied the request: no GPUs on Fridays', True),
+    (403, 'jobs.batch "pets-r0" is forbidden: maximum memory usage per Container is 1Gi, but limit is '
+          "3Gi", True),
+    (403, 'jobs.batch "pets-r0" is forbidden: exceeded quota: jobs, requested: count/jobs.batch=1, '
+          "used: count/jobs.batch=0, limited: count/jobs.batch=0", False),
+    (403, 'jobs.batch "pets-r0" is forbidden: status unknown for quota: jobs, resource: '
+          "count/jobs.batch", False),
+    (403, 'jobs.batch is forbidden: User "system:serviceaccount:ops:pets" cannot create resource "jobs" in '
+          'API group "batch" in the namespace "ml"', False),
+    (403, 'jobs.batch "pets-r0" is forbidden: unable to create new content in namespace ml because it is '
+          "being terminated", False),
+    (409, "Operation cannot be fulfilled", False),
+    (429, "Too many requests", False),
+    (500, "Internal error", False),
+    (503, "etcdserver: leader changed", False),
+    (404, 'namespaces "ml" not found', False),
+    (None, "", False),
+])
+def test_classification(code: int | None, message: str, permanent: bool) -> None:
+    assert child_refusal_permanent(refusal(code, message)) is permanent
+
+
+def test_classification_reads_a_body_that_is_not_json() -> None:
+    exc = ApiException(status=403, reason="Forbidden")
+    exc.body = "exceeded quota: jobs"
+    assert child_refusal_permanent(exc) is False
+
+
+def body(st: dict[str, Any] | None = None, **spec: Any) -> dict[str, Any]:
+    return {"apiVersion": api.API_VERSION, "kind": api.KIND,
+            "metadata": {"name": "pets", "namespace": "ns", "generation": 2, "uid": "u1"},
+            "spec": spec, "status": st or {}}
+
+
+def service_manifest() -> dict[str, Any]:
+    return builders.build_service(api.resolve_spec({}), builders.Target("pets", "ns"))
+
+
+def cond(plan: status.Plan, ctype: str) -> dict[str, Any]:
+    return next(c for c in plan.status["conditions"] if c["type"] == ctype)
+
+
+def test_permanent_refusal_fails_with_the_servers_words_and_cleans_up() -> None:
+    svc = service_manifest()
+    p = status.plan_child_refused(body({"phase": api.PENDING, "pendingSince": "2026-01-02T03:00:00Z"}), VAP,
+                                  NOW, True, child="Job pets-r0", cleanup=[svc])
+    assert p.status["phase"] == api.FAILED
+    assert VAP in p.status["message"] and "Job pets-r0" in p.status["message"]
+    assert cond(p, "Failed")["reason"] == "ChildRejected" and cond(p, "Failed")["status"] == "True"
+    assert [(e.type, e.reason) for e in p.events] == [("Warning", "ChildRejected")]
+    assert p.delete == [{"apiVersion": "v1", "kind": "Service", "name": svc["metadata"]["name"],
+                         "namespace": "ns"}]
+    assert p.create == [] and p.requeue_after is None
+    assert p.status["completionTime"] == "2026-01-02T03:04:05Z" and "pendingSince" not in p.status
+    # Said once: the same refusal seen again emits no second Event.
+    again = status.plan_child_refused(body(p.status), VAP, NOW + timedelta(seconds=5), True,
+                                      child="Job pets-r0")
+    assert again.events == [] and again.status["phase"] == api.FAILED
+
+
+QUOTA = ('jobs.batch "pets-r0" is forbidden: exceeded quota: jobs, requested: count/jobs.batch=1, '
+         "used: count/jobs.batch=0, limited: count/jobs.batch=0")
+
+
+def test_transient_refusal_waits_pending_with_the_reason_and_backs_off() -> None:
+    first = status.plan_child_refused(body({"phase": api.PENDING}), QUOTA, NOW, False, child="Job pets-r0",
+                                      cleanup=[service_manifest()])
+    assert first.status["phase"] == api.PENDING and first.delete == []
+    assert cond(first, "Progressing")["reason"] == "ChildCreateRetrying"
+    assert QUOTA in first.status["message"] and "pets-r0" in first.status["message"]
+    assert first.status["pendingSince"] == "2026-01-02T03:04:05Z"
+    assert [(e.type, e.reason) for e in first.events] == [("Warning", "ChildCreateRetrying")]
+    delays = [first.requeue_after]
+    st = first.status
+    for waited in (2, 4, 8, 16, 32, 64, 600):
+        p = status.plan_child_refused(body(st), QUOTA, NOW + timedelta(seconds=waited), False,
+                                      child="Job pets-r0")
+        assert p.events == [] and p.status["pendingSince"] == "2026-01-02T03:04:05Z"
+        delays.append(p.requeue_after)
+        st = p.status
+    assert delays == [2.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 30.0]
+
+
+def test_transient_refusal_during_a_restart_stays_restarting_and_workload_is_not_active() -> None:
+    p = status.plan_child_refused(body({"phase": api.RESTARTING, "restarts": 1, "workloadActive": True}),
+                                  QUOTA, NOW, False)
+    assert p.status["phase"] == api.RESTARTING and p.status["workloadActive"] is False
+
+
+def test_pending_timeout_bounds_a_transient_refusal() -> None:
+    spec = {"scheduling": {"pendingTimeoutSeconds": 60}}
+    st = {"phase": api.PENDING, "pendingSince": "2026-01-02T03:03:35Z"}  # 30 s ago
+    waiting = status.plan_child_refused(body(st, **spec), QUOTA, NOW, False, child="Job pets-r0")
+    assert waiting.status["phase"] == api.PENDING and waiting.requeue_after == 30.0
+    later = status.plan_child_refused(body(st, **spec), QUOTA, NOW + timedelta(seconds=25), False,
+                                      child="Job pets-r0")
+    assert later.requeue_after == 5.0  # never sleeps past the deadline
+    over = status.plan_child_refused(body(st, **spec), QUOTA, NOW + timedelta(seconds=31), False,
+                                     child="Job pets-r0", cleanup=[service_manifest()])
+    assert over.status["phase"] == api.FAILED and cond(over, "Failed")["reason"] == "PendingTimeout"
+    assert "pendingTimeoutSeconds=60" in over.status["message"] and QUOTA in over.status["message"]
+    assert [d["kind"] for d in over.delete] == ["Service"]
+
+
+# ----------------------------------------------------------------------------- the adapter
+
+
+class FakeCluster:
+    """Cluster's calls that _carry_out makes; create refuses the kinds in `refuse`."""
+
+    namespace, name = "ns", "pets"
+
+    def __init__(self, refuse: dict[str, ApiException]):
+        self.refuse = refuse
+        self.created: list[str] = []
+        self.deleted: list[str] = []
+        self.statuses: list[dict[str, Any]] = []
+
+    def create(self, manifest: dict[str, Any]) -> bool:
+        if manifest["kind"] in self.refuse:
+            raise self.refuse[manifest["kind"]]
+        self.created.append(f"{manifest['kind']}/{manifest['metadata']['name']}")
+        return True
+
+    def patch_status(self, st: dict[str, Any]) -> None:
+        self.statuses.append(st)
+
+    def delete(self, ref: dict[str, Any]) -> None:
+        self.deleted.append(f"{ref['kind']}/{ref['name']}")
+
+
+@pytest.fixture()
+def events(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str, str]]:
+    posted: list[tuple[str, str, str]] = []
+    monkeypatch.setattr(handlers.kopf, "event",
+                        lambda _body, *, type, reason, message: posted.append((type, reason, message)))
+    return posted
+
+
+def plan_creating_both() -> tuple[dict[str, Any], status.Plan]:
+    from pets_operator import backends
+
+    b = body()
+    spec = api.resolve_spec({})
+    target = builders.Target("pets", "ns")
+    obs = status.Observed(backend=backends.get("job"), workload=None)
+    return b, status.plan(b, spec, obs, target, NOW)
+
+
+def test_carry_out_fails_the_training_and_deletes_the_service_it_made(
+        events: list[tuple[str, str, str]]) -> None:
+    b, plan = plan_creating_both()
+    assert [m["kind"] for m in plan.create] == ["Service", "Job"]
+    cl = FakeCluster({"Job": refusal(403, VAP)})
+    delay = handlers._carry_out(handlers.Context(api_client=None), cl, b, plan,  # type: ignore[arg-type]
+                                logging.getLogger("test"))
+    assert cl.created == ["Service/pets"]
+    assert cl.deleted == ["Service/pets"]
+    assert cl.statuses[-1]["phase"] == api.FAILED and VAP in cl.statuses[-1]["message"]
+    assert [(t, r) for t, r, _ in events] == [("Warning", "ChildRejected")]
+    assert delay == handlers.POLL_FINISHED
+
+
+def test_carry_out_waits_on_a_quota_and_keeps_the_service(events: list[tuple[str, str, str]]) -> None:
+    b, plan = plan_creating_both()
+    cl = FakeCluster({"Job": refusal(403, QUOTA)})
+    delay = handlers._carry_out(handlers.Context(api_client=None), cl, b, plan,  # type: ignore[arg-type]
+                                logging.getLogger("test"))
+    assert cl.created == ["Service/pets"] and cl.deleted == []
+    assert cl.statuses[-1]["phase"] == api.PENDING
+    assert next(c for c in cl.statuses[-1]["conditions"] if c["type"] == "Progressing")["reason"] == \
+        "ChildCreateRetrying"
+    assert [(t, r) for t, r, _ in events] == [("Warning", "ChildCreateRetrying")]
+    assert delay == status.CHILD_RETRY_MIN_SECONDS
+
+
+def test_carry_out_cleans_up_a_service_made_by_an_earlier_round(events: list[tuple[str, str, str]]) -> None:
+    """Round 1 made the Service and waited on a quota; round 2's Job is refused for good."""
+    b, plan = plan_creating_both()
+    plan.create = [m for m in plan.create if m["kind"] == "Job"]  # the Service exists already
+    cl = FakeCluster({"Job": refusal(422, 'Job.batch "pets-r0" is invalid: spec.template: bad')})
+    handlers._carry_out(handlers.Context(api_client=None), cl, b, plan,  # type: ignore[arg-type]
+                        logging.getLogger("test"))
+    assert cl.created == [] and cl.deleted == ["Service/pets"]
+    assert cl.statuses[-1]["phase"] == api.FAILED
+
+
+def test_carry_out_lets_other_errors_through(events: list[tuple[str, str, str]]) -> None:
+    b, plan = plan_creating_both()
+
+    class Broken(FakeCluster):
+        def create(self, manifest: dict[str, Any]) -> bool:
+            raise ValueError("no API known")
+
+    with pytest.raises(ValueError):
+        handlers._carry_out(handlers.Context(api_client=None), Broken({}), b, plan,  # type: ignore[arg-type]
+                            logging.getLogger("test"))
+
+
+def test_carry_out_still_deletes_what_the_plan_meant_to_delete(events: list[tuple[str, str, str]]) -> None:
+    b, plan = plan_creating_both()
+    plan.delete = [{"apiVersion": "batch/v1", "kind": "Job", "name": "pets-r0", "namespace": "ns"}]
+    cl = FakeCluster({"Job": refusal(422, "invalid")})
+    handlers._carry_out(handlers.Context(api_client=None), cl, b, plan,  # type: ignore[arg-type]
+                        logging.getLogger("test"))
+    assert sorted(cl.deleted) == ["Job/pets-r0", "Service/pets"]
