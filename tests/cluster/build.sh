@@ -9,7 +9,9 @@
 # holding the version it was built from, so a cached binary is reused until the version changes.
 #
 #   smoke-image:   the smoke tests' pod image (debootstrapped python3), as an OCI archive
-# usage: build.sh [all|control-plane|node|kind|smoke-image|print-bin]...  (default: all = control-plane node)
+#   kubeflow:      Kubeflow's training-operator (go install) and its image   (addons.sh; only when asked)
+#   kueue:         Kueue (go install where the proxy serves it, else $PETS_KUEUE_DIR/kueue.gz) and its image
+# usage: build.sh [all|control-plane|node|kind|smoke-image|kubeflow|kueue|print-bin]...  (default: all = control-plane node)
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -90,14 +92,14 @@ build_pets_cri() {
   log "pets-cri: built"
 }
 
-# go_install NAME MODULE/PKG VERSION
+# go_install NAME MODULE/PKG VERSION [EXTRA_LDFLAGS]
 go_install() {
-  local name="$1" pkg="$2" version="$3" t0 gobin
+  local name="$1" pkg="$2" version="$3" extra="${4:-}" t0 gobin
   is_cached "$name" "$version" && { log "$name $version: cached"; return 0; }
   t0=$SECONDS
   gobin="$(mktemp -d "$PETS_CACHE/gobin.XXXXXX")"
   log "$name $version: building (go install $pkg@$version)"
-  GOBIN="$gobin" go_progress "$name" install -trimpath -ldflags "-s -w" "$pkg@$version"
+  GOBIN="$gobin" go_progress "$name" install -trimpath -ldflags "-s -w $extra" "$pkg@$version"
   mv "$gobin/$name" "$PETS_BIN/$name"
   rmdir "$gobin"
   mark_cached "$name" "$version"
@@ -172,6 +174,9 @@ build_smoke_image() {
     --entrypoint /usr/bin/python3 --user 65534:65534 --workdir /tmp
 }
 
+# shellcheck source=addons-build.sh
+source "$HERE/addons-build.sh"
+
 build_control_plane() {
   apt_install "${CONTROL_PLANE_PACKAGES[@]}"
   link_etcd
@@ -217,8 +222,10 @@ main() {
       node) build_node ;;
       kind) go_install kind sigs.k8s.io/kind "$KIND_VERSION" ;;
       smoke-image) build_smoke_image ;;
+      kubeflow) build_kubeflow ;;
+      kueue) build_kueue ;;
       print-bin) echo "$PETS_BIN" ;;
-      *) die "unknown build target '$t' (expected all, control-plane, node, kind, smoke-image or print-bin)" ;;
+      *) die "unknown build target '$t' (expected all, control-plane, node, kind, smoke-image, kubeflow, kueue or print-bin)" ;;
     esac
   done
   if [[ $GOCACHE == "$OWN_GOCACHE" && -d $GOCACHE ]] && go_binaries_all_cached; then

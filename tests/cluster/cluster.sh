@@ -3,6 +3,7 @@
 # A single-node Kubernetes cluster to run the e2e suite on.
 #
 # usage: cluster.sh up|down|status [local|kind]          (default: local)
+#        cluster.sh addon-up|addon-down kubeflow|kueue    the real training-operator / Kueue (addons.sh)
 #
 # local: the control plane of control-plane.sh (etcd, kube-apiserver, kube-controller-manager)
 #        plus a node on this machine: kube-scheduler, containerd + runc, a CNI bridge, kubelet
@@ -20,6 +21,7 @@
 #   PETS_CONTAINERD_ROOT containerd's image store, kept across up/down    [$PETS_CACHE/containerd]
 #   PETS_KIND_NAME       kind cluster name                                [pets-training]
 #   PETS_KIND_IMAGE      kind node image                                  [kind's default for its version]
+#   PETS_ADDONS          add-ons `up` installs at the end: "kubeflow kueue" (make cluster-up KUBEFLOW=1 KUEUE=1)
 # Kubeconfig: $PETS_STATE/kubeconfig (local) or $PETS_STATE/kind-kubeconfig (kind).
 set -euo pipefail
 
@@ -449,7 +451,7 @@ down_local() {
   find /sys/fs/cgroup -mindepth 2 -depth -type d -path '*/kubepods*' -exec rmdir {} + 2>/dev/null || true
   # kubelet's links to container logs (the path is fixed) that point into our pod-logs dir.
   find /var/log/containers -maxdepth 1 -type l -lname "$PETS_STATE/pod-logs/*" -delete 2>/dev/null || true
-  rm -rf "$KUBELET_DIR" "$CONTAINERD_DIR" "$CNI_DIR" "$PETS_STATE/pod-logs"
+  rm -rf "$KUBELET_DIR" "$CONTAINERD_DIR" "$CNI_DIR" "$PETS_STATE/pod-logs" "$PETS_STATE/addons"
   if leftovers >&2; then
     log "down in $((SECONDS - t0)) s: nothing left behind (logs kept in $LOGS)"
   else
@@ -492,14 +494,22 @@ down_kind() {
   rm -f "$PETS_STATE/kind-kubeconfig"
 }
 
+up_addons() {
+  local a
+  for a in ${PETS_ADDONS:-}; do "$HERE/addons.sh" up "$a"; done
+}
+
 action="${1:-}"
+case "$action" in
+  addon-up | addon-down) exec "$HERE/addons.sh" "${action#addon-}" "${2:-}" ;;
+esac
 flavour="${2:-local}"
 case "$action:$flavour" in
-  up:local) up_local ;;
+  up:local) up_local; up_addons ;;
   down:local) down_local ;;
   status:local) status_local ;;
-  up:kind) up_kind ;;
+  up:kind) up_kind; PETS_CLUSTER=kind up_addons ;;
   down:kind) down_kind ;;
   status:kind) "$(kind_bin)" get nodes --name "$KIND_NAME" ;;
-  *) die "usage: $0 up|down|status [local|kind] (got '${action}' '${flavour}')" ;;
+  *) die "usage: $0 up|down|status [local|kind] | addon-up|addon-down kubeflow|kueue (got '${action}' '${flavour}')" ;;
 esac

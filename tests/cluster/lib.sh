@@ -15,6 +15,13 @@ PAUSE_IMAGE="localhost/pets-training/pause:3.10"
 COREDNS_VERSION="${COREDNS_VERSION:-v1.13.1}"
 COREDNS_IMAGE="localhost/pets-training/coredns:$COREDNS_VERSION"
 SMOKE_IMAGE="localhost/pets-training/smoke:bookworm"
+# Optional add-ons (addons.sh): the real Kubeflow training-operator and Kueue, built here.
+TRAINING_OPERATOR_VERSION="${TRAINING_OPERATOR_VERSION:-v1.8.1}"
+KUBEFLOW_IMAGE="localhost/pets-training/training-operator:$TRAINING_OPERATOR_VERSION"
+KUEUE_VERSION=v0.19.2 # the version of the prebuilt fallback in $PETS_KUEUE_DIR
+KUEUE_IMAGE="localhost/pets-training/kueue:$KUEUE_VERSION"
+# Prebuilt Kueue (binary + rendered manifests), beside the repository: $REPO/../shared/kueue.
+KUEUE_DIR="$(realpath -m "${PETS_KUEUE_DIR:-$CLUSTER_DIR/../../../shared/kueue}")"
 export PETS_CACHE PETS_STATE
 PKI="$PETS_STATE/pki"
 LOGS="$PETS_STATE/logs"

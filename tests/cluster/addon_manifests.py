@@ -1,0 +1,240 @@
+"""Adapt upstream's rendered manifests of an add-on (Kubeflow training-operator, Kueue) to the local node.
+
+Reads a multi-document YAML stream (`kubectl kustomize` output, or Kueue's rendered manifests.yaml) on
+stdin and writes it back with only these changes, each checked to have found what it changes (an
+upstream layout this does not know fails here, not later in the cluster):
+
+kubeflow  the training-operator Deployment: our image, imagePullPolicy Never, args limited to the
+          PyTorchJob scheme and its worker init container (image + template file), small requests;
+          the webhook Secret filled with certificates made by openssl (addons.sh) and the
+          ValidatingWebhookConfiguration given their CA, so the webhook answers from the first start.
+kueue     the controller Deployment: our image, imagePullPolicy Never, a lower CPU request, a checksum
+          of its Configuration in the pod template; optionally more job frameworks enabled in that
+          Configuration (integrations.frameworks); unless --visibility-api, the visibility API's
+          APIServices left out (written to --dropped, for deletion) and its feature gate off.
+
+usage: addon_manifests.py kubeflow --image IMG --init-image IMG --init-template PATH --webhook-pki DIR
+       addon_manifests.py kueue --image IMG [--cpu-request 50m] [--framework kubeflow.org/pytorchjob]...
+                                [--visibility-api | --dropped FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import hashlib
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+Doc = dict[str, Any]
+
+KUBEFLOW_NAMESPACE = "kubeflow"
+KUBEFLOW_DEPLOYMENT = "training-operator"
+KUBEFLOW_CONTAINER = "training-operator"
+KUBEFLOW_SECRET = "training-operator-webhook-cert"
+KUBEFLOW_WEBHOOK = "validator.training-operator.kubeflow.org"
+# Upstream's Deployment sets no resources at all (BestEffort); these make it accounted for, and small.
+KUBEFLOW_REQUESTS = {"cpu": "10m", "memory": "64Mi"}
+
+KUEUE_NAMESPACE = "kueue-system"
+KUEUE_DEPLOYMENT = "kueue-controller-manager"
+KUEUE_CONTAINER = "manager"
+KUEUE_CONFIGMAP = "kueue-manager-config"
+KUEUE_CONFIG_KEY = "controller_manager_config.yaml"
+CONFIG_CHECKSUM_ANNOTATION = "pets-training.dev/config-sha256"
+# Kueue's on-demand visibility API (pending workloads) is an aggregated API. An apiserver without the
+# aggregation layer's front-proxy setup (--requestheader-*, --proxy-client-*: the local cluster's) marks
+# its APIServices unavailable, and an unavailable APIService stalls every namespace deletion
+# (NamespaceDeletionDiscoveryFailure). So by default it is left out and its server switched off.
+VISIBILITY_GATE = "VisibilityOnDemand"
+
+# The files of the webhook Secret, as the training-operator's cert rotator (open-policy-agent's
+# cert-controller) names them; it keeps a valid set and only injects ca.crt into the webhook.
+WEBHOOK_PKI_FILES = ("ca.crt", "ca.key", "tls.crt", "tls.key")
+
+
+class ManifestError(ValueError):
+    """The manifests are not shaped as this script expects (an upstream change)."""
+
+
+def find(docs: list[Doc], kind: str, name: str, namespace: str | None = None) -> Doc:
+    hits = [
+        d
+        for d in docs
+        if d.get("kind") == kind
+        and d.get("metadata", {}).get("name") == name
+        and (namespace is None or d.get("metadata", {}).get("namespace") == namespace)
+    ]
+    if len(hits) != 1:
+        where = f" in namespace {namespace}" if namespace else ""
+        raise ManifestError(f"expected one {kind} {name}{where}, found {len(hits)}")
+    return hits[0]
+
+
+def container(deployment: Doc, name: str) -> Doc:
+    containers = deployment["spec"]["template"]["spec"].get("containers", [])
+    hits = [c for c in containers if c.get("name") == name]
+    if len(hits) != 1:
+        names = [c.get("name") for c in containers]
+        where = f"Deployment {deployment['metadata']['name']}"
+        raise ManifestError(f"{where}: no container {name!r} (has {names})")
+    return hits[0]
+
+
+def set_image(c: Doc, image: str) -> None:
+    c["image"] = image
+    # The image is imported into the node's containerd, never pulled: fail at once if it is missing.
+    c["imagePullPolicy"] = "Never"
+
+
+def kubeflow(
+    docs: list[Doc], image: str, init_image: str, init_template: str, pki: dict[str, bytes]
+) -> list[Doc]:
+    """training-operator's standalone overlay, adapted (see the module's docstring)."""
+    missing = [f for f in WEBHOOK_PKI_FILES if f not in pki]
+    if missing:
+        raise ManifestError(f"webhook PKI lacks {missing}")
+    deployment = find(docs, "Deployment", KUBEFLOW_DEPLOYMENT, KUBEFLOW_NAMESPACE)
+    c = container(deployment, KUBEFLOW_CONTAINER)
+    set_image(c, image)
+    c["args"] = [
+        "--enable-scheme=pytorchjob",
+        f"--pytorch-init-container-image={init_image}",
+        f"--pytorch-init-container-template-file={init_template}",
+    ]
+    c["resources"] = {"requests": dict(KUBEFLOW_REQUESTS)}
+    secret = find(docs, "Secret", KUBEFLOW_SECRET, KUBEFLOW_NAMESPACE)
+    secret.pop("stringData", None)
+    secret["data"] = {f: base64.b64encode(pki[f]).decode() for f in WEBHOOK_PKI_FILES}
+    webhook = find(docs, "ValidatingWebhookConfiguration", KUBEFLOW_WEBHOOK)
+    ca_bundle = base64.b64encode(pki["ca.crt"]).decode()
+    for hook in webhook.get("webhooks", []):
+        hook["clientConfig"]["caBundle"] = ca_bundle
+    return docs
+
+
+def enable_frameworks(config_text: str, frameworks: list[str]) -> str:
+    """Add job frameworks to Kueue's Configuration (YAML text) under integrations.frameworks."""
+    config = yaml.safe_load(config_text)
+    enabled = config.setdefault("integrations", {}).setdefault("frameworks", [])
+    added = [f for f in frameworks if f not in enabled]
+    if not added:
+        return config_text
+    enabled.extend(added)
+    return str(yaml.safe_dump(config, sort_keys=False))
+
+
+def without_visibility_api(docs: list[Doc], c: Doc) -> tuple[list[Doc], list[Doc]]:
+    """(docs without Kueue's aggregated visibility API, the APIServices dropped); its server is off."""
+    dropped = [d for d in docs if d.get("kind") == "APIService"]
+    if not dropped:
+        raise ManifestError("no APIService (Kueue's visibility API) found")
+    args = c.setdefault("args", [])
+    gates = [i for i, a in enumerate(args) if a.startswith("--feature-gates=")]
+    if gates:
+        args[gates[0]] += f",{VISIBILITY_GATE}=false"
+    else:
+        args.append(f"--feature-gates={VISIBILITY_GATE}=false")
+    return [d for d in docs if d.get("kind") != "APIService"], dropped
+
+
+def kueue(
+    docs: list[Doc], image: str, cpu_request: str, frameworks: list[str], visibility_api: bool = False
+) -> tuple[list[Doc], list[Doc]]:
+    """Kueue's config/default rendering, adapted (see the module's docstring): (docs, docs dropped)."""
+    deployment = find(docs, "Deployment", KUEUE_DEPLOYMENT, KUEUE_NAMESPACE)
+    c = container(deployment, KUEUE_CONTAINER)
+    set_image(c, image)
+    dropped: list[Doc] = []
+    if not visibility_api:
+        docs, dropped = without_visibility_api(docs, c)
+    requests = c.setdefault("resources", {}).setdefault("requests", {})
+    requests["cpu"] = cpu_request
+    cm = find(docs, "ConfigMap", KUEUE_CONFIGMAP, KUEUE_NAMESPACE)
+    if KUEUE_CONFIG_KEY not in cm.get("data", {}):
+        raise ManifestError(f"ConfigMap {KUEUE_CONFIGMAP} has no {KUEUE_CONFIG_KEY}")
+    if frameworks:
+        cm["data"][KUEUE_CONFIG_KEY] = enable_frameworks(cm["data"][KUEUE_CONFIG_KEY], frameworks)
+    # The config is mounted with subPath, which a running pod never sees change: a checksum in the pod
+    # template rolls the Deployment when it does (a re-run `up` with other frameworks).
+    checksum = hashlib.sha256(cm["data"][KUEUE_CONFIG_KEY].encode()).hexdigest()[:16]
+    template_meta = deployment["spec"]["template"].setdefault("metadata", {})
+    template_meta.setdefault("annotations", {})[CONFIG_CHECKSUM_ANNOTATION] = checksum
+    return docs, dropped
+
+
+def frameworks_of(docs: list[Doc]) -> list[str]:
+    """Kueue's enabled integrations.frameworks, as its Configuration lists them."""
+    cm = find(docs, "ConfigMap", KUEUE_CONFIGMAP, KUEUE_NAMESPACE)
+    config = yaml.safe_load(cm["data"][KUEUE_CONFIG_KEY])
+    return list(config.get("integrations", {}).get("frameworks", []))
+
+
+# libyaml's C loader and dumper where PyYAML has them (Kueue's manifests are 26,000 lines).
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _Dumper(getattr(yaml, "CSafeDumper", yaml.SafeDumper)):  # type: ignore[misc]
+    pass
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+
+def load(text: str) -> list[Doc]:
+    return [d for d in yaml.load_all(text, Loader=_Loader) if d]
+
+
+def dump(docs: list[Doc]) -> str:
+    return str(yaml.dump_all(docs, Dumper=_Dumper, sort_keys=False, default_flow_style=False))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="addon", required=True)
+    kf = sub.add_parser("kubeflow", help="Kubeflow training-operator (manifests/overlays/standalone)")
+    kf.add_argument("--image", required=True)
+    kf.add_argument("--init-image", required=True, help="image of the PyTorchJob workers' init container")
+    kf.add_argument("--init-template", required=True, help="its template file, inside --init-image")
+    kf.add_argument(
+        "--webhook-pki", type=Path, required=True, help="directory with " + ", ".join(WEBHOOK_PKI_FILES)
+    )
+    kq = sub.add_parser("kueue", help="Kueue (config/default)")
+    kq.add_argument("--image", required=True)
+    kq.add_argument("--cpu-request", default="50m")
+    kq.add_argument(
+        "--framework", action="append", default=[], help="enable this integration too (repeatable)"
+    )
+    kq.add_argument("--visibility-api", action="store_true", help="keep the aggregated visibility API")
+    kq.add_argument("--dropped", type=Path, help="write the objects left out here (YAML)")
+    kq.add_argument("--print-frameworks", action="store_true", help="only list the enabled frameworks")
+    args = ap.parse_args(argv)
+    docs = load(sys.stdin.read())
+    try:
+        if args.addon == "kubeflow":
+            pki = {f: (args.webhook_pki / f).read_bytes() for f in WEBHOOK_PKI_FILES}
+            docs = kubeflow(docs, args.image, args.init_image, args.init_template, pki)
+        elif args.print_frameworks:
+            print("\n".join(frameworks_of(docs)))
+            return 0
+        else:
+            docs, dropped = kueue(docs, args.image, args.cpu_request, args.framework, args.visibility_api)
+            if args.dropped:
+                args.dropped.write_text(dump(dropped))
+    except (ManifestError, OSError) as exc:
+        print(f"addon_manifests.py {args.addon}: {exc}", file=sys.stderr)
+        return 1
+    sys.stdout.write(dump(docs))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

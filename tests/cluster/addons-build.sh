@@ -1,0 +1,118 @@
+# Build the optional add-ons' binaries and images (sourced by build.sh, which provides go_install,
+# is_cached, mark_cached, oci_image and the lock). addons.sh installs them into the local cluster.
+#
+#   kubeflow: `go install github.com/kubeflow/training-operator/cmd/training-operator.v1@$TRAINING_OPERATOR_VERSION`
+#             -> $PETS_BIN/training-operator.v1 -> image $KUBEFLOW_IMAGE
+#   kueue:    `go install sigs.k8s.io/kueue/cmd/kueue@$KUEUE_VERSION` where the Go module proxy serves that
+#             module, else the prebuilt $KUEUE_DIR/kueue.gz (PETS_KUEUE_SOURCE=go|prebuilt forces one)
+#             -> $PETS_BIN/kueue -> image $KUEUE_IMAGE
+# Both images are the project's offline Debian bookworm base (image/build.sh base: its cached rootfs
+# tarball, no Docker needed once that exists) plus the binary as /manager, packed by oci_archive.py.
+# shellcheck shell=bash
+
+REPO_DIR="$(cd "$HERE/../.." && pwd)"
+
+# The offline Debian base's rootfs tarball (made once by image/build.sh base; it needs Docker only then).
+BASE_ROOTFS_TAR=""
+find_base_rootfs() {
+  local tars
+  [[ -n $BASE_ROOTFS_TAR ]] && return 0
+  mapfile -t tars < <(ls -t "$PETS_CACHE"/base/bookworm-minbase-*.tar 2>/dev/null)
+  if [[ ${#tars[@]} -eq 0 ]]; then
+    log "no offline Debian base in $PETS_CACHE/base: image/build.sh base (debootstrap, about a minute)"
+    "$REPO_DIR/image/build.sh" base >&2
+    mapfile -t tars < <(ls -t "$PETS_CACHE"/base/bookworm-minbase-*.tar 2>/dev/null)
+    [[ ${#tars[@]} -gt 0 ]] || die "image/build.sh base left no $PETS_CACHE/base/bookworm-minbase-*.tar"
+  fi
+  BASE_ROOTFS_TAR="${tars[0]}"
+}
+
+# fill_base ROOTFS: the base's files, owners kept (we are root here: the node needs root anyway).
+fill_base() {
+  tar --numeric-owner -xf "$BASE_ROOTFS_TAR" -C "$1"
+}
+
+# The PyTorchJob workers' init container: upstream's template runs `nslookup` (alpine's busybox),
+# which the Debian base lacks; this one waits for the master's name with glibc's `getent hosts`.
+KUBEFLOW_INIT_TEMPLATE="$HERE/pytorch-init-container.yaml"
+
+fill_kubeflow() {
+  fill_base "$1"
+  install -m 0755 "$PETS_BIN/training-operator.v1" "$1/manager"
+  install -D -m 0644 "$KUBEFLOW_INIT_TEMPLATE" "$1/etc/training-operator/pytorch-init-container.yaml"
+}
+
+build_kubeflow() {
+  local t0=$SECONDS
+  go_install training-operator.v1 github.com/kubeflow/training-operator/cmd/training-operator.v1 \
+    "$TRAINING_OPERATOR_VERSION"
+  find_base_rootfs
+  oci_image "$KUBEFLOW_IMAGE" "$PETS_CACHE/images/training-operator.tar" \
+    "$TRAINING_OPERATOR_VERSION ${BASE_ROOTFS_TAR##*/} $(sha256sum "$KUBEFLOW_INIT_TEMPLATE" | cut -c1-12)" \
+    fill_kubeflow --entrypoint /manager --user 65532:65532
+  log "kubeflow: done in $((SECONDS - t0)) s"
+}
+
+# `go install sigs.k8s.io/kueue/cmd/kueue@VERSION` into $PETS_BIN; returns 1 (nothing cached) when the
+# Go module proxy refuses it. Seen here: it serves the version's .info/.mod/.zip (`go list -m` works)
+# but answers 403 to the module's version list, which `go install` reads for deprecations, so it fails
+# within a second, before compiling anything.
+kueue_go_install() {
+  local gobin commit rc=0 t0=$SECONDS
+  commit="$(cd / && GOFLAGS=-mod=mod go mod download -json "sigs.k8s.io/kueue@$KUEUE_VERSION" 2>/dev/null |
+    python3 -c 'import json, sys; print(json.load(sys.stdin).get("Origin", {}).get("Hash", "unknown"))')" || return 1
+  gobin="$(mktemp -d "$PETS_CACHE/gobin.XXXXXX")"
+  log "kueue $KUEUE_VERSION: building (go install sigs.k8s.io/kueue/cmd/kueue@$KUEUE_VERSION)"
+  (cd / && GOBIN="$gobin" go_progress kueue install -trimpath -ldflags "-s -w \
+    -X sigs.k8s.io/kueue/pkg/version.GitVersion=$KUEUE_VERSION -X sigs.k8s.io/kueue/pkg/version.GitCommit=$commit" \
+    "sigs.k8s.io/kueue/cmd/kueue@$KUEUE_VERSION") || rc=$?
+  if [[ $rc -ne 0 || ! -x $gobin/kueue ]]; then
+    rm -rf "$gobin"
+    return 1
+  fi
+  mv "$gobin/kueue" "$PETS_BIN/kueue"
+  rmdir "$gobin"
+  mark_cached kueue "$KUEUE_VERSION"
+  echo "go install sigs.k8s.io/kueue/cmd/kueue@$KUEUE_VERSION" >"$PETS_BIN/.kueue.source"
+  log "kueue $KUEUE_VERSION: built in $((SECONDS - t0)) s"
+}
+
+kueue_unpack_prebuilt() {
+  [[ -f $KUEUE_DIR/kueue.gz ]] || die "Kueue $KUEUE_VERSION: the Go module proxy does not serve sigs.k8s.io/kueue \
+and there is no prebuilt $KUEUE_DIR/kueue.gz (set PETS_KUEUE_DIR to a folder holding kueue.gz and manifests.yaml)"
+  log "kueue $KUEUE_VERSION: unpacking the prebuilt $KUEUE_DIR/kueue.gz"
+  gunzip -c "$KUEUE_DIR/kueue.gz" >"$PETS_BIN/.kueue.tmp"
+  chmod 0755 "$PETS_BIN/.kueue.tmp"
+  mv "$PETS_BIN/.kueue.tmp" "$PETS_BIN/kueue"
+  mark_cached kueue "$KUEUE_VERSION"
+  echo "prebuilt $KUEUE_DIR/kueue.gz" >"$PETS_BIN/.kueue.source"
+}
+
+build_kueue_binary() {
+  local source="${PETS_KUEUE_SOURCE:-auto}"
+  is_cached kueue "$KUEUE_VERSION" && { log "kueue $KUEUE_VERSION: cached ($(cat "$PETS_BIN/.kueue.source" 2>/dev/null))"; return 0; }
+  case "$source" in
+    auto)
+      kueue_go_install && return 0
+      log "kueue $KUEUE_VERSION: go install failed (the Go module proxy refuses sigs.k8s.io/kueue, see above)"
+      kueue_unpack_prebuilt ;;
+    go) kueue_go_install || die "kueue $KUEUE_VERSION: go install failed (PETS_KUEUE_SOURCE=go)" ;;
+    prebuilt) kueue_unpack_prebuilt ;;
+    *) die "PETS_KUEUE_SOURCE='$source': expected auto, go or prebuilt" ;;
+  esac
+}
+
+fill_kueue() {
+  fill_base "$1"
+  install -m 0755 "$PETS_BIN/kueue" "$1/manager"
+}
+
+build_kueue() {
+  local t0=$SECONDS
+  build_kueue_binary
+  find_base_rootfs
+  oci_image "$KUEUE_IMAGE" "$PETS_CACHE/images/kueue.tar" \
+    "$KUEUE_VERSION $(sha256sum "$PETS_BIN/kueue" | cut -c1-12) ${BASE_ROOTFS_TAR##*/}" \
+    fill_kueue --entrypoint /manager --user 65532:65532
+  log "kueue: done in $((SECONDS - t0)) s"
+}
