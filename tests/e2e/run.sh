@@ -20,5 +20,7 @@ t0=$SECONDS
 load_images
 log "images loaded into the node in $((SECONDS - t0)) s"
 t0=$SECONDS
-.venv/bin/pytest -m e2e tests/e2e/test_cluster_smoke.py tests/e2e/test_training.py tests/e2e/test_client_e2e.py "$@"
+# test_backends_and_queues.py installs the real training-operator and Kueue (cluster.sh addon-up).
+.venv/bin/pytest -m e2e tests/e2e/test_cluster_smoke.py tests/e2e/test_training.py tests/e2e/test_client_e2e.py \
+  tests/e2e/test_backends_and_queues.py "$@"
 log "e2e suite passed in $((SECONDS - t0)) s"

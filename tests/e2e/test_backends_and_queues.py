@@ -1,0 +1,281 @@
+"""End to end against the real controllers a platform team runs beside us: Kubeflow's training-operator
+(PyTorchJob backend) and Kueue (queueing, preemption), both installed into the cluster by the harness
+(`tests/cluster/cluster.sh addon-up kubeflow|kueue`), plus an eviction through the Eviction API."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from polling import wait_for
+from trainings import (  # tests/e2e/trainings.py
+    GROUP,
+    PLURAL,
+    POLL_S,
+    REPO,
+    SMALL_SPEC,
+    VERSION,
+    Trainings,
+    kubectl,
+    pod_logs,
+    pod_of_rank,
+)
+
+pytestmark = pytest.mark.e2e
+
+CLUSTER_SH = REPO / "tests" / "cluster" / "cluster.sh"
+KUEUE_API = ("kueue.x-k8s.io", "v1beta2")
+PYTORCHJOB_API = ("kubeflow.org", "v1", "pytorchjobs")
+
+# Epochs of 10-20 s here (as in test_training.py), so tests can act mid-run.
+LONGER_SPEC: dict[str, Any] = {**SMALL_SPEC, "imageSize": 128,
+                               "dataset": {"synthetic": {"numClasses": 4, "imagesPerClass": 600}}}
+
+
+def addon(name: str) -> None:
+    """Install an add-on into the running cluster (idempotent; fast when it is already there)."""
+    result = subprocess.run([str(CLUSTER_SH), "addon-up", name], text=True, capture_output=True)
+    if result.returncode != 0:
+        pytest.fail(f"cluster.sh addon-up {name} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+
+
+@pytest.fixture(scope="module")
+def kubeflow() -> None:
+    addon("kubeflow")
+
+
+@pytest.fixture(scope="module")
+def kueue() -> None:
+    addon("kueue")
+
+
+def create(trainings: Trainings, name: str, spec: dict[str, Any],
+           labels: dict[str, str] | None = None) -> None:
+    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "PetsTraining",
+            "metadata": {"name": name, "labels": labels or {}}, "spec": spec}
+    trainings.custom.create_namespaced_custom_object(GROUP, VERSION, trainings.namespace, PLURAL, body)
+
+
+def pytorchjobs(trainings: Trainings, name: str) -> list[dict[str, Any]]:
+    group, version, plural = PYTORCHJOB_API
+    return list(trainings.custom.list_namespaced_custom_object(
+        group, version, trainings.namespace, plural, label_selector=f"{GROUP}/training={name}")["items"])
+
+
+def rank_pod(trainings: Trainings, name: str, rank: int) -> Any:
+    """Rank r's pod of a PyTorchJob: the Master is rank 0, Worker i is rank i + 1."""
+    kind, index = ("master", 0) if rank == 0 else ("worker", rank - 1)
+    for pod in trainings.pods(name):
+        labels = pod.metadata.labels or {}
+        replica = (labels.get("training.kubeflow.org/replica-type"),
+                   labels.get("training.kubeflow.org/replica-index"))
+        if replica == (kind, str(index)) and not pod.metadata.deletion_timestamp:
+            return pod
+    pytest.fail(f"no {kind} {index} pod of {name}: {[p.metadata.name for p in trainings.pods(name)]}")
+
+
+def phases_seen(trainings: Trainings, name: str, until: str, seen: list[str], timeout_s: float = 900
+                ) -> dict[str, Any]:
+    """Wait for phase `until`, recording every phase passed on the way."""
+    def probe() -> dict[str, Any] | None:
+        status = trainings.status(name)
+        phase = status.get("phase")
+        if phase and (not seen or seen[-1] != phase):
+            seen.append(phase)
+        if phase == "Failed" and until != "Failed":
+            pytest.fail(f"{name} Failed: {status}\n{trainings.describe(name)}")
+        return status if phase == until else None
+    return wait_for(f"{name} phase {until}", probe, timeout_s, 1.0)
+
+
+# ----------------------------------------------------------------------------- PyTorchJob, real controller
+
+
+@pytest.mark.usefixtures("kubeflow")
+def test_pytorchjob_trains_under_the_real_training_operator(trainings: Trainings) -> None:
+    name = "pj"
+    create(trainings, name, {**LONGER_SPEC, "backend": "pytorchjob"})
+    running_epochs: list[int] = []
+
+    def progressed() -> dict[str, Any] | None:
+        status = trainings.status(name)
+        if status.get("phase") == "Running" and status.get("evalAccuracy") is not None:
+            running_epochs.append(int(status["epoch"]))
+        if status.get("phase") == "Failed":
+            pytest.fail(f"Failed: {status}\n{trainings.describe(name)}")
+        return status if status.get("phase") == "Succeeded" else None
+
+    status = wait_for(f"{name} Succeeded", progressed, 900, 1.0)
+    assert running_epochs, f"rank 0's progress was never mirrored while Running: {status}"
+    assert status["backend"] == "pytorchjob" and status["backendReason"] == "spec.backend is pytorchjob"
+    summary = status["summary"]  # from the Master's termination message
+    assert summary["status"] == "succeeded" and summary["world_size"] == 2, summary
+    assert not trainings.jobs(name), "a PyTorchJob training made a Job"
+    (pj,) = pytorchjobs(trainings, name)
+    assert any(c["type"] == "Succeeded" and c["status"] == "True" for c in pj["status"]["conditions"]), pj
+    # The controller's own rendezvous variables fed pets-launch on both ranks.
+    for rank in (0, 1):
+        logs = pod_logs(trainings.namespace, rank_pod(trainings, name, rank).metadata.name)
+        assert f"machine {rank} of 2" in logs, logs[-3000:]
+    wide = kubectl("-n", trainings.namespace, "get", "pt", name, "-o", "wide").stdout
+    assert "pytorchjob" in wide, wide
+
+
+@pytest.mark.usefixtures("kubeflow")
+def test_pytorchjob_worker_deleted_mid_run_restarts_the_gang_and_resumes(trainings: Trainings,
+                                                                         shared_output: str) -> None:
+    name = "pj-resume"
+    spec = {**LONGER_SPEC, "backend": "pytorchjob", "epochs": 4,
+            "output": {"persistentVolumeClaim": {"claimName": shared_output}}}
+    create(trainings, name, spec)
+    trainings.wait_epoch(name, 1)
+    wait_for(f"{name} status.lastCheckpoint", lambda: trainings.status(name).get("lastCheckpoint"),
+             120, POLL_S)
+    worker = rank_pod(trainings, name, 1)
+    trainings.core.delete_namespaced_pod(worker.metadata.name, trainings.namespace)
+
+    status = trainings.wait_phase(name, "Succeeded")
+    assert status["restarts"] == 1, status
+    assert status["epoch"] == 4 and status["children"]["pytorchJob"] == f"{name}-r1", status
+    assert [p["metadata"]["name"] for p in pytorchjobs(trainings, name)] == [f"{name}-r1"]
+    master = pod_logs(trainings.namespace, rank_pod(trainings, name, 0).metadata.name)
+    assert "resume: continuing after epoch" in master, master[-3000:]
+
+
+@pytest.mark.usefixtures("kubeflow")
+def test_pytorchjob_suspend_resume_and_delete(trainings: Trainings) -> None:
+    name = "pj-suspend"
+    create(trainings, name, {**LONGER_SPEC, "backend": "pytorchjob", "epochs": 3})
+    trainings.wait_phase(name, "Running")
+    trainings.patch_spec(name, {"suspend": True})
+    trainings.wait_phase(name, "Suspended", 180)
+    (pj,) = pytorchjobs(trainings, name)
+    assert pj["spec"]["runPolicy"]["suspend"] is True
+    wait_for("the suspended PyTorchJob's pods to go", lambda: not [
+        p for p in trainings.pods(name) if p.status.phase in ("Pending", "Running")], 180, POLL_S)
+    trainings.patch_spec(name, {"suspend": False})
+    trainings.wait_phase(name, "Running", 300)
+
+    trainings.custom.delete_namespaced_custom_object(GROUP, VERSION, trainings.namespace, PLURAL, name)
+
+    def gone() -> bool:
+        services = trainings.core.list_namespaced_service(trainings.namespace).items
+        return not pytorchjobs(trainings, name) and not trainings.pods(name) and not services
+
+    wait_for(f"every child of {name} to be deleted", gone, 180, POLL_S)
+
+
+# ----------------------------------------------------------------------------- eviction (Job backend)
+
+
+def test_an_evicted_pod_restarts_the_gang_without_consuming_a_restart(trainings: Trainings,
+                                                                      shared_output: str) -> None:
+    from kubernetes import client
+
+    name = "evicted"
+    # maxRestarts 0: if the eviction counted, the training would fail.
+    spec = {**LONGER_SPEC, "epochs": 3, "maxRestarts": 0,
+            "output": {"persistentVolumeClaim": {"claimName": shared_output}}}
+    trainings.create(name, spec)
+    trainings.wait_epoch(name, 1)
+    worker = pod_of_rank(trainings.pods(name), 1)
+    eviction = client.V1Eviction(metadata=client.V1ObjectMeta(name=worker.metadata.name,
+                                                              namespace=trainings.namespace))
+    trainings.core.create_namespaced_pod_eviction(worker.metadata.name, trainings.namespace, eviction)
+
+    status = trainings.wait_phase(name, "Succeeded")
+    assert (status["restarts"], status["disruptions"]) == (1, 1), status
+    assert status["lastFailure"]["cause"] == "Evicted" and status["lastFailure"]["rank"] == 1, status
+
+
+# ----------------------------------------------------------------------------- Kueue, real controller
+
+# Room for one SMALL training (2 pods x 800m) at a time.
+QUOTA_CPU = "1700m"
+
+
+@pytest.fixture
+def queue(kueue: None, trainings: Trainings) -> Iterator[str]:
+    """A ClusterQueue with room for one training, its LocalQueue in the test's namespace, and two
+    WorkloadPriorityClasses (low, high). Removed afterwards."""
+    group, version = KUEUE_API
+    custom, ns = trainings.custom, trainings.namespace
+    flavor, cq = f"{ns}-flavor", f"{ns}-cq"
+    objects = [
+        ("resourceflavors", None, {"metadata": {"name": flavor}, "spec": {}}),
+        ("clusterqueues", None, {"metadata": {"name": cq}, "spec": {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+            "preemption": {"withinClusterQueue": "LowerPriority"},
+            "resourceGroups": [{"coveredResources": ["cpu", "memory"], "flavors": [{
+                "name": flavor, "resources": [{"name": "cpu", "nominalQuota": QUOTA_CPU},
+                                              {"name": "memory", "nominalQuota": "8Gi"}]}]}]}}),
+        ("localqueues", ns, {"metadata": {"name": "team", "namespace": ns}, "spec": {"clusterQueue": cq}}),
+        ("workloadpriorityclasses", None, {"metadata": {"name": f"{ns}-low"}, "value": 10}),
+        ("workloadpriorityclasses", None, {"metadata": {"name": f"{ns}-high"}, "value": 1000}),
+    ]
+    for plural, namespace, body in objects:
+        kind = {"resourceflavors": "ResourceFlavor", "clusterqueues": "ClusterQueue",
+                "localqueues": "LocalQueue", "workloadpriorityclasses": "WorkloadPriorityClass"}[plural]
+        body = {"apiVersion": f"{group}/{version}", "kind": kind, **body}
+        if namespace:
+            custom.create_namespaced_custom_object(group, version, namespace, plural, body)
+        else:
+            custom.create_cluster_custom_object(group, version, plural, body)
+    try:
+        yield "team"
+    finally:
+        for plural, namespace, body in reversed(objects):
+            if namespace is None:
+                custom.delete_cluster_custom_object(group, version, plural, body["metadata"]["name"])
+
+
+def queued(trainings: Trainings, queue: str, priority: str | None = None) -> dict[str, str]:
+    labels = {"kueue.x-k8s.io/queue-name": queue}
+    if priority:
+        labels["kueue.x-k8s.io/priority-class"] = f"{trainings.namespace}-{priority}"
+    return labels
+
+
+def test_kueue_queues_the_second_training_until_the_first_is_done(trainings: Trainings, queue: str) -> None:
+    spec = {**SMALL_SPEC, "epochs": 2}
+    create(trainings, "first", spec, queued(trainings, queue))
+    trainings.wait_phase("first", "Running", 300)
+    create(trainings, "second", spec, queued(trainings, queue))
+    status = trainings.wait_phase("second", "Queued", 120)
+    # Kueue's own words, mirrored: why it waits (quota), and which queue.
+    wait_for("second's message to carry Kueue's reason",
+             lambda: "insufficient" in (trainings.status("second").get("message") or ""), 120, POLL_S)
+    status = trainings.status("second")
+    assert status["queue"]["name"] == queue and status["queue"]["admitted"] is False, status
+    (job,) = trainings.jobs("second")
+    assert job.spec.suspend is True
+    assert trainings.status("first")["phase"] in ("Running", "Succeeded")
+
+    trainings.wait_phase("first", "Succeeded")
+    status = trainings.wait_phase("second", "Succeeded")
+    assert status["restarts"] == 0 and status["queue"]["admitted"] is True, status
+
+
+def test_kueue_preemption_is_not_a_failure_and_resumes_from_the_checkpoint(
+        trainings: Trainings, queue: str, shared_output: str) -> None:
+    low_spec = {**LONGER_SPEC, "epochs": 4, "output": {"persistentVolumeClaim": {"claimName": shared_output}}}
+    create(trainings, "low", low_spec, queued(trainings, queue, "low"))
+    trainings.wait_epoch("low", 1)
+    wait_for("low's checkpoint", lambda: trainings.status("low").get("lastCheckpoint"), 120, POLL_S)
+
+    create(trainings, "high", {**SMALL_SPEC, "epochs": 1}, queued(trainings, queue, "high"))
+    seen: list[str] = []
+    status = phases_seen(trainings, "low", "Preempted", seen, 180)
+    assert "preempted by Kueue" in status["message"] and status["restarts"] == 0, status
+    trainings.wait_phase("high", "Succeeded")
+
+    status = phases_seen(trainings, "low", "Succeeded", seen)
+    assert status["restarts"] == 0 and status["epoch"] == 4, status
+    assert "Preempted" in seen and seen[-1] == "Succeeded", seen
+    logs = pod_logs(trainings.namespace, pod_of_rank(trainings.pods("low"), 0).metadata.name)
+    assert "resume: continuing after epoch" in logs, logs[-3000:]
+    events = kubectl("-n", trainings.namespace, "get", "events", "--field-selector",
+                     "involvedObject.name=low,reason=Preempted", "-o", "name").stdout.split()
+    assert len(events) == 1, events
