@@ -425,8 +425,10 @@ def _while_queued(result: Plan, spec: dict[str, Any], observed: Observed, ws: Wo
             result.events.append(Event("Warning", "Preempted", message))
         return api.PREEMPTED, why.get("reason") or "Preempted", message
     waiting = conds.get("QuotaReserved") or {}
-    kueue_says = waiting.get("message") or ("Kueue has not created its Workload yet" if qw is None
-                                            else "waiting for admission")
+    backend = observed.backend
+    no_workload = (f"Kueue has made no Workload for the {backend.kind} yet (if this lasts: is Kueue's "
+                   f"{backend.group}/{backend.name} integration enabled?)")
+    kueue_says = waiting.get("message") or (no_workload if qw is None else "waiting for admission")
     message = f"queued in {queue}: {kueue_says}"
     status["queue"] = _queue_status(queue, qw, False, kueue_says)
     if old_phase != api.QUEUED:

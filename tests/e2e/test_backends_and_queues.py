@@ -279,3 +279,14 @@ def test_kueue_preemption_is_not_a_failure_and_resumes_from_the_checkpoint(
     events = kubectl("-n", trainings.namespace, "get", "events", "--field-selector",
                      "involvedObject.name=low,reason=Preempted", "-o", "name").stdout.split()
     assert len(events) == 1, events
+
+
+def test_kueue_admits_a_pytorchjob_training(trainings: Trainings, queue: str, kubeflow: None) -> None:
+    """Kueue's kubeflow.org/pytorchjob integration (switched on by the harness): the PyTorchJob is
+    created suspended with the queue's label, Kueue admits it through runPolicy.suspend."""
+    name = "pj-queued"
+    create(trainings, name, {**SMALL_SPEC, "backend": "pytorchjob", "epochs": 1}, queued(trainings, queue))
+    (pj,) = wait_for("the PyTorchJob", lambda: pytorchjobs(trainings, name), 60, POLL_S)
+    assert pj["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == queue
+    status = trainings.wait_phase(name, "Succeeded")
+    assert status["backend"] == "pytorchjob" and status["queue"]["admitted"] is True, status

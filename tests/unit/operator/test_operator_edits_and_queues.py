@@ -170,3 +170,9 @@ def test_a_queue_label_without_kueue_says_so() -> None:
     p = run_queued({"phase": api.QUEUED}, queued_job(), None, served=False)
     assert p.status["phase"] == api.QUEUED
     assert "Kueue is not installed" in p.status["message"] and p.suspend is None
+
+
+def test_a_workload_kueue_has_not_picked_up_says_which_integration_to_check() -> None:
+    p = run_queued({"phase": api.QUEUED}, queued_job(), None)
+    assert p.status["phase"] == api.QUEUED
+    assert "is Kueue's batch/job integration enabled?" in p.status["message"]
