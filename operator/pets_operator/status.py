@@ -140,7 +140,8 @@ def plan(
     target: builders.Target,
     now: datetime,
 ) -> Plan:
-    """Decide the next step for one PetsTraining. `target.attempt` must be status.restarts."""
+    """Decide the next step for one PetsTraining. `target.attempt` must be status.attempt (before that
+    field existed: status.restarts)."""
     meta = body.get("metadata") or {}
     old = dict(body.get("status") or {})
     status: dict[str, Any] = json.loads(json.dumps(old))  # deep copy, JSON-only
@@ -177,8 +178,8 @@ def plan(
     if observed.workload is None or ws is None:
         status["workloadActive"] = False
         if observed.stale:
-            phase = (api.RESTARTING if old_phase == api.RESTARTING
-                     else api.SUSPENDED if spec["suspend"] else api.PENDING)
+            phase = (api.RESTARTING if old_phase == api.RESTARTING else api.SUSPENDED if spec["suspend"]
+                     else api.QUEUED if target.queued else api.PENDING)
             reason, message = "WaitingForOldAttempt", "waiting for the previous attempt's workload to go away"
         else:
             workload = backend.build_workload(spec, target)
@@ -412,8 +413,8 @@ def _while_queued(result: Plan, spec: dict[str, Any], observed: Observed, ws: Wo
         status["queue"] = _queue_status(queue, qw, True, "")
         return _while_active(result, spec, observed, ws, restarts, now)
     status.pop("pendingSince", None)
-    evicted = next((c for t in ("Evicted", "Preempted") if (c := conds.get(t, {})).get("status") == "True"),
-                   None)
+    evicted = next((c for t in ("Evicted", "Preempted") if (c := conds.get(t, {})).get("status") == "True"
+                    and c.get("reason") not in KUEUE_NOT_PREEMPTION), None)
     old_phase = result.status.get("phase")
     if evicted or old_phase in (api.RUNNING, api.PREEMPTED):
         why = evicted or {}
@@ -434,6 +435,11 @@ def _while_queued(result: Plan, spec: dict[str, Any], observed: Observed, ws: Wo
     if old_phase != api.QUEUED:
         result.events.append(Event("Normal", "Queued", message))
     return api.QUEUED, waiting.get("reason") or "WaitingForAdmission", message
+
+
+# Kueue's eviction reasons that are the user's doing, not a preemption: the Workload was deactivated
+# (spec.suspend) and is being activated again.
+KUEUE_NOT_PREEMPTION = ("InactiveWorkload", "Deactivated")
 
 
 def _queue_status(queue: str, qw: dict[str, Any] | None, admitted: bool, message: str) -> dict[str, Any]:

@@ -176,3 +176,10 @@ def test_a_workload_kueue_has_not_picked_up_says_which_integration_to_check() ->
     p = run_queued({"phase": api.QUEUED}, queued_job(), None)
     assert p.status["phase"] == api.QUEUED
     assert "is Kueue's batch/job integration enabled?" in p.status["message"]
+
+
+def test_resuming_a_deactivated_workload_is_queued_not_preempted() -> None:
+    qw = kueue_workload({"type": "Evicted", "reason": "InactiveWorkload",
+                         "message": "The workload is deactivated"})
+    p = run_queued({"phase": api.SUSPENDED}, queued_job(), qw)
+    assert p.status["phase"] == api.QUEUED and p.queue_active is None
