@@ -113,3 +113,7 @@ bench-operator: install ## operator memory (at rest, with 100 PetsTrainings) and
 .PHONY: clean
 clean: ## remove build and test outputs (not the cache)
 	rm -rf output bench-output .pytest_cache .mypy_cache .ruff_cache
+
+.PHONY: bench-scale
+bench-scale: install ## COUNT trainings (default 1000) on 50 kwok nodes vs a raw client: latency, status lag, idle requests, RSS -> bench-output/scale.json
+	PY=$(abspath $(PY)) tests/scale/run.sh --count $(or $(COUNT),1000) $(SCALE_ARGS)

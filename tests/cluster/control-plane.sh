@@ -16,6 +16,8 @@
 #   PETS_POD_CIDR         pod network (controller-manager's --cluster-cidr)        [10.88.0.0/16]
 #   KCM_CONTROLLERS       kube-controller-manager --controllers                    [*]
 #                         (integration tests may use "*,-job" and drive Job status themselves)
+#   PETS_APISERVER_EXTRA_ARGS  more kube-apiserver flags, split on whitespace (e.g. audit logging) []
+#   PETS_KCM_EXTRA_ARGS        more kube-controller-manager flags, split on whitespace            []
 # The admin kubeconfig is written to $PETS_STATE/kubeconfig.
 set -euo pipefail
 
@@ -114,8 +116,9 @@ start_etcd() {
 
 start_apiserver() {
   pid_alive kube-apiserver && return 0
-  local exe
+  local exe extra=()
   exe="$(bin kube-apiserver)"
+  read -ra extra <<<"${PETS_APISERVER_EXTRA_ARGS:-}"
   start_daemon kube-apiserver "$LOGS/kube-apiserver.log" "$exe" \
     --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
     --bind-address "$APISERVER_BIND" --advertise-address "$ADVERTISE_IP" \
@@ -132,7 +135,7 @@ start_apiserver() {
     --service-account-key-file "$PKI/sa.pub" \
     --service-account-signing-key-file "$PKI/sa.key" \
     --service-cluster-ip-range "$SERVICE_CIDR" \
-    --profiling=false
+    --profiling=false "${extra[@]}"
   wait_ready kube-apiserver 120 apiserver_ready
 }
 
@@ -140,8 +143,9 @@ start_controller_manager() {
   pid_alive kube-controller-manager && return 0
   write_kubeconfig "$PETS_STATE/kube-controller-manager.kubeconfig" kube-controller-manager
   # --secure-port 0: nothing to serve, and no port to clash with a second control plane.
-  local exe
+  local exe extra=()
   exe="$(bin kube-controller-manager)"
+  read -ra extra <<<"${PETS_KCM_EXTRA_ARGS:-}"
   start_daemon kube-controller-manager "$LOGS/kube-controller-manager.log" \
     "$exe" \
     --kubeconfig "$PETS_STATE/kube-controller-manager.kubeconfig" \
@@ -151,7 +155,7 @@ start_controller_manager() {
     --service-account-private-key-file "$PKI/sa.key" \
     --root-ca-file "$PKI/ca.crt" \
     --service-cluster-ip-range "$SERVICE_CIDR" --cluster-cidr "$POD_CIDR" \
-    --allocate-node-cidrs=false
+    --allocate-node-cidrs=false "${extra[@]}"
   # Ready enough when its controllers act: the serviceaccount controller creates "default" in
   # "default" (unless that controller was switched off, then only check that it stays up).
   if [[ ",$KCM_CONTROLLERS," == *",-serviceaccount,"* ]]; then
