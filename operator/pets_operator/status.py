@@ -405,8 +405,8 @@ def _while_queued(result: Plan, spec: dict[str, Any], observed: Observed, ws: Wo
     if spec["suspend"]:
         status.pop("pendingSince", None)
         detail = "" if suspended else "; its pods stop once Kueue suspends the workload"
-        qw_name = (qw or {}).get("metadata", {}).get("name", "")
-        message = f"suspended: Kueue Workload {qw_name} is deactivated{detail}"
+        message = (f"suspended: Kueue Workload {qw['metadata']['name']} is deactivated{detail}" if qw
+                   else "suspended: Kueue's Workload is deactivated as soon as Kueue has made it")
         status["queue"] = _queue_status(queue, qw, admitted, message)
         return api.SUSPENDED, "Deactivated", message
     if not suspended:  # admitted: Kueue unsuspended it; from here on the pods tell
