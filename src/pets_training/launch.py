@@ -1,9 +1,12 @@
 """``pets-launch``: the pod launcher (the trainer image's ENTRYPOINT).
 
 Reads the pod contract from the environment (docs/contract.md, :mod:`.contract`) and the mixed precision
-from the trainer flags, waits (bounded) for the main address to resolve, then runs
-``accelerate launch ... -m pets_training <args> --resume`` as its child (forwarding SIGTERM and SIGINT to
-it); with one process in total it trains in this process (no launcher needed). Arguments are trainer flags.
+from the trainer flags, then runs ``accelerate launch ... -m pets_training <args> --resume`` as its child
+(forwarding SIGTERM and SIGINT to it) through :mod:`.accelerate_launch`, which imports accelerate and torch
+first and only then waits (bounded) for the main address to resolve: a lookup made before pod 0 is
+published would be answered from CoreDNS's negative cache for seconds after it is (docs/trainer.md,
+"Start-up: where the time goes"). With one process in total it trains in this process (no launcher
+needed). Arguments are trainer flags.
 
 Exit codes (docs/contract.md): 2 for a bad pod environment or flag, or a main address that did not resolve
 in time; 78 (``PERMANENT_EXIT_CODE``) when any local training process failed permanently (they append their
@@ -116,6 +119,19 @@ def accelerate_command(plan: LaunchPlan, args: Sequence[str], threads: int) -> l
     ]  # fmt: skip
 
 
+def child_command(plan: LaunchPlan, command: Sequence[str]) -> list[str]:
+    """``command`` (:func:`accelerate_command`) run by :mod:`.accelerate_launch`: the same ``accelerate
+    launch``, started at once but only after its imports does it wait for the main address."""
+    prefix = [sys.executable, "-m", "accelerate.commands.launch"]
+    if list(command[:3]) != prefix:
+        raise ValueError(f"not an accelerate launch command: {command[:3]}")
+    return [
+        sys.executable, "-m", "pets_training.accelerate_launch",
+        plan.main_addr, f"{plan.resolve_timeout:g}",
+        *command[3:],
+    ]  # fmt: skip
+
+
 def wait_for_address(
     host: str,
     timeout: float,
@@ -133,11 +149,15 @@ def wait_for_address(
     deadline = start + timeout
     delay = 0.5
     next_report = start
+    failed = False
     while True:
         try:
             resolve(host)
+            if failed:
+                log.info("%s resolved after %.1f s", host, clock() - start)
             return
         except OSError as err:
+            failed = True
             if clock() >= deadline:
                 raise LaunchError(
                     f"{MAIN_ADDR} {host!r} did not resolve within {timeout:g} s ({RESOLVE_TIMEOUT}): "
@@ -225,7 +245,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s [launch] %(message)s", datefmt="%H:%M:%S", level=logging.INFO
     )
     # The launcher is the container's PID 1, which the kernel spares from signals it has no handler
-    # for: without this, a pod deleted during the DNS wait (or a one-process run) would ignore SIGTERM
+    # for: without this, a pod deleted before the child starts (or a one-process run) would ignore SIGTERM
     # and only stop at the grace period's SIGKILL. launch_accelerate replaces it with forwarding.
     signal.signal(signal.SIGTERM, _exit_on_signal)
     args = trainer_args(sys.argv[1:] if argv is None else argv)
@@ -243,17 +263,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from .resources import cpu_limit, plan_cpu
 
-    try:
-        wait_for_address(plan.main_addr, plan.resolve_timeout)
-    except LaunchError as err:
-        log.error("%s", err)
-        return LAUNCH_EXIT_CODE
     threads = plan_cpu(cpu_limit(plan.cpu_limit).cpus, plan.procs_per_machine).threads
     command = accelerate_command(plan, args, threads)
-    log.info("machine %d of %d: %s", plan.machine_rank, plan.num_machines, " ".join(command))
+    log.info(
+        "machine %d of %d: %s (once %s resolves)",
+        plan.machine_rank,
+        plan.num_machines,
+        " ".join(command),
+        plan.main_addr,
+    )
     sys.stdout.flush()
     sys.stderr.flush()
-    return launch_accelerate(command, os.environ)
+    return launch_accelerate(child_command(plan, command), os.environ)
 
 
 if __name__ == "__main__":

@@ -202,6 +202,18 @@ def test_the_launcher_stops_on_sigterm_while_it_waits_for_the_main_address() -> 
     assert proc.returncode == 128 + signal.SIGTERM, err
 
 
+@pytest.mark.timeout(90)
+def test_a_main_address_that_never_resolves_makes_pets_launch_exit_2() -> None:
+    env = {**os.environ, "PETS_NUM_MACHINES": "2", "JOB_COMPLETION_INDEX": "1",
+           "PETS_MAIN_ADDR": "pets-0.nowhere.invalid", "PETS_RESOLVE_TIMEOUT": "1"}
+    proc = subprocess.run([str(BIN / "pets-launch"), "--epochs", "1"], env=env,
+                          capture_output=True, text=True, timeout=80)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "'pets-0.nowhere.invalid' did not resolve within 1 s (PETS_RESOLVE_TIMEOUT)" in proc.stderr
+    # the child imported accelerate (and torch) before its first lookup: see accelerate_launch
+    assert proc.stderr.index("accelerate launch imported") < proc.stderr.index("waiting for")
+
+
 @pytest.mark.timeout(300)
 def test_two_processes_failing_permanently_make_pets_launch_exit_78(tmp_path: Path) -> None:
     env = {

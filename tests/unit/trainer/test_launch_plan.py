@@ -1,8 +1,11 @@
+import logging
+
 import pytest
 
 from pets_training.launch import (
     LaunchError,
     accelerate_command,
+    child_command,
     plan_from_env,
     trainer_args,
     wait_for_address,
@@ -129,6 +132,41 @@ def test_accelerate_command_carries_the_plan() -> None:
         "-m pets_training --epochs 1 --resume",
     ):
         assert part in joined
+
+
+def test_the_child_imports_before_it_waits_then_runs_the_same_accelerate_launch() -> None:
+    plan = plan_from_env(
+        {"JOB_COMPLETION_INDEX": "1", "PETS_NUM_MACHINES": "2", "PETS_MAIN_ADDR": "main",
+         "PETS_RESOLVE_TIMEOUT": "30"}
+    )  # fmt: skip
+    command = accelerate_command(plan, ["--epochs", "1"], threads=1)
+    child = child_command(plan, command)
+    assert child[1:5] == ["-m", "pets_training.accelerate_launch", "main", "30"]
+    assert child[5:] == command[3:]  # accelerate launch's own arguments, unchanged
+    with pytest.raises(ValueError):
+        child_command(plan, ["python", "-m", "torch.distributed.run"])
+
+
+def test_wait_for_address_logs_how_long_a_late_name_took(caplog: pytest.LogCaptureFixture) -> None:
+    now = [0.0]
+    answers = iter([OSError("not yet"), "10.0.0.1"])
+
+    def later(host: str) -> object:
+        answer = next(answers)
+        if isinstance(answer, OSError):
+            raise answer
+        return answer
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+
+    with caplog.at_level(logging.INFO, logger="pets_training.launch"):
+        wait_for_address("pets-0.pets", 12, resolve=later, clock=lambda: now[0], sleep=sleep)
+    assert "pets-0.pets resolved after 0.5 s" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="pets_training.launch"):
+        wait_for_address("localhost", 5)
+    assert "resolved after" not in caplog.text  # at once: nothing to say
 
 
 def test_wait_for_address_is_bounded_and_says_what_to_check() -> None:
