@@ -223,6 +223,9 @@ def plan(
             _mirror_summary(status, observed.summary, spec["epochs"])
         acc = status.get("evalAccuracy")
         message = "training finished" + (f": accuracy {acc:.4f}" if isinstance(acc, float) else "")
+        if target.queued:  # it ran, so Kueue admitted it (perhaps between two polls)
+            status["queue"] = {**(status.get("queue") or {}), "name": _queue_name(target), "admitted": True,
+                               "message": ""}
     elif phase == api.FAILED:
         status.pop("pendingSince", None)
         phase, reason, message = _after_failure(result, spec, observed, ws, restarts, now)

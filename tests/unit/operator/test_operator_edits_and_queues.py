@@ -183,3 +183,11 @@ def test_resuming_a_deactivated_workload_is_queued_not_preempted() -> None:
                          "message": "The workload is deactivated"})
     p = run_queued({"phase": api.SUSPENDED}, queued_job(), qw)
     assert p.status["phase"] == api.QUEUED and p.queue_active is None
+
+
+def test_a_queued_training_that_finished_between_polls_shows_it_was_admitted() -> None:
+    done = job(conditions=[{"type": "SuccessCriteriaMet"}, {"type": "Complete"}])
+    done["metadata"]["labels"].update(QUEUE)
+    p = run_queued({"phase": api.QUEUED, "queue": {"name": "team-a", "admitted": False}}, done,
+                   kueue_workload({"type": "Finished"}))
+    assert p.status["phase"] == api.SUCCEEDED and p.status["queue"]["admitted"] is True
