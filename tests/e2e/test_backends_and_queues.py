@@ -12,6 +12,7 @@ import pytest
 from polling import wait_for
 from trainings import (  # tests/e2e/trainings.py
     GROUP,
+    LONGER_SPEC,
     PLURAL,
     POLL_S,
     REPO,
@@ -29,9 +30,6 @@ CLUSTER_SH = REPO / "tests" / "cluster" / "cluster.sh"
 KUEUE_API = ("kueue.x-k8s.io", "v1beta2")
 PYTORCHJOB_API = ("kubeflow.org", "v1", "pytorchjobs")
 
-# Epochs of 10-20 s here (as in test_training.py), so tests can act mid-run.
-LONGER_SPEC: dict[str, Any] = {**SMALL_SPEC, "imageSize": 128,
-                               "dataset": {"synthetic": {"numClasses": 4, "imagesPerClass": 600}}}
 
 
 def addon(name: str) -> None:

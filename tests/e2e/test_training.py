@@ -19,6 +19,7 @@ import yaml
 from polling import wait_for
 from trainings import (  # tests/e2e/trainings.py (pytest puts this dir on sys.path)
     GROUP,
+    LONGER_SPEC,
     OPERATOR_NAMESPACE,
     PLURAL,
     POLL_S,
@@ -33,10 +34,6 @@ from trainings import (  # tests/e2e/trainings.py (pytest puts this dir on sys.p
 
 pytestmark = pytest.mark.e2e
 
-# Epochs of 10-20 s here: longer than the operator's 10 s progress poll, so status shows an epoch
-# while Running, and the fault tests can act mid-run.
-LONGER_SPEC: dict[str, Any] = {**SMALL_SPEC, "imageSize": 128,
-                               "dataset": {"synthetic": {"numClasses": 4, "imagesPerClass": 600}}}
 
 
 # ----------------------------------------------------------------------------- tests

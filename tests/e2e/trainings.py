@@ -29,6 +29,11 @@ SMALL_SPEC: dict[str, Any] = {
     "maxRestarts": 2,
 }
 
+# Epochs of 10-20 s here: longer than the operator's 10 s progress poll, so status shows an epoch
+# while Running, and the fault tests can act mid-run.
+LONGER_SPEC: dict[str, Any] = {**SMALL_SPEC, "imageSize": 128,
+                               "dataset": {"synthetic": {"numClasses": 4, "imagesPerClass": 600}}}
+
 
 def cache_dir() -> Path:
     return Path(os.environ.get("PETS_CACHE", Path.home() / ".cache" / "pets-training"))
