@@ -70,6 +70,9 @@ class Backend:
     # The workload's failure reason when its own failure policy ended it on the trainer's
     # permanent-error exit code ("" where the backend has no such policy: the operator reads the pods).
     permanent_reason: ClassVar[str] = ""
+    # The workload's failure reason when its own failure policy ended it because the cluster disrupted
+    # a pod ("" where the backend has no such policy: the operator reads the pods).
+    disrupted_reason: ClassVar[str] = ""
     container: ClassVar[str] = builders.CONTAINER  # the trainer container's name in its pods
 
     @property
@@ -116,6 +119,7 @@ class JobBackend(Backend):
     name, group, version, plural, kind = "job", "batch", "v1", "jobs", "Job"
     children_key, uses_service, always_served = "job", True, True
     permanent_reason = "PodFailurePolicy"
+    disrupted_reason = "PodDisrupted"
 
     def build_workload(self, spec: dict[str, Any], target: builders.Target) -> dict[str, Any]:
         return builders.build_job(spec, target)
@@ -132,6 +136,8 @@ class JobBackend(Backend):
         if "Failed" in conds or "FailureTarget" in conds:
             c = conds.get("Failed") or conds["FailureTarget"]
             reason = c.get("reason") or "JobFailed"
+            if reason == self.permanent_reason and "DisruptionTarget" in str(c.get("message")):
+                reason = self.disrupted_reason  # builders.build_job's second rule, not the exit code
             return WorkloadState(api.FAILED, reason, c.get("message") or f"Job failed ({reason})",
                                  active, ready, start, _norm_ts(c.get("lastTransitionTime")))
         if self.is_suspended(workload) or "Suspended" in conds:

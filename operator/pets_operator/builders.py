@@ -323,12 +323,16 @@ def build_job(spec: dict[str, Any], target: Target) -> dict[str, Any]:
             # One failed pod fails the Job; the operator restarts the whole gang (spec.maxRestarts)...
             "backoffLimit": 0,
             # ...unless the trainer says a restart cannot help (docs/contract.md): then the Job fails
-            # with reason PodFailurePolicy and the operator fails the training at once.
-            "podFailurePolicy": {"rules": [{
-                "action": "FailJob",
-                "onExitCodes": {"containerName": CONTAINER, "operator": "In",
-                                "values": [pods.PERMANENT_EXIT_CODE]},
-            }]},
+            # with reason PodFailurePolicy and the operator fails the training at once. A pod the
+            # cluster disrupted (evicted, preempted, node lost) fails the Job too, but by the second
+            # rule, which the Job's condition names: the evicted pod may be gone before the operator
+            # looks, and the Job keeps the cause (a restart not counted against maxRestarts).
+            "podFailurePolicy": {"rules": [
+                {"action": "FailJob",
+                 "onExitCodes": {"containerName": CONTAINER, "operator": "In",
+                                 "values": [pods.PERMANENT_EXIT_CODE]}},
+                {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+            ]},
             "suspend": created_suspended(spec, target),
             "template": pod_template(spec, target),
         },

@@ -303,7 +303,11 @@ def _after_failure(result: Plan, spec: dict[str, Any], observed: Observed, ws: W
     disruptions = int(status.get("disruptions") or 0)
     counted = restarts - disruptions
     permanent = (failure is not None and failure.permanent) or ws.reason == observed.backend.permanent_reason
-    by_cluster = failure is not None and failure.caused_by_cluster
+    disrupted = bool(observed.backend.disrupted_reason) and ws.reason == observed.backend.disrupted_reason
+    by_cluster = (failure is not None and failure.caused_by_cluster) or disrupted
+    if failure is None and disrupted:  # the disrupted pod is gone; the Job's condition says what it was
+        status["lastFailure"] = {"cause": "Disrupted", "message": ws.message,
+                                 "time": ws.completion_time or timestamp(now)}
     if not permanent and (by_cluster or counted < spec["maxRestarts"]):
         status["restarts"] = restarts + 1
         status["attempt"] = int(status["attempt"]) + 1

@@ -191,3 +191,19 @@ def test_a_queued_training_that_finished_between_polls_shows_it_was_admitted() -
     p = run_queued({"phase": api.QUEUED, "queue": {"name": "team-a", "admitted": False}}, done,
                    kueue_workload({"type": "Finished"}))
     assert p.status["phase"] == api.SUCCEEDED and p.status["queue"]["admitted"] is True
+
+
+def test_a_disruption_the_job_recorded_restarts_without_counting_even_when_the_pod_is_gone() -> None:
+    message = ("Pod ns/pets-1-abcde has condition DisruptionTarget matching FailJob rule at index 1")
+    failed = job(conditions=[{"type": "FailureTarget", "reason": "PodFailurePolicy", "message": message},
+                             {"type": "Failed", "reason": "PodFailurePolicy", "message": message}])
+    assert backends.JOB.state(failed, 2).reason == "PodDisrupted"
+    p = run(body({"phase": api.RUNNING}, maxRestarts=0), failed, pods=[])
+    assert p.status["phase"] == api.RESTARTING
+    assert (p.status["restarts"], p.status["disruptions"]) == (1, 1)
+    assert p.status["lastFailure"]["cause"] == "Disrupted"
+    # The trainer's permanent exit code is still the first rule: it ends the training at once.
+    permanent = ("Container trainer for pod ns/pets-1-x failed with exit code 78 matching FailJob rule "
+                 "at index 0")
+    ended = job(conditions=[{"type": "Failed", "reason": "PodFailurePolicy", "message": permanent}])
+    assert run(body({"phase": api.RUNNING}, maxRestarts=3), ended, pods=[]).status["phase"] == api.FAILED
