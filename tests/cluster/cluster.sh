@@ -1,24 +1,30 @@
 #!/usr/bin/env bash
 # shellcheck source-path=SCRIPTDIR
-# A single-node Kubernetes cluster to run the e2e suite on.
+# A Kubernetes cluster of one or more nodes to run the e2e suite on.
 #
 # usage: cluster.sh up|down|status [local|kind]          (default: local)
+#        cluster.sh node-lose|node-start NODE             a node of the local cluster lost / back (below)
 #        cluster.sh addon-up|addon-down kubeflow|kueue    the real training-operator / Kueue (addons.sh)
 #
 # local: the control plane of control-plane.sh (etcd, kube-apiserver, kube-controller-manager)
-#        plus a node on this machine: kube-scheduler, containerd + runc, a CNI bridge, kubelet
-#        (cgroupfs driver), kube-proxy (iptables) and CoreDNS as a pod. Needs root and no network
-#        beyond the package registries: every binary and image is built here (build.sh).
+#        plus PETS_NODES nodes on this machine, each with its own containerd + runc, CNI bridge,
+#        kubelet (cgroupfs driver) and kube-proxy (iptables); kube-scheduler and CoreDNS (a pod) once.
+#        The first node runs in the host's network namespace; every further node in a network
+#        namespace of its own, linked to the host by a veth pair, with its pod subnet routed
+#        (docs/cluster.md "Several nodes"). Needs root and no network beyond the package
+#        registries: every binary and image is built here (build.sh).
 # kind:  `kind create cluster` with a kind CLI built from the Go module proxy; needs Docker and a
 #        registry to pull kind's node image (not available on the machine this was written on).
 #
 # Environment (all optional; control-plane.sh lists its own):
 #   PETS_STATE           state directory                                  [/tmp/pets-training-cluster]
-#   PETS_NODE_NAME       the node's name                                  [pets-node]
-#   PETS_NODE_IP         the node's address                               [source address of the default route]
-#   PETS_POD_CIDR        pod network, served by the CNI bridge            [10.88.0.0/16]
+#   PETS_NODES           how many nodes (make cluster-up NODES=2)         [1]
+#   PETS_NODE_NAME       the first node's name; node N>1 is NAME-N        [pets-node]
+#   PETS_NODE_IP         the first node's address                         [source address of the default route]
+#   PETS_POD_CIDR        pod network; node N serves the N-th /24 of it    [10.88.0.0/16]
+#   PETS_LINK_CIDR       veth links of nodes 2..N: 10.87.N.1 (host) - .2  [10.87.0.0/16]
 #   PETS_SERVICE_CIDR    service network                                  [10.96.0.0/12]
-#   PETS_CONTAINERD_ROOT containerd's image store, kept across up/down    [$PETS_CACHE/containerd]
+#   PETS_CONTAINERD_ROOT containerd's image store, kept across up/down    [$PETS_CACHE/containerd; node N: ...-NAME-N]
 #   PETS_KIND_NAME       kind cluster name                                [pets-training]
 #   PETS_KIND_IMAGE      kind node image                                  [kind's default for its version]
 #   PETS_ADDONS          add-ons `up` installs at the end: "kubeflow kueue" (make cluster-up KUBEFLOW=1 KUEUE=1)
@@ -31,20 +37,19 @@ LOG_TAG=cluster
 source "$HERE/lib.sh"
 
 NODE_NAME="${PETS_NODE_NAME:-pets-node}"
+NODES="${PETS_NODES:-1}"
 POD_CIDR="${PETS_POD_CIDR:-10.88.0.0/16}"
+LINK_CIDR="${PETS_LINK_CIDR:-10.87.0.0/16}"
 SERVICE_CIDR="${PETS_SERVICE_CIDR:-10.96.0.0/12}"
-CONTAINERD_ROOT="${PETS_CONTAINERD_ROOT:-$PETS_CACHE/containerd}"
-CONTAINERD_DIR="$PETS_STATE/containerd"
-CONTAINERD_SOCK="$CONTAINERD_DIR/containerd.sock"
-CNI_DIR="$PETS_STATE/cni"
+FIRST_CONTAINERD_ROOT="${PETS_CONTAINERD_ROOT:-$PETS_CACHE/containerd}"
 CNI_BIN_DIR="${PETS_CNI_BIN_DIR:-/usr/lib/cni}"
 BRIDGE=pets0
-KUBELET_DIR="$PETS_STATE/kubelet"
 RULE_COMMENT="pets-training-cluster"
 KIND_NAME="${PETS_KIND_NAME:-pets-training}"
 # sysctls the node needs; their previous values are saved at up and restored at down.
 SYSCTLS=(net.ipv4.ip_forward=1 net.bridge.bridge-nf-call-iptables=1 net.bridge.bridge-nf-call-ip6tables=1)
-NODE_COMPONENTS=(kube-proxy kubelet kube-scheduler containerd)
+NODE_COMPONENTS=(kube-proxy kubelet containerd)
+[[ "$NODES" =~ ^[1-9][0-9]?$ ]] || { echo "PETS_NODES must be a number from 1 to 99 (got '$NODES')" >&2; exit 1; }
 
 node_ip() {
   if [[ -n "${PETS_NODE_IP:-}" ]]; then echo "$PETS_NODE_IP"; return; fi
@@ -53,6 +58,53 @@ node_ip() {
 
 # The n-th address of a CIDR (1 = the `kubernetes` Service, 10 = cluster DNS).
 nth_ip() { python3 -c 'import ipaddress, sys; print(ipaddress.ip_network(sys.argv[1])[int(sys.argv[2])])' "$1" "$2"; }
+# The n-th /24 of a CIDR, counting from 0.
+nth_subnet() {
+  python3 -c 'import ipaddress, sys; print(list(ipaddress.ip_network(sys.argv[1]).subnets(new_prefix=24))[int(sys.argv[2])])' "$1" "$2"
+}
+
+# ------------------------------------------------------------------ nodes
+# select_node N: point the per-node variables at node N (1..NODES). Node 1 keeps the paths of the
+# single-node cluster; node N>1 lives under $PETS_STATE/nodes/NAME and in network namespace NAME.
+select_node() {
+  local n="$1"
+  NODE_INDEX="$n"
+  NODE_SUBNET="$(nth_subnet "$POD_CIDR" $((n - 1)))"
+  if ((n == 1)); then
+    NODE="$NODE_NAME" NODE_STATE="$PETS_STATE" SUFFIX="" NETNS="" IN_NODE=()
+    CONTAINERD_ROOT="$FIRST_CONTAINERD_ROOT"
+    NODE_ADDR="$(node_ip)" CGROUP_ROOT="/"
+  else
+    NODE="$NODE_NAME-$n" NODE_STATE="$PETS_STATE/nodes/$NODE_NAME-$n" SUFFIX="-$NODE_NAME-$n"
+    NETNS="$NODE" IN_NODE=(nsenter "--net=/run/netns/$NODE")
+    CONTAINERD_ROOT="$FIRST_CONTAINERD_ROOT-$NODE"
+    NODE_ADDR="$(nth_ip "$(nth_subnet "$LINK_CIDR" "$n")" 2)" CGROUP_ROOT="/$NODE"
+  fi
+  CONTAINERD_DIR="$NODE_STATE/containerd"
+  CONTAINERD_SOCK="$CONTAINERD_DIR/containerd.sock"
+  CNI_DIR="$NODE_STATE/cni"
+  KUBELET_DIR="$NODE_STATE/kubelet"
+}
+
+# select_node_named NAME: select_node for a node's name (pets-node, pets-node-2, ...).
+select_node_named() {
+  local n
+  for n in $(node_numbers); do
+    select_node "$n"
+    [[ "$NODE" == "$1" ]] && return 0
+  done
+  die "no node named '$1' in this cluster (nodes: $(for n in $(node_numbers); do select_node "$n"; printf '%s ' "$NODE"; done))"
+}
+
+# The numbers of the nodes this cluster has: 1, and every node N>1 whose state directory exists
+# (so `down` and `status` find them whatever PETS_NODES says now).
+node_numbers() {
+  local d
+  echo 1
+  for d in "$PETS_STATE/nodes/$NODE_NAME"-*; do
+    [[ -d "$d" ]] && echo "${d##*-}"
+  done | sort -n
+}
 
 ctr_() { ctr --address "$CONTAINERD_SOCK" --namespace k8s.io "$@"; }
 kubectl_() { KUBECONFIG="$KUBECONFIG_ADMIN" kubectl "$@"; }
@@ -83,19 +135,72 @@ add_forward_rules() {
   done
 }
 
+# Pods reach other pods (on any node) by their own addresses; only traffic leaving the pod
+# network is masqueraded, in the selected node's network namespace.
+add_masquerade_rule() {
+  local rule=(POSTROUTING -s "$POD_CIDR" ! -d "$POD_CIDR" -m comment --comment "$RULE_COMMENT" -j MASQUERADE)
+  "${IN_NODE[@]}" iptables -t nat -C "${rule[@]}" 2>/dev/null || "${IN_NODE[@]}" iptables -t nat -A "${rule[@]}"
+}
+
+# Node N>1: its network namespace, a veth pair to the host (10.87.N.1 here, 10.87.N.2 there),
+# its pod subnet routed to it, and the sysctls a node needs, set inside the namespace.
+make_node_netns() {
+  local link host_if="pets-veth$NODE_INDEX" host_addr kv
+  link="$(nth_subnet "$LINK_CIDR" "$NODE_INDEX")"
+  host_addr="$(nth_ip "$link" 1)"
+  [[ -e "/run/netns/$NETNS" ]] || ip netns add "$NETNS"
+  if ! ip link show "$host_if" >/dev/null 2>&1; then
+    ip link add "$host_if" type veth peer name eth0 netns "$NETNS"
+    ip addr add "$host_addr/24" dev "$host_if"
+    ip link set "$host_if" up
+    ip netns exec "$NETNS" ip addr add "$NODE_ADDR/24" dev eth0
+    ip netns exec "$NETNS" ip link set eth0 up
+    ip netns exec "$NETNS" ip link set lo up
+    ip netns exec "$NETNS" ip route add default via "$host_addr"
+  fi
+  ip route replace "$NODE_SUBNET" via "$NODE_ADDR" dev "$host_if"
+  for kv in "${SYSCTLS[@]}"; do "${IN_NODE[@]}" sysctl -q -w "$kv"; done
+}
+
+# The node's cgroup root (kubelet's cgroupRoot must exist): a directory in every v1 hierarchy,
+# cpuset's filled from its parent as cgroup v1 requires.
+make_node_cgroup() {
+  local d
+  [[ "$CGROUP_ROOT" == / ]] && return 0
+  for d in /sys/fs/cgroup/*/; do
+    [[ -f "$d/cgroup.procs" && "$d" != */unified/ ]] || continue
+    mkdir -p "$d${CGROUP_ROOT#/}"
+    if [[ -f "$d/cpuset.cpus" ]]; then
+      cat "$d/cpuset.cpus" >"$d${CGROUP_ROOT#/}/cpuset.cpus"
+      cat "$d/cpuset.mems" >"$d${CGROUP_ROOT#/}/cpuset.mems"
+    fi
+  done
+}
+
 # Swap: kubelet is told not to fail on it (failSwapOn: false, swapBehavior NoSwap), so
 # nothing on the host is changed.
 
 # ------------------------------------------------------------------ components
 node_pki() {
-  [[ -f "$PKI/kubelet.crt" && -f "$PKI/kube-proxy.crt" && -f "$PKI/kube-scheduler.crt" ]] && return 0
+  local kubelet_cert="kubelet$SUFFIX"
+  [[ -f "$PKI/$kubelet_cert.crt" && -f "$PKI/kube-proxy.crt" && -f "$PKI/kube-scheduler.crt" ]] && return 0
   (
     cd "$PKI"
     umask 077
-    make_cert kubelet "/O=system:nodes/CN=system:node:$NODE_NAME" "clientAuth"
-    make_cert kube-proxy "/CN=system:kube-proxy" "clientAuth"
-    make_cert kube-scheduler "/CN=system:kube-scheduler" "clientAuth"
+    make_cert "$kubelet_cert" "/O=system:nodes/CN=system:node:$NODE" "clientAuth"
+    [[ -f kube-proxy.crt ]] || make_cert kube-proxy "/CN=system:kube-proxy" "clientAuth"
+    [[ -f kube-scheduler.crt ]] || make_cert kube-scheduler "/CN=system:kube-scheduler" "clientAuth"
   )
+}
+
+# A kubeconfig for a component of the selected node: nodes in their own network namespace reach
+# the API server at the first node's address (in its serving certificate) instead of 127.0.0.1.
+node_kubeconfig() {
+  local file="$NODE_STATE/$1.kubeconfig"
+  mkdir -p "$NODE_STATE"
+  write_kubeconfig "$file" "$2"
+  [[ -z "$NETNS" ]] || sed -i "s#server: https://127.0.0.1:#server: https://$(node_ip):#" "$file"
+  echo "$file"
 }
 
 # "true" when this process lacks CAP_SYS_RESOURCE (bit 24 of CapEff).
@@ -106,7 +211,7 @@ restrict_oom() {
 }
 
 start_containerd() {
-  pid_alive containerd && return 0
+  pid_alive "containerd$SUFFIX" && return 0
   mkdir -p "$CONTAINERD_DIR" "$CONTAINERD_ROOT" "$CNI_DIR/net.d"
   cat >"$CONTAINERD_DIR/config.toml" <<EOF
 version = 2
@@ -130,6 +235,8 @@ state = "$CONTAINERD_DIR/state"
       runtime_type = "io.containerd.runc.v2"
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         SystemdCgroup = false
+        # runc's own state, per node: several containerds share this machine.
+        Root = "$CONTAINERD_DIR/runc"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "$CNI_BIN_DIR"
     conf_dir = "$CNI_DIR/net.d"
@@ -143,11 +250,11 @@ EOF
       "type": "bridge",
       "bridge": "$BRIDGE",
       "isGateway": true,
-      "ipMasq": true,
+      "ipMasq": false,
       "hairpinMode": true,
       "ipam": {
         "type": "host-local",
-        "ranges": [[{"subnet": "$POD_CIDR"}]],
+        "ranges": [[{"subnet": "$NODE_SUBNET"}]],
         "routes": [{"dst": "0.0.0.0/0"}],
         "dataDir": "$CNI_DIR/ipam"
       }
@@ -155,8 +262,10 @@ EOF
   ]
 }
 EOF
-  start_daemon containerd "$LOGS/containerd.log" containerd --config "$CONTAINERD_DIR/config.toml"
-  wait_for containerd 60 ctr_ version || { tail -20 "$LOGS/containerd.log" >&2; die "containerd did not start"; }
+  start_daemon "containerd$SUFFIX" "$LOGS/containerd$SUFFIX.log" \
+    "${IN_NODE[@]}" containerd --config "$CONTAINERD_DIR/config.toml"
+  wait_for "containerd$SUFFIX" 60 ctr_ version ||
+    { tail -20 "$LOGS/containerd$SUFFIX.log" >&2; die "containerd of $NODE did not start"; }
 }
 
 import_image() {
@@ -173,11 +282,12 @@ host_resolv_conf() {
 }
 
 start_kubelet() {
-  pid_alive kubelet && return 0
-  local dns_ip
+  pid_alive "kubelet$SUFFIX" && return 0
+  local dns_ip kubeconfig
   dns_ip="$(nth_ip "$SERVICE_CIDR" 10)"
   mkdir -p "$KUBELET_DIR"
-  write_kubeconfig "$PETS_STATE/kubelet.kubeconfig" kubelet
+  kubeconfig="$(node_kubeconfig kubelet "kubelet$SUFFIX")"
+  make_node_cgroup
   cat >"$KUBELET_DIR/config.yaml" <<EOF
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
@@ -187,6 +297,8 @@ authentication:
   x509: {clientCAFile: "$PKI/ca.crt"}
 authorization: {mode: Webhook}
 cgroupDriver: cgroupfs
+# Each node's pods under a cgroup of their own (several kubelets share this machine's hierarchy).
+cgroupRoot: "$CGROUP_ROOT"
 containerRuntimeEndpoint: "unix://$CONTAINERD_SOCK"
 clusterDomain: cluster.local
 clusterDNS: ["$dns_ip"]
@@ -198,19 +310,19 @@ memorySwap: {swapBehavior: NoSwap}
 evictionHard: {memory.available: "200Mi", nodefs.available: "1%", imagefs.available: "1%"}
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
-# Only one node: start pods without waiting on images pulled one after the other.
+# Images are imported, never pulled: start pods without waiting on pulls one after the other.
 serializeImagePulls: false
 registerNode: true
 maxPods: 110
 # Container logs under the state dir (kubelet still links them from /var/log/containers).
-podLogsDir: "$PETS_STATE/pod-logs"
+podLogsDir: "$NODE_STATE/pod-logs"
 EOF
   local exe
   exe="$(bin kubelet)"
-  start_daemon kubelet "$LOGS/kubelet.log" "$exe" \
-    --config "$KUBELET_DIR/config.yaml" --kubeconfig "$PETS_STATE/kubelet.kubeconfig" \
+  start_daemon "kubelet$SUFFIX" "$LOGS/kubelet$SUFFIX.log" "${IN_NODE[@]}" "$exe" \
+    --config "$KUBELET_DIR/config.yaml" --kubeconfig "$kubeconfig" \
     --root-dir "$KUBELET_DIR/root" --cert-dir "$KUBELET_DIR/pki" \
-    --hostname-override "$NODE_NAME" --node-ip "$(node_ip)" \
+    --hostname-override "$NODE" --node-ip "$NODE_ADDR" \
     --pod-infra-container-image "$PAUSE_IMAGE" --v 1
 }
 
@@ -224,15 +336,16 @@ start_scheduler() {
 }
 
 start_kube_proxy() {
-  pid_alive kube-proxy && return 0
-  write_kubeconfig "$PETS_STATE/kube-proxy.kubeconfig" kube-proxy
-  cat >"$PETS_STATE/kube-proxy.yaml" <<EOF
+  pid_alive "kube-proxy$SUFFIX" && return 0
+  local kubeconfig
+  kubeconfig="$(node_kubeconfig kube-proxy kube-proxy)"
+  cat >"$NODE_STATE/kube-proxy.yaml" <<EOF
 apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
-clientConnection: {kubeconfig: "$PETS_STATE/kube-proxy.kubeconfig"}
+clientConnection: {kubeconfig: "$kubeconfig"}
 mode: iptables
 clusterCIDR: "$POD_CIDR"
-hostnameOverride: "$NODE_NAME"
+hostnameOverride: "$NODE"
 # Leave the host's conntrack table sizes alone.
 conntrack: {maxPerCore: 0}
 metricsBindAddress: "127.0.0.1:10249"
@@ -240,7 +353,8 @@ healthzBindAddress: "127.0.0.1:10256"
 EOF
   local exe
   exe="$(bin kube-proxy)"
-  start_daemon kube-proxy "$LOGS/kube-proxy.log" "$exe" --config "$PETS_STATE/kube-proxy.yaml"
+  start_daemon "kube-proxy$SUFFIX" "$LOGS/kube-proxy$SUFFIX.log" "${IN_NODE[@]}" "$exe" \
+    --config "$NODE_STATE/kube-proxy.yaml"
 }
 
 apply_coredns() {
@@ -335,45 +449,94 @@ EOF
 }
 
 node_ready() {
-  [[ "$(kubectl_ get node "$NODE_NAME" \
+  [[ "$(kubectl_ get node "$NODE" \
     -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')" == True ]]
 }
 
+# up_node N: node N's runtime, kubelet and kube-proxy, with the cluster's own images; waits for Ready.
+up_node() {
+  select_node "$1"
+  node_pki
+  if [[ -n "$NETNS" ]]; then make_node_netns; fi
+  add_masquerade_rule
+  start_containerd
+  import_image "$PETS_CACHE/images/pause.tar"
+  import_image "$PETS_CACHE/images/coredns.tar"
+  start_kubelet
+  start_kube_proxy
+}
+
+wait_node_ready() {
+  select_node "$1"
+  wait_for "node $NODE Ready (log: $LOGS/kubelet$SUFFIX.log)" 180 node_ready ||
+    { tail -20 "$LOGS/kubelet$SUFFIX.log" >&2; die "node $NODE did not become Ready"; }
+}
+
 up_local() {
-  local t0=$SECONDS t ip
+  local t0=$SECONDS t ip n
   [[ $EUID -eq 0 ]] || die "the local node needs root (containerd, kubelet, iptables)"
   ip="$(node_ip)"
   [[ -n "$ip" ]] || die "cannot tell the node's IP (no default route): set PETS_NODE_IP"
   t=$SECONDS; "$HERE/build.sh" control-plane node; log "phase build: $((SECONDS - t)) s"
   mkdir -p "$PETS_STATE" "$LOGS"
+  # A state directory of an earlier cluster with more nodes than asked for now would leave them running.
+  (( $(node_numbers | tail -n 1) <= NODES )) ||
+    die "$PETS_STATE holds a cluster of $(node_numbers | wc -l) nodes; take it down first (make cluster-down)"
+  for ((n = 2; n <= NODES; n++)); do mkdir -p "$PETS_STATE/nodes/$NODE_NAME-$n"; done
   t=$SECONDS
   # Pods reach the API server through the `kubernetes` Service, which points at the node's IP.
   PETS_APISERVER_BIND=0.0.0.0 PETS_ADVERTISE_IP="$ip" PETS_POD_CIDR="$POD_CIDR" \
     PETS_SERVICE_CIDR="$SERVICE_CIDR" "$HERE/control-plane.sh" up
   log "phase control plane: $((SECONDS - t)) s"
   t=$SECONDS
-  node_pki
   set_sysctls
   # containerd bind-mounts /run/netns on itself for pod network namespaces; note whether it was
   # already a mount point, so that `down` removes only a mount that `up` caused.
   [[ -f "$PETS_STATE/netns-was-mounted" ]] || { findmnt -rn /run/netns >/dev/null && echo yes || echo no; } \
     >"$PETS_STATE/netns-was-mounted"
   add_forward_rules
-  start_containerd
-  import_image "$PETS_CACHE/images/pause.tar"
-  import_image "$PETS_CACHE/images/coredns.tar"
   start_scheduler
-  start_kubelet
-  start_kube_proxy
-  wait_for "node $NODE_NAME Ready (log: $LOGS/kubelet.log)" 180 node_ready ||
-    { tail -20 "$LOGS/kubelet.log" >&2; die "node $NODE_NAME did not become Ready"; }
-  log "phase node: $((SECONDS - t)) s"
+  for ((n = 1; n <= NODES; n++)); do up_node "$n"; done
+  for ((n = 1; n <= NODES; n++)); do wait_node_ready "$n"; done
+  log "phase nodes ($NODES): $((SECONDS - t)) s"
   t=$SECONDS
   apply_coredns
   kubectl_ -n kube-system rollout status deployment/coredns --timeout=180s >&2 ||
     { kubectl_ -n kube-system describe pods -l k8s-app=kube-dns >&2; die "CoreDNS did not become ready"; }
   log "phase CoreDNS: $((SECONDS - t)) s"
-  log "cluster up in $((SECONDS - t0)) s: node $NODE_NAME ($ip), KUBECONFIG=$KUBECONFIG_ADMIN"
+  log "cluster up in $((SECONDS - t0)) s: $NODES node(s) ($(kubectl_ get nodes -o name | tr '\n' ' ')), KUBECONFIG=$KUBECONFIG_ADMIN"
+}
+
+# ------------------------------------------------------------------ a node lost, and back
+# node-lose NODE: what "node lost" means in this harness, for a node N>1: every process in its pod
+# cgroups is killed (SIGKILL: the trainers die mid-step, as with a power cut), then its containerd
+# shims, containerd, kubelet and kube-proxy. Its network namespace stays, so its address answers
+# with nothing listening. Nobody tells the API server: the node controller marks the Node
+# Ready=Unknown once its kubelet has been silent for node-monitor-grace-period (50 s).
+lose_node() {
+  select_node_named "$1"
+  [[ -n "$NETNS" ]] || die "$NODE runs the cluster's control plane and scheduler: lose a node other than the first"
+  local d pid round
+  for round in 1 2 3; do  # processes forked while the first were being killed
+    while read -r d; do
+      while read -r pid; do kill -KILL "$pid" 2>/dev/null || true; done <"$d"
+    done < <(find "/sys/fs/cgroup/memory$CGROUP_ROOT" -name cgroup.procs 2>/dev/null)
+    [[ $round -lt 3 ]] && sleep 0.5
+  done
+  for pid in $(pgrep -f "containerd-shim.*$CONTAINERD_SOCK" || true); do kill -KILL "$pid" 2>/dev/null || true; done
+  for d in kubelet kube-proxy containerd; do
+    pid_alive "$d$SUFFIX" && kill -KILL "$(cat "$PETS_STATE/pids/$d$SUFFIX.pid")" 2>/dev/null
+    rm -f "$PETS_STATE/pids/$d$SUFFIX.pid"
+  done
+  log "node $NODE lost: its pods' processes, containerd, kubelet and kube-proxy killed (the API server was not told)"
+}
+
+# node-start NODE: start a lost node's containerd, kubelet and kube-proxy again; waits for Ready.
+start_node() {
+  select_node_named "$1"
+  up_node "$NODE_INDEX"
+  wait_node_ready "$NODE_INDEX"
+  log "node $NODE is back"
 }
 
 # ------------------------------------------------------------------ teardown
@@ -397,42 +560,78 @@ sweep_iptables() {
 }
 
 our_mounts() {
-  findmnt -rn -o TARGET | awk -v a="$PETS_STATE/" -v b="$CONTAINERD_ROOT/" \
+  findmnt -rn -o TARGET | awk -v a="$PETS_STATE/" -v b="$FIRST_CONTAINERD_ROOT" \
     'index($0, a) == 1 || index($0, b) == 1' | sort -r
 }
 
 leftovers() {
-  local found=0 p
-  for p in "${NODE_COMPONENTS[@]}" kube-controller-manager kube-apiserver etcd; do
+  local found=0 p n
+  for p in kube-scheduler kube-controller-manager kube-apiserver etcd; do
     pid_alive "$p" && { echo "process: $p"; found=1; }
   done
-  if pgrep -f "containerd-shim.*$CONTAINERD_SOCK" >/dev/null; then echo "process: containerd-shim"; found=1; fi
+  for n in $(node_numbers); do
+    select_node "$n"
+    for p in "${NODE_COMPONENTS[@]}"; do
+      pid_alive "$p$SUFFIX" && { echo "process: $p$SUFFIX"; found=1; }
+    done
+    if pgrep -f "containerd-shim.*$CONTAINERD_SOCK" >/dev/null; then echo "process: containerd-shim of $NODE"; found=1; fi
+    if [[ -n "$NETNS" && -e "/run/netns/$NETNS" ]]; then echo "network namespace: $NETNS"; found=1; fi
+  done
   if [[ -n "$(our_mounts)" ]]; then our_mounts | sed 's/^/mount: /'; found=1; fi
   if ip link show "$BRIDGE" >/dev/null 2>&1; then echo "network device: $BRIDGE"; found=1; fi
+  if ip -o link show | grep -q ' pets-veth'; then echo "network device: pets-veth*"; found=1; fi
   # A pod's veth left behind would sit on no bridge (docker's veths are on docker0/br-*).
-  if ip -o link show type veth | grep -qv ' master '; then echo "network device: a veth on no bridge"; found=1; fi
+  if ip -o link show type veth | grep -v ' pets-veth' | grep -qv ' master '; then echo "network device: a veth on no bridge"; found=1; fi
   if iptables-save 2>/dev/null | grep -qE "KUBE-|CNI-|$RULE_COMMENT"; then
     echo "iptables: rules or chains of KUBE-/CNI-/$RULE_COMMENT"; found=1
   fi
   return "$found"
 }
 
-down_local() {
-  local t0=$SECONDS m shim
-  if [[ -S "$CONTAINERD_SOCK" ]] && pid_alive containerd; then
-    stop_daemon kubelet
+# down_node N: stop node N's pods (through its CRI, so CNI frees addresses), kubelet, kube-proxy and
+# containerd; a lost node's containerd is started again for that first, so nothing is left behind.
+down_node() {
+  local shim m d
+  select_node "$1"
+  if [[ -S "$CONTAINERD_SOCK" || -d "$CONTAINERD_DIR" ]] && ! pid_alive "containerd$SUFFIX" && [[ -n "$NETNS" ]] &&
+     [[ -e "/run/netns/$NETNS" ]]; then
+    (start_containerd) || true  # (a subshell: its `die` must not end the teardown)
+  fi
+  if [[ -S "$CONTAINERD_SOCK" ]] && pid_alive "containerd$SUFFIX"; then
+    stop_daemon "kubelet$SUFFIX"
     # Stop and remove every pod sandbox through the CRI: containers stop, CNI DEL frees each pod's
     # address, veth and iptables rules, and its network namespace goes away.
     "$PETS_BIN/pets-cri" -endpoint "unix://$CONTAINERD_SOCK" remove-all >&2 ||
-      log "some pod sandboxes could not be removed; sweeping below"
+      log "some pod sandboxes of $NODE could not be removed; sweeping below"
   fi
-  stop_daemon kube-proxy
-  if [[ -x "$PETS_BIN/kube-proxy" ]]; then "$PETS_BIN/kube-proxy" --cleanup >/dev/null 2>&1 || true; fi
-  stop_daemon kubelet
-  stop_daemon kube-scheduler
-  stop_daemon containerd
-  # Shims of tasks the CRI could not stop (their command line names our containerd socket).
+  stop_daemon "kube-proxy$SUFFIX"
+  if [[ -x "$PETS_BIN/kube-proxy" ]]; then "${IN_NODE[@]}" "$PETS_BIN/kube-proxy" --cleanup >/dev/null 2>&1 || true; fi
+  stop_daemon "kubelet$SUFFIX"
+  stop_daemon "containerd$SUFFIX"
+  # Shims of tasks the CRI could not stop (their command line names the node's containerd socket).
   for shim in $(pgrep -f "containerd-shim.*$CONTAINERD_SOCK" || true); do kill -KILL "$shim" 2>/dev/null || true; done
+  if [[ -n "$NETNS" ]]; then
+    ip netns delete "$NETNS" 2>/dev/null || true  # its bridge, veths, routes and iptables go with it
+    ip link delete "pets-veth$NODE_INDEX" 2>/dev/null || true
+    ip route delete "$NODE_SUBNET" 2>/dev/null || true
+    # The node's pod cgroups, then its cgroup root.
+    find /sys/fs/cgroup -mindepth 2 -depth -type d -path "*${CGROUP_ROOT}/*" -exec rmdir {} + 2>/dev/null || true
+    for d in /sys/fs/cgroup/*"$CGROUP_ROOT"; do [[ -d "$d" ]] && rmdir "$d" 2>/dev/null; done
+  fi
+  # kubelet's links to container logs (the path is fixed) that point into the node's pod-logs dir.
+  find /var/log/containers -maxdepth 1 -type l -lname "$NODE_STATE/pod-logs/*" -delete 2>/dev/null || true
+  while read -r m; do
+    [[ -n "$m" ]] && { umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true; }
+  done < <(our_mounts | awk -v a="$NODE_STATE/" -v b="$CONTAINERD_ROOT/" 'index($0, a) == 1 || index($0, b) == 1')
+  rm -rf "$KUBELET_DIR" "$CONTAINERD_DIR" "$CNI_DIR" "$NODE_STATE/pod-logs"
+  [[ -z "$NETNS" ]] || rm -rf "$NODE_STATE"
+}
+
+down_local() {
+  local t0=$SECONDS m n
+  for n in $(node_numbers | sort -rn); do down_node "$n"; done
+  select_node 1
+  stop_daemon kube-scheduler
   "$HERE/control-plane.sh" down
   while read -r m; do
     [[ -n "$m" ]] && { umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true; }
@@ -449,9 +648,7 @@ down_local() {
   restore_sysctls
   # The pod cgroups kubelet made (cgroupfs driver: /sys/fs/cgroup/<controller>/kubepods...).
   find /sys/fs/cgroup -mindepth 2 -depth -type d -path '*/kubepods*' -exec rmdir {} + 2>/dev/null || true
-  # kubelet's links to container logs (the path is fixed) that point into our pod-logs dir.
-  find /var/log/containers -maxdepth 1 -type l -lname "$PETS_STATE/pod-logs/*" -delete 2>/dev/null || true
-  rm -rf "$KUBELET_DIR" "$CONTAINERD_DIR" "$CNI_DIR" "$PETS_STATE/pod-logs" "$PETS_STATE/addons"
+  rm -rf "$PETS_STATE/addons" "$PETS_STATE/nodes"
   if leftovers >&2; then
     log "down in $((SECONDS - t0)) s: nothing left behind (logs kept in $LOGS)"
   else
@@ -460,10 +657,15 @@ down_local() {
 }
 
 status_local() {
-  local c rc=0
-  for c in "${NODE_COMPONENTS[@]}"; do
-    if pid_alive "$c"; then echo "$c: running (pid $(cat "$PETS_STATE/pids/$c.pid"))"; else echo "$c: stopped"; rc=1; fi
+  local c rc=0 n
+  for n in $(node_numbers); do
+    select_node "$n"
+    for c in "${NODE_COMPONENTS[@]}"; do
+      if pid_alive "$c$SUFFIX"; then echo "$NODE $c: running (pid $(cat "$PETS_STATE/pids/$c$SUFFIX.pid"))"
+      else echo "$NODE $c: stopped"; rc=1; fi
+    done
   done
+  if pid_alive kube-scheduler; then echo "kube-scheduler: running"; else echo "kube-scheduler: stopped"; rc=1; fi
   "$HERE/control-plane.sh" status || rc=1
   kubectl_ get nodes -o wide 2>/dev/null || true
   return "$rc"
@@ -502,6 +704,8 @@ up_addons() {
 action="${1:-}"
 case "$action" in
   addon-up | addon-down) exec "$HERE/addons.sh" "${action#addon-}" "${2:-}" ;;
+  node-lose) lose_node "${2:?node-lose needs a node name}"; exit ;;
+  node-start) start_node "${2:?node-start needs a node name}"; exit ;;
 esac
 flavour="${2:-local}"
 case "$action:$flavour" in
@@ -511,5 +715,5 @@ case "$action:$flavour" in
   up:kind) up_kind; PETS_CLUSTER=kind up_addons ;;
   down:kind) down_kind ;;
   status:kind) "$(kind_bin)" get nodes --name "$KIND_NAME" ;;
-  *) die "usage: $0 up|down|status [local|kind] | addon-up|addon-down kubeflow|kueue (got '${action}' '${flavour}')" ;;
+  *) die "usage: $0 up|down|status [local|kind] | node-lose|node-start NODE | addon-up|addon-down kubeflow|kueue (got '${action}' '${flavour}')" ;;
 esac

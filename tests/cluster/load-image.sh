@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # shellcheck source-path=SCRIPTDIR
-# Load an image into the local node's containerd (namespace k8s.io), without a registry.
+# Load an image into every local node's containerd (namespace k8s.io), without a registry.
 #
 # usage: load-image.sh IMAGE            docker save IMAGE | ctr images import -  (needs docker); a no-op
 #                                       when containerd has that docker image already, and the image the
@@ -28,8 +28,11 @@ if [[ "${PETS_CLUSTER:-local}" == kind ]]; then
   esac
 fi
 
-sock="$PETS_STATE/containerd/containerd.sock"
-[[ -S "$sock" ]] || die "no containerd socket at $sock: is the local cluster up (tests/cluster/cluster.sh up local)?"
+# Every node's containerd: the first node's, then those of nodes 2..N (cluster.sh, PETS_NODES).
+sockets=("$PETS_STATE/containerd/containerd.sock")
+for s in "$PETS_STATE"/nodes/*/containerd/containerd.sock; do [[ -S "$s" ]] && sockets+=("$s"); done
+[[ -S "${sockets[0]}" ]] || die "no containerd socket at ${sockets[0]}: is the local cluster up (tests/cluster/cluster.sh up local)?"
+sock=""
 ctr_() { ctr --address "$sock" --namespace k8s.io "$@"; }
 
 # Which docker image an import came from, so loading the same image again is a no-op.
@@ -65,11 +68,14 @@ remove_orphans() {
   ctr_ images rm --sync "${orphans[@]}" >/dev/null
 }
 
+# node_of SOCKET: the node a containerd socket belongs to, for the log.
+node_of() { [[ $1 == "$PETS_STATE/nodes/"* ]] && { local d=${1#"$PETS_STATE/nodes/"}; echo "${d%%/*}"; } || echo "the first node"; }
+
 t0=$SECONDS
 case "${1:-}" in
   --archive)
     [[ -f "${2:-}" ]] || die "--archive: '${2:-}' is not a file"
-    ctr_ images import "$2"
+    for sock in "${sockets[@]}"; do ctr_ images import "$2"; done
     ;;
   "" | -*)
     die "usage: $0 IMAGE | --archive FILE (got '${1:-}')"
@@ -79,15 +85,17 @@ case "${1:-}" in
     id=$(docker image inspect --format '{{.Id}}' "$1" 2>/dev/null) ||
       die "image '$1' is not in docker (docker images lists what is)"
     ref=$(containerd_ref "$1")
-    if ctr_ images ls "name==$ref" | grep -q "$ID_LABEL=$id"; then
-      log "$ref is already in containerd (docker image ${id:7:12}): nothing to load"
-      exit 0
-    fi
-    remove_superseded "$ref"
-    remove_orphans
-    log "docker save $1 | ctr import"
-    docker save "$1" | ctr_ images import -
-    ctr_ images label "$ref" "$ID_LABEL=$id" >/dev/null
+    for sock in "${sockets[@]}"; do
+      if ctr_ images ls "name==$ref" | grep -q "$ID_LABEL=$id"; then
+        log "$ref is already in containerd of $(node_of "$sock") (docker image ${id:7:12}): nothing to load"
+        continue
+      fi
+      remove_superseded "$ref"
+      remove_orphans
+      log "docker save $1 | ctr import ($(node_of "$sock"))"
+      docker save "$1" | ctr_ images import -
+      ctr_ images label "$ref" "$ID_LABEL=$id" >/dev/null
+    done
     ;;
 esac
 log "loaded in $((SECONDS - t0)) s"
