@@ -3,22 +3,93 @@
 A crash mid-save leaves only a temp directory, which is never picked up: ``epoch_<N>`` exists only
 when complete. Every machine keeps its own copy (``save_on_each_node``), so a checkpoint directory per
 pod works; a shared one works too (each machine renames its own temp directory; the first wins).
+
+The fence: under the operator every attempt (a gang restart) has a number, ``$PETS_ATTEMPT``, that only
+grows. Each node's main process claims the directory for its attempt (``claim``: the file ``attempt``)
+before it starts and again before it publishes or prunes; a trainer whose directory holds a larger number
+is superseded (:class:`SupersededError`) and stops without writing. No ``$PETS_ATTEMPT``: no fence.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import os
 import re
 import shutil
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .contract import PermanentError
+from .contract import ContractError, PermanentError
+
+log = logging.getLogger("pets_training")
 
 CHECKPOINT_PATTERN = re.compile(r"^epoch_(\d+)$")
 STATE_FILE = "trainer_state.json"
+# Set by the operator on the trainer container: the attempt (gang restart) this pod belongs to, 0 first.
+# Unset (a plain `docker run`, `make train`): no fence.
+ATTEMPT_ENV = "PETS_ATTEMPT"
+ATTEMPT_FILE = "attempt"  # in the checkpoint directory: the newest attempt that claimed it
+
+
+class SupersededError(PermanentError):
+    """A newer attempt owns the checkpoint directory: this trainer stops without writing to it. Permanent
+    (exit 78): no restart of this attempt can become the owner again."""
+
+
+def attempt_from_env(env: Mapping[str, str]) -> int | None:
+    """``$PETS_ATTEMPT`` as an integer of at least 0, or None when unset (no fence)."""
+    raw = env.get(ATTEMPT_ENV, "").strip()
+    if not raw:
+        return None
+    try:
+        attempt = int(raw)
+    except ValueError:
+        raise ContractError(f"{ATTEMPT_ENV} must be an integer, got {raw!r}") from None
+    if attempt < 0:
+        raise ContractError(f"{ATTEMPT_ENV} must be at least 0, got {attempt}")
+    return attempt
+
+
+def read_attempt(directory: Path) -> int | None:
+    """The attempt that owns ``directory``, or None when nobody claimed it (no ``attempt`` file)."""
+    path = directory / ATTEMPT_FILE
+    try:
+        raw = path.read_text().strip()
+    except FileNotFoundError:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise PermanentError(
+            f"checkpoint fence {str(path)!r} holds {raw[:40]!r}, not an attempt number; remove it"
+        ) from None
+
+
+def claim(directory: Path, attempt: int) -> None:
+    """Make ``directory`` owned by ``attempt``, or raise :class:`SupersededError` when a larger attempt owns
+    it. Writes only when the file is missing or smaller (temp file + ``os.replace``, so readers see the old
+    number or the new one). Read and replace are not one atomic step: two claims at the same moment could
+    leave the smaller number, so the owner claims again before every publish and the file heals."""
+    owner = read_attempt(directory)
+    if owner is not None and owner > attempt:
+        raise SupersededError(
+            f"attempt {owner} owns {str(directory)!r} now; attempt {attempt} stops without writing "
+            f"(the checkpoint fence: its {ATTEMPT_FILE} file holds {owner}, {ATTEMPT_ENV}={attempt})"
+        )
+    if owner == attempt:
+        return
+    directory.mkdir(parents=True, exist_ok=True)
+    temp = directory / f".{ATTEMPT_FILE}-{socket.gethostname()}-{os.getpid()}.tmp"
+    with open(temp, "w") as f:
+        f.write(f"{attempt}\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(temp, directory / ATTEMPT_FILE)
+    log.info("checkpoint fence: attempt %d claims %s (was %s)", attempt, directory,
+             "unclaimed" if owner is None else f"attempt {owner}")
 
 
 def checkpoint_name(epoch: int) -> str:
@@ -61,9 +132,14 @@ def save_atomically(
     is_node_main: bool,
     wait_for_everyone: Callable[[], None],
     keep: int,
+    attempt: int | None = None,
 ) -> Path:
     """Every process calls this; ``save_state`` writes into the temp directory, the node's main process
-    adds ``trainer_state.json`` and renames it to ``epoch_<N>``, then prunes old checkpoints."""
+    adds ``trainer_state.json`` and renames it to ``epoch_<N>``, then prunes old checkpoints.
+
+    ``attempt`` (``$PETS_ATTEMPT``; None: no fence): right before the rename and again before pruning, the
+    node's main process claims the directory; superseded by a newer attempt, it removes its temp directory
+    and raises :class:`SupersededError` instead."""
     final = directory / checkpoint_name(epoch)
     temp = directory / temp_name(epoch)
     if is_node_main:
@@ -75,7 +151,15 @@ def save_atomically(
     wait_for_everyone()
     if is_node_main:
         (temp / STATE_FILE).write_text(json.dumps(trainer_state, indent=1))
+        if attempt is not None:
+            try:
+                claim(directory, attempt)
+            except SupersededError:
+                shutil.rmtree(temp, ignore_errors=True)
+                raise
         publish(temp, final)
+        if attempt is not None:
+            claim(directory, attempt)
         for _, old in list_checkpoints(directory)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
     wait_for_everyone()

@@ -5,7 +5,9 @@ failure no restart can fix (:class:`~.contract.PermanentError`: a bad flag or co
 a hub that cannot be reached for pretrained weights, data, or pod environment); 1 anything else. On
 failure the summary ``{"status": "failed", "error": ...}`` goes where the success summary would, and a
 failing process appends its code to ``$PETS_EXIT_CODE_FILE`` when set (``pets-launch`` sets it:
-torchrun's own exit code does not say why a worker failed).
+torchrun's own exit code does not say why a worker failed). A trainer superseded by a newer attempt
+(:class:`~.checkpoint.SupersededError`, also 78) writes its failure summary only to ``--summary-path``:
+the output directory belongs to the newer attempt.
 """
 
 from __future__ import annotations
@@ -52,8 +54,11 @@ def make_synthetic(argv: Sequence[str]) -> int:
     return 0
 
 
-def _failure_paths(argv: Sequence[str], default_output: str | None) -> list[Path | str | None]:
-    """Where the failure summary goes, read leniently from the flags (the config may be what failed)."""
+def _failure_paths(
+    argv: Sequence[str], default_output: str | None, superseded: bool = False
+) -> list[Path | str | None]:
+    """Where the failure summary goes, read leniently from the flags (the config may be what failed).
+    ``superseded``: only ``--summary-path`` (the pod's own), not the output directory a newer attempt owns."""
     from .config import TrainConfig
 
     parser = argparse.ArgumentParser(add_help=False)
@@ -62,7 +67,7 @@ def _failure_paths(argv: Sequence[str], default_output: str | None) -> list[Path
     known, _ = parser.parse_known_args(list(argv))
     output = TrainConfig(output_dir=known.output_dir).resolved_output_dir(default_output)
     paths: list[Path | str | None] = [known.summary_path]
-    if output.is_dir():
+    if output.is_dir() and not superseded:
         paths.append(output / "summary.json")
     return paths
 
@@ -88,25 +93,28 @@ def main(argv: Sequence[str] | None = None, pod: PodContract | None = None) -> i
     from .hubcache import set_hub_timeout_defaults
 
     set_hub_timeout_defaults(os.environ)  # before huggingface_hub reads them at import (via timm)
+    from .checkpoint import SupersededError
     from .config import resolve
     from .progress import write_summary
     from .train import setup_logging, training_function
 
     process = ProcessContext.from_env(os.environ)
     setup_logging(process.rank)
+    superseded = False
     try:
         pod = PodContract.from_env(os.environ) if pod is None else pod
         cfg = resolve(argv)
         training_function(cfg, pod=pod, process=process)
         return 0
     except (PermanentError, ContractError) as err:
+        superseded = isinstance(err, SupersededError)
         log.error("%s (permanent: exit %d, a restart cannot fix this)", err, PERMANENT_EXIT_CODE)
         code, message = PERMANENT_EXIT_CODE, " ".join(str(err).split())  # one line
     except Exception as err:
         log.exception("training failed")
         code, message = FAILURE_EXIT_CODE, f"{type(err).__name__}: {err}"
     if process.local_rank == 0:
-        paths = _failure_paths(argv, pod.output_dir if pod else None)
+        paths = _failure_paths(argv, pod.output_dir if pod else None, superseded)
         write_summary({"status": "failed", "error": message}, paths)
     report_exit_code(code)
     return code

@@ -24,7 +24,14 @@ from accelerate.utils import ProjectConfiguration, gather_object, set_seed
 from torch import nn
 from torch.utils.data import DataLoader
 
-from .checkpoint import check_compatible, list_checkpoints, read_trainer_state, save_atomically
+from .checkpoint import (
+    attempt_from_env,
+    check_compatible,
+    claim,
+    list_checkpoints,
+    read_trainer_state,
+    save_atomically,
+)
 from .config import TrainConfig, resolve, to_yaml
 from .contract import PodContract, ProcessContext
 from .data import EpochShuffleSampler, PetsData, build_data
@@ -152,6 +159,7 @@ class Training:
     train_sampler: EpochShuffleSampler
     output_dir: Path
     checkpoint_dir: Path
+    attempt: int | None = None  # $PETS_ATTEMPT, the checkpoint fence's token (None: no fence)
 
 
 @dataclass
@@ -183,7 +191,12 @@ def training_function(
     cfg = config if isinstance(config, TrainConfig) else resolve(overrides=config or {})
     pod = PodContract.from_env(os.environ) if pod is None else pod
     process = ProcessContext.from_env(os.environ) if process is None else process
+    attempt = attempt_from_env(os.environ)
+    if attempt is not None and cfg.checkpoints and process.local_rank == 0:
+        # before anything else: a superseded trainer stops here, having written nothing
+        claim(cfg.resolved_checkpoint_dir(pod.output_dir), attempt)
     t = setup(cfg, pod, process)
+    t.attempt = attempt
     state = resume(t, cfg) if cfg.resume else RunState()
 
     metrics = MetricsServer(cfg.metrics_port) if t.accelerator.is_main_process and cfg.metrics_port else None
@@ -360,10 +373,12 @@ def run_epoch(
                 "history": state.history,
                 "epoch_seconds": state.epoch_seconds,
                 "elapsed_seconds": elapsed,
+                "attempt": t.attempt,
             },
             t.accelerator.is_local_main_process,
             t.accelerator.wait_for_everyone,
             cfg.keep_checkpoints,
+            t.attempt,
         )
         if metrics is not None:
             metrics.set("checkpoint_epoch", epoch + 1)  # renamed into place: complete
