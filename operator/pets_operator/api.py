@@ -58,6 +58,9 @@ LABEL_PART_OF = "app.kubernetes.io/part-of"
 LABEL_TRAINING = f"{GROUP}/training"
 MANAGED_BY = "pets-operator"
 ANNOTATION_ATTEMPT = f"{GROUP}/attempt"
+# On the trainer pods: the attempt they belong to, so a selector (spec.placement's spread) can pick
+# exactly one attempt's pods whatever the backend.
+LABEL_ATTEMPT = f"{GROUP}/attempt"
 # On the workload: a digest of the spec it was built from, so an edit made while it was suspended
 # (or queued) is noticed and the workload rebuilt from the current spec.
 ANNOTATION_SPEC_DIGEST = f"{GROUP}/spec-digest"
@@ -530,6 +533,25 @@ SPEC_SCHEMA: dict[str, Any] = _obj(
         "nodeSelector": _node_selector(),
         "tolerations": _tolerations(),
         "affinity": _k8s("V1PodSpec", "affinity", "Affinity of the pods (core/v1 Affinity)."),
+        "placement": _obj(
+            "How the gang's pods sit on nodes, and how soon a lost node's pods are replaced "
+            "(docs/operator.md, \"Nodes lost and spreading across nodes\"). Immutable while running.",
+            {
+                "spreadAcrossNodes": _bool(
+                    "Spread the gang's pods over nodes: a topology spread constraint on "
+                    "kubernetes.io/hostname (maxSkew 1, DoNotSchedule) over this attempt's pods, which "
+                    "honours node taints and affinity, so a cordoned or lost node is no place to "
+                    "balance against. With at least as many schedulable nodes as replicas, one pod per "
+                    "node.", False),
+                "nodeLostSeconds": _int(
+                    "Seconds a trainer pod stays bound to a node that the node controller marked "
+                    "unreachable or not ready before it is evicted (NoExecute tolerations for "
+                    "node.kubernetes.io/unreachable and node.kubernetes.io/not-ready; Kubernetes' "
+                    "default is 300). The operator then force-deletes the pod and restarts the gang "
+                    "from its newest checkpoint, not counted against maxRestarts. A toleration of "
+                    "those keys in spec.tolerations wins.", default=30, minimum=0, maximum=3600),
+            },
+            default={}),
         "priorityClassName": _str("PriorityClass of the pods.", pattern=DNS_SUBDOMAIN, max_length=253),
         "serviceAccountName": _str("ServiceAccount of the pods (the namespace's default when unset).",
                                    pattern=DNS_SUBDOMAIN, max_length=253),

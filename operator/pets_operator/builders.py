@@ -48,10 +48,17 @@ def _digest(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:12]
 
 
+# Defaulted spec fields added after workloads began to carry the digest: left out of it while they hold
+# their defaults, so an operator upgrade does not take every running workload for an edited one.
+ADDED_LATER = ["placement"]
+
+
 def spec_digest(spec: dict[str, Any]) -> str:
     """What the workload is built from: the spec without the fields only the operator reads. A workload
     whose annotation differs was built from an older spec (edited while it was suspended or queued)."""
-    return _digest({k: v for k, v in spec.items() if k not in api.MUTABLE_WHILE_RUNNING})
+    props = api.SPEC_SCHEMA["properties"]
+    return _digest({k: v for k, v in spec.items() if k not in api.MUTABLE_WHILE_RUNNING
+                    and not (k in ADDED_LATER and v == api.apply_defaults(props[k], props[k]["default"]))})
 
 
 # The spec fields that shape a checkpoint's state (the trainer's own check is train._fingerprint,
@@ -204,6 +211,9 @@ def _env(spec: dict[str, Any], target: Target, *, container_name: str,
         {"name": "PETS_NUM_MACHINES", "value": str(spec["replicas"])},
         {"name": "PETS_PROCS_PER_MACHINE", "value": str(spec["processesPerReplica"])},
         {"name": "PETS_MAIN_PORT", "value": str(spec["masterPort"])},
+        # The attempt (docs/contract.md): the trainer's checkpoint fencing token, so a pod of an older
+        # attempt (a partitioned node's) cannot publish a checkpoint over a newer attempt's.
+        {"name": "PETS_ATTEMPT", "value": str(target.attempt)},
         {"name": "PETS_CPU_LIMIT", "valueFrom": {"resourceFieldRef": {
             "containerName": container_name, "resource": "limits.cpu", "divisor": "1"}}},
     ]
@@ -257,17 +267,60 @@ def pod_template(spec: dict[str, Any], target: Target, *, container_name: str = 
     }
     if headless_service:
         pod["subdomain"] = service_name(target.name)
-    for key in ("nodeSelector", "tolerations", "affinity", "priorityClassName", "serviceAccountName",
-                "imagePullSecrets"):
+    for key in ("nodeSelector", "affinity", "priorityClassName", "serviceAccountName", "imagePullSecrets"):
         if spec.get(key):
             pod[key] = spec[key]
-    meta_labels = labels(target.name, "trainer")
+    pod["tolerations"] = tolerations(spec)
+    meta_labels = labels(target.name, "trainer") | {api.LABEL_ATTEMPT: str(target.attempt)}
+    if placement(spec)["spreadAcrossNodes"]:
+        pod["topologySpreadConstraints"] = [spread_across_nodes(target)]
     return {
         "metadata": {
             "labels": meta_labels,
             "annotations": {api.ANNOTATION_ATTEMPT: str(target.attempt)},
         },
         "spec": pod,
+    }
+
+
+# The taints the node controller puts on a node it stops hearing from (Ready Unknown) or that reports
+# NotReady; the taint manager evicts pods without a matching NoExecute toleration at once, and the
+# DefaultTolerationSeconds admission plugin gives pods that have none a toleration of 300 s.
+NODE_LOST_TAINTS = ["node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready"]
+
+
+def placement(spec: dict[str, Any]) -> dict[str, Any]:
+    """spec.placement with its defaults (a spec resolved before the field existed has none)."""
+    schema = api.SPEC_SCHEMA["properties"]["placement"]
+    return dict(api.apply_defaults(schema, spec.get("placement") or {}))
+
+
+def tolerations(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """spec.tolerations, then a NoExecute toleration of spec.placement.nodeLostSeconds for each taint of
+    a lost node that the user's own tolerations do not already cover (theirs win)."""
+    own = [dict(t) for t in spec.get("tolerations") or []]
+
+    def covered(key: str) -> bool:
+        return any(t.get("effect") in (None, "", "NoExecute")
+                   and (t.get("key") == key or (not t.get("key") and t.get("operator") == "Exists"))
+                   for t in own)
+
+    seconds = placement(spec)["nodeLostSeconds"]
+    return own + [{"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": seconds}
+                  for key in NODE_LOST_TAINTS if not covered(key)]
+
+
+def spread_across_nodes(target: Target) -> dict[str, Any]:
+    """At most one pod more on any node than on another, counting only this attempt's trainer pods (an
+    older attempt's pods that linger do not skew it), on nodes that are schedulable for them: a tainted
+    node (cordoned, or lost: node.kubernetes.io/unreachable) is not a domain to balance against."""
+    return {
+        "maxSkew": 1,
+        "topologyKey": "kubernetes.io/hostname",
+        "whenUnsatisfiable": "DoNotSchedule",
+        "labelSelector": {"matchLabels": selector(target.name) | {api.LABEL_ATTEMPT: str(target.attempt)}},
+        "nodeTaintsPolicy": "Honor",
+        "nodeAffinityPolicy": "Honor",
     }
 
 

@@ -8,14 +8,16 @@ backend needs no change here.
 from __future__ import annotations
 
 import json
+import logging
 import re
 from typing import Any, cast
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from pets_operator import api, backends, builders, metrics
+from pets_operator import api, backends, builders, metrics, pods
 
+log = logging.getLogger(__name__)
 KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta2"
 
 
@@ -79,6 +81,7 @@ class Cluster:
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
         self.selector = f"{api.LABEL_TRAINING}={name}"
+        self._nodes: dict[str, str | None] = {}  # node -> why it is lost (None: not lost), this round
 
     def _dict(self, obj: Any) -> dict[str, Any]:
         return self.api_client.sanitize_for_serialization(obj)  # type: ignore[no-any-return]
@@ -109,6 +112,36 @@ class Cluster:
     def pods(self, backend: backends.Backend, workload: str) -> list[dict[str, Any]]:
         found = self.core.list_namespaced_pod(self.namespace, label_selector=backend.pods_selector(workload))
         return [self._dict(p) for p in found.items]
+
+    def node_lost(self, name: str) -> str | None:
+        """Why the node is lost (`pods.node_lost`), or None; read once per round (a Cluster lives one
+        round). Without the right to read Nodes (403) nothing can be told: a warning, and not lost."""
+        if name not in self._nodes:
+            try:
+                node = self._dict(self.core.read_node(name))
+            except ApiException as exc:
+                if exc.status == 403:
+                    log.warning(f"cannot read Node {name} (HTTP 403: {api_message(exc)}), so cannot tell "
+                                "whether it is lost; grant the operator get on nodes (the chart's "
+                                "rbac.nodes)")
+                    self._nodes[name] = None
+                    return None
+                if exc.status != 404:
+                    raise
+                node = None
+            self._nodes[name] = pods.node_lost(node)
+        return self._nodes[name]
+
+    def force_delete_pod(self, name: str, uid: str | None = None) -> None:
+        """Delete a pod at once (grace period 0): for a pod on a lost node, whose kubelet will never
+        confirm its end. Only that very pod (`uid`); gone already, or replaced, is fine."""
+        body = client.V1DeleteOptions(grace_period_seconds=0,
+                                      preconditions=client.V1Preconditions(uid=uid) if uid else None)
+        try:
+            self.core.delete_namespaced_pod(name, self.namespace, grace_period_seconds=0, body=body)
+        except ApiException as exc:
+            if exc.status not in (404, 409):
+                raise
 
     def pod_warnings(self, pod_names: list[str]) -> dict[str, list[dict[str, Any]]]:
         """Warning Events of these pods (mount failures are reported nowhere else)."""

@@ -168,14 +168,33 @@ def reconcile_once(ctx: Context, namespace: str, name: str, logger: Logger) -> f
         if state.phase not in api.FINISHED_PHASES:
             warnings = cl.pod_warnings([p["metadata"]["name"] for p in pod_list if pods.creating(p)])
 
+    lost_pods, lost_nodes = _lost_pods(cl, backend, pod_list or [], [w for w in stale
+                                                                   if w["metadata"]["name"] in deleting])
     observed = status.Observed(backend=backend, backend_reason=backend_reason, workload=current, stale=stale,
                                service=service, progress=rank0.progress, summary=rank0.summary, state=state,
                                pods=pod_list, pod_events=warnings, progress_error=rank0.progress_error,
                                rank0_running_since=rank0.running_since, queue_workload=queue_workload,
-                               queue_served=queue_served)
+                               queue_served=queue_served, lost_pods=lost_pods, lost_nodes=lost_nodes)
     result = status.plan(body, spec, observed, target, now)
     result.delete = [r for r in result.delete if r["name"] not in deleting]
     return _carry_out(ctx, cl, body, result, logger, restarts=restarts)
+
+
+def _lost_pods(cl: Cluster, backend: backends.Backend, current_pods: list[dict[str, Any]],
+               deleting: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """The pods of the current workload and of older ones being deleted that sit on a lost node, and why
+    each such node is lost. Only pods being deleted are looked at, so a healthy round reads no Node."""
+    candidates = [p for p in current_pods if pods.terminating_unfinished(p)]
+    for w in deleting:
+        candidates += [p for p in cl.pods(backend, w["metadata"]["name"]) if pods.terminating_unfinished(p)]
+    lost, why = [], {}
+    for pod in candidates:
+        node = pods.node_of(pod)
+        reason = cl.node_lost(node)
+        if reason:
+            lost.append(pod)
+            why[node] = reason
+    return lost, why
 
 
 def _child_refused(cl: Cluster, body: dict[str, Any], result: status.Plan, manifest: dict[str, Any],
@@ -226,6 +245,11 @@ def _carry_out(ctx: Context, cl: Cluster, body: dict[str, Any], result: status.P
     new_status = result.status
     if new_status != (body.get("status") or {}):
         cl.patch_status(new_status)
+    # Pods on lost nodes go after the status write too: the attempt they fail is recorded (restarted)
+    # first, so a crash in between never leaves a running workload short of a pod it would replace.
+    for pod in result.force_delete:
+        logger.warning(f"force-deleting pod {pod['name']}: its node is lost")
+        cl.force_delete_pod(pod["name"], pod.get("uid") or None)
     for ref in result.delete:
         logger.info(f"deleting {ref['kind']} {ref['name']} (previous attempt)")
         cl.delete(ref)
@@ -255,7 +279,7 @@ def next_delay(result: status.Plan, poll_active: float) -> float:
         delay = POLL_FINISHED
     elif phase == api.RUNNING or (phase == api.PENDING and result.status.get("pendingSince")):
         delay = poll_active  # running, or its pods wait: say why soon (pods are not watched)
-    elif phase == api.RESTARTING or result.create or result.delete:
+    elif phase == api.RESTARTING or result.create or result.delete or result.force_delete:
         delay = 1.0
     else:
         delay = POLL_IDLE

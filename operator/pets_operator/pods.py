@@ -225,3 +225,38 @@ def first_failure(pods: list[dict[str, Any]], rank_of: Callable[[dict[str, Any]]
     return Failure(cause=cause, pod=_name(pod), rank=rank_of(pod), node=node,
                    exit_code=code if isinstance(code, int) else None, message=message,
                    finished_at=term.get("finishedAt"), caused_by_cluster=by_cluster, log_tail=log_tail)
+
+
+def terminating_unfinished(pod: dict[str, Any]) -> bool:
+    """Being deleted, on a node, and not finished: only the node's kubelet can end such a pod. If that
+    node is lost (`lost_on`), nothing ever will."""
+    return bool((pod.get("metadata") or {}).get("deletionTimestamp")) and bool(node_of(pod)) \
+        and _status(pod).get("phase") not in ("Succeeded", "Failed")
+
+
+def node_of(pod: dict[str, Any]) -> str:
+    return str((pod.get("spec") or {}).get("nodeName") or "")
+
+
+def node_lost(node: dict[str, Any] | None) -> str | None:
+    """Why a node is lost, or None: it no longer exists, or the node controller set its Ready condition
+    to Unknown (no kubelet has reported for node-monitor-grace-period). Ready False is a kubelet that
+    reports: not lost."""
+    if node is None:
+        return "its Node object was deleted"
+    ready = next((c for c in (node.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"),
+                 None)
+    if ready is not None and ready.get("status") == "Unknown":
+        return "Ready Unknown"
+    return None
+
+
+def lost_node_failure(pod: dict[str, Any], why: str, rank_of: Callable[[dict[str, Any]], int | None]
+                      ) -> Failure:
+    """A pod of the attempt stuck on a lost node (`why`: `node_lost`'s words): the cluster failed it."""
+    node, name = node_of(pod), _name(pod)
+    rank = rank_of(pod)
+    ranked = f"its pod {name}" + (f" (rank {rank})" if rank is not None else "")
+    return Failure(cause="NodeLost", pod=name, rank=rank, node=node, exit_code=None,
+                   message=f"node {node} stopped responding ({why}); {ranked} was force-deleted",
+                   finished_at=None, caused_by_cluster=True)

@@ -16,7 +16,9 @@ NAMESPACED: list[tuple[str, str, tuple[str, ...]]] = [
     ("batch", "jobs", ("create", "get", "list", "watch", "patch", "delete")),
     # The headless Service is created once and deleted with its training: never patched.
     ("", "services", ("create", "get", "list", "watch", "delete")),
-    ("", "pods", ("get", "list", "watch")),
+    # delete: only pods of our trainings, and only those stuck on a node the node controller marked
+    # lost (Ready Unknown, or the Node gone), force-deleted (docs/operator.md, "Nodes lost...").
+    ("", "pods", ("get", "list", "watch", "delete")),
     # Events are written on the training, and read for pods that wait on a volume mount (FailedMount
     # is reported nowhere else).
     ("", "events", ("create", "patch", "list")),
@@ -25,4 +27,10 @@ NAMESPACED: list[tuple[str, str, tuple[str, ...]]] = [
     # Kueue's Workload of a queued training: read for its admission and reasons, patched (spec.active)
     # when the user suspends or resumes it.
     ("kueue.x-k8s.io", "workloads", ("list", "patch")),
+]
+
+# (API group, resource, verbs) cluster-wide, in both of the chart's modes (namespaced mode: a ClusterRole
+# with these alone). Nodes are read only to tell whether the node of a pod stuck terminating is lost.
+CLUSTER: list[tuple[str, str, tuple[str, ...]]] = [
+    ("", "nodes", ("get",)),
 ]

@@ -34,6 +34,10 @@ class Observed:
     queue_workload: dict[str, Any] | None = None  # Kueue's Workload for the current workload (queued ones)
     queue_served: bool = True  # whether Kueue's Workload API is served at all
     backend_reason: str = ""  # why that backend (backends.why)
+    # Pods of this training (the current workload's, or a deleting older one's) stuck on a lost node
+    # (`pods.terminating_unfinished` on a node `pods.node_lost` calls lost), and why each node is lost.
+    lost_pods: list[dict[str, Any]] = field(default_factory=list)
+    lost_nodes: dict[str, str] = field(default_factory=dict)
 
     def workload_state(self, replicas: int) -> WorkloadState | None:
         if self.workload is None:
@@ -53,6 +57,7 @@ class Plan:
     status: dict[str, Any]
     create: list[dict[str, Any]] = field(default_factory=list)
     delete: list[dict[str, Any]] = field(default_factory=list)  # objects (kind/name/namespace)
+    force_delete: list[dict[str, str]] = field(default_factory=list)  # pods (name, uid) on lost nodes
     suspend: bool | None = None  # set the workload's suspend to this
     suspend_workload: str | None = None  # the workload whose suspend to set
     queue_active: bool | None = None  # set Kueue's Workload spec.active to this (queued trainings)
@@ -164,6 +169,7 @@ def plan(
 
     # Older attempts' workloads are always cleaned up (a restart deletes, then recreates).
     result.delete += [_ref(w) for w in observed.stale]
+    _force_delete_lost(result, observed)
 
     if old_phase in api.FINISHED_PHASES:
         # Terminal: nothing is created again. Only the TTL remains.
@@ -226,7 +232,8 @@ def plan(
         if target.queued:  # it ran, so Kueue admitted it (perhaps between two polls)
             status["queue"] = {**(status.get("queue") or {}), "name": _queue_name(target), "admitted": True,
                                "message": ""}
-    elif phase == api.FAILED:
+    elif phase == api.FAILED or (_lost_current(observed) and not backend.is_suspended(observed.workload)):
+        # A pod on a lost node never ends, so the workload never fails by itself: the attempt has.
         status.pop("pendingSince", None)
         phase, reason, message = _after_failure(result, spec, observed, ws, restarts, now)
     elif target.queued:
@@ -287,14 +294,39 @@ def _failure_record(failure: pods.Failure, now: datetime) -> dict[str, Any]:
     return record
 
 
+def _force_delete_lost(result: Plan, observed: Observed) -> None:
+    """Every pod stuck on a lost node is force-deleted (after the status write, see handlers._carry_out):
+    no kubelet will confirm its end, and until it is gone its workload's deletion, and so the next
+    attempt, waits for it."""
+    for pod in observed.lost_pods:
+        meta = pod.get("metadata") or {}
+        node = pods.node_of(pod)
+        result.force_delete.append({"name": str(meta.get("name")), "uid": str(meta.get("uid") or "")})
+        result.events.append(Event("Warning", "NodeLost", (
+            f"node {node} stopped responding ({observed.lost_nodes.get(node, 'lost')}): force-deleting "
+            f"pod {meta.get('name')}, which no kubelet will ever finish")))
+
+
+def _lost_current(observed: Observed) -> pods.Failure | None:
+    """The current attempt's first pod on a lost node, as its failure (None: none is)."""
+    current = {(p.get("metadata") or {}).get("name") for p in observed.pods or []}
+    lost = [p for p in observed.lost_pods if (p.get("metadata") or {}).get("name") in current]
+    if not lost:
+        return None
+    pod = min(lost, key=lambda p: observed.backend.rank_of(p) or 0)
+    return pods.lost_node_failure(pod, observed.lost_nodes.get(pods.node_of(pod), "lost"),
+                                  observed.backend.rank_of)
+
+
 def _after_failure(result: Plan, spec: dict[str, Any], observed: Observed, ws: WorkloadState,
                    restarts: int, now: datetime) -> tuple[str, str, str]:
     """The one restart rule: the cluster's failures restart the gang for free, the training's count,
-    and an error the trainer calls permanent (or the workload's own failure policy) ends it at once."""
+    and an error the trainer calls permanent (or the workload's own failure policy) ends it at once.
+    A pod on a lost node is the cluster's failure, and explains its peers' (they lost it)."""
     status = result.status
     assert observed.workload is not None
     trainer_error = (observed.summary or {}).get("error")
-    failure = pods.first_failure(observed.pods or [], observed.backend.rank_of)
+    failure = _lost_current(observed) or pods.first_failure(observed.pods or [], observed.backend.rank_of)
     detail = failure.message if failure else ws.message
     if trainer_error and failure is None:
         detail = f"{ws.message}; trainer: {trainer_error}"

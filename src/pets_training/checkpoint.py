@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .contract import ContractError, PermanentError
+from .contract import ATTEMPT, ContractError, PermanentError
 
 log = logging.getLogger("pets_training")
 
@@ -30,7 +30,7 @@ CHECKPOINT_PATTERN = re.compile(r"^epoch_(\d+)$")
 STATE_FILE = "trainer_state.json"
 # Set by the operator on the trainer container: the attempt (gang restart) this pod belongs to, 0 first.
 # Unset (a plain `docker run`, `make train`): no fence.
-ATTEMPT_ENV = "PETS_ATTEMPT"
+ATTEMPT_ENV = ATTEMPT
 ATTEMPT_FILE = "attempt"  # in the checkpoint directory: the newest attempt that claimed it
 
 

@@ -26,7 +26,8 @@ PROCS_PER_MACHINE = "PETS_PROCS_PER_MACHINE"
 MAIN_ADDR = "PETS_MAIN_ADDR"
 MAIN_PORT = "PETS_MAIN_PORT"
 CPU_LIMIT = "PETS_CPU_LIMIT"
-OPERATOR_ENV = (NUM_MACHINES, PROCS_PER_MACHINE, MAIN_ADDR, MAIN_PORT, CPU_LIMIT)
+ATTEMPT = "PETS_ATTEMPT"  # the checkpoint fence's token (checkpoint.claim)
+OPERATOR_ENV = (NUM_MACHINES, PROCS_PER_MACHINE, MAIN_ADDR, MAIN_PORT, CPU_LIMIT, ATTEMPT)
 
 # Set by the workload's controller: the Indexed Job controller (JOB_COMPLETION_INDEX) or Kubeflow's
 # training-operator (the rest). The operator's own variables win where both say the same thing.

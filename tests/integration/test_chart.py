@@ -212,7 +212,7 @@ NEEDED = [
     *[(v, "petstrainings.training.pets.dev", "status") for v in ("get", "patch", "update")],
     *[(v, "jobs.batch", "") for v in ("create", "get", "list", "watch", "delete", "patch")],
     *[(v, "services", "") for v in ("create", "get", "list", "watch", "delete")],
-    *[(v, "pods", "") for v in ("get", "list", "watch")],
+    *[(v, "pods", "") for v in ("get", "list", "watch", "delete")],
     *[(v, "events", "") for v in ("create", "patch", "list")],
     *[(v, "events.events.k8s.io", "") for v in ("create", "patch")],
     *[(v, "pytorchjobs.kubeflow.org", "") for v in ("create", "get", "list", "watch", "delete", "patch")],
@@ -223,7 +223,7 @@ DENIED = [
     ("list", "secrets", ""),
     ("watch", "secrets", ""),
     ("create", "pods", ""),
-    ("delete", "pods", ""),
+    ("deletecollection", "pods", ""),
     ("create", "pods", "exec"),
     ("patch", "services", ""),
     ("get", "pods", "log"),
@@ -241,7 +241,8 @@ DENIED = [
 ]
 DENIED_CLUSTER = [
     ("delete", "nodes"),
-    ("get", "nodes"),
+    ("list", "nodes"),
+    ("patch", "nodes"),
     ("create", "namespaces"),
     ("delete", "namespaces"),
     ("create", "customresourcedefinitions.apiextensions.k8s.io"),
@@ -281,6 +282,7 @@ def test_cluster_mode_rbac_allows_exactly_what_the_operator_needs(
         ("list", "customresourcedefinitions.apiextensions.k8s.io", ""),
         ("watch", "customresourcedefinitions.apiextensions.k8s.io", ""),
         *[(v, "clusterkopfpeerings.kopf.dev", "") for v in ("get", "list", "watch", "patch")],
+        ("get", "nodes", ""),
     ]
     check_grants(sa, [None], True, cluster_scoped)
     check_grants(sa, anywhere, False, DENIED)
@@ -293,7 +295,10 @@ def test_namespaced_mode_grants_only_the_watched_namespaces(
     release, watched = namespaced_release
     label = f"app.kubernetes.io/instance={release.name}"
     cluster_objects = kubectl("get", "clusterroles,clusterrolebindings", "-l", label, "-o", "name").stdout
-    assert cluster_objects.strip() == "", f"namespaced mode created cluster-wide RBAC: {cluster_objects}"
+    # Cluster-wide only the ClusterRole (and its binding) that reads Nodes (rbac.nodes).
+    nodes_only = {f"clusterrole.rbac.authorization.k8s.io/{release.fullname}-nodes",
+                  f"clusterrolebinding.rbac.authorization.k8s.io/{release.fullname}-nodes"}
+    assert set(cluster_objects.split()) == nodes_only, f"namespaced mode, cluster-wide: {cluster_objects}"
     for ns in watched:
         assert exists("role", release.fullname, "--namespace", ns)
         assert exists("rolebinding", release.fullname, "--namespace", ns)
@@ -315,8 +320,10 @@ def test_namespaced_mode_grants_only_the_watched_namespaces(
             ("list", "namespaces", ""),
             ("list", "customresourcedefinitions.apiextensions.k8s.io", ""),
             ("patch", "clusterkopfpeerings.kopf.dev", ""),
+            ("list", "nodes", ""),
         ],
     )
+    check_grants(sa, [None], True, [("get", "nodes", "")])
 
 
 def upgrade(release: Release, *settings: str) -> None:

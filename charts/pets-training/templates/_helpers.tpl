@@ -100,11 +100,12 @@ Every verb and resource is named: no wildcards. Keep in step with operator/pets_
 - apiGroups: [""]
   resources: ["services"]
   verbs: ["create", "get", "list", "watch", "delete"]
-# Pods are only read: why they wait, rank 0's progress endpoint and termination messages (a crashed
-# container's message is its last log lines, so logs themselves are never read).
+# Pods are read: why they wait, rank 0's progress endpoint and termination messages (a crashed
+# container's message is its last log lines, so logs themselves are never read). delete: only a pod of
+# a training stuck terminating on a node the node controller marked lost (Ready Unknown), force-deleted.
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch"]
+  verbs: ["get", "list", "watch", "delete"]
 # Events: written on the training; listed for pods that wait on a mount (FailedMount is in no status).
 - apiGroups: [""]
   resources: ["events"]
@@ -129,6 +130,18 @@ Every verb and resource is named: no wildcards. Keep in step with operator/pets_
 {{- end }}
 {{- with .Values.rbac.extraRules }}
 {{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/*
+Cluster-scoped rules both modes need (rbac.nodes): get on the Node of a training's pod stuck terminating,
+to tell whether that node is lost. Namespaced mode grants them in a ClusterRole of their own.
+*/}}
+{{- define "pets-training.nodeRules" -}}
+{{- if .Values.rbac.nodes -}}
+- apiGroups: [""]
+  resources: ["nodes"]
+  verbs: ["get"]
 {{- end }}
 {{- end }}
 

@@ -28,6 +28,8 @@ CLUSTER_ONLY = {("", "namespaces", v) for v in ("list", "watch")} | {
     ("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("list", "watch")
 }
 CLUSTER_PEERING = {("kopf.dev", "clusterkopfpeerings", v) for v in ("get", "list", "watch", "patch")}
+# Cluster-scoped grants both modes need (get nodes: is a stuck pod's node lost?), switched by rbac.nodes.
+NODES = {(group, resource, verb) for group, resource, verbs in rbac.CLUSTER for verb in verbs}
 
 
 def grants(rules: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
@@ -91,7 +93,8 @@ def test_cluster_mode_grants_exactly_what_the_operator_needs(helm: str) -> None:
     manifest = render(helm)
     assert not of_kind(manifest, "Role") and not of_kind(manifest, "RoleBinding")
     role = one(manifest, "ClusterRole")
-    assert grants(role["rules"]) == NEEDED_IN_NAMESPACE | PYTORCHJOBS | KUEUE | CLUSTER_ONLY | CLUSTER_PEERING
+    assert grants(role["rules"]) == (NEEDED_IN_NAMESPACE | PYTORCHJOBS | KUEUE | CLUSTER_ONLY | CLUSTER_PEERING
+                                     | NODES)
     binding = one(manifest, "ClusterRoleBinding")
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",
@@ -108,7 +111,15 @@ def test_namespaced_mode_renders_only_roles_in_each_watched_namespace(helm: str)
     manifest = render(helm, "ci/namespaced-values.yaml")
     watched = values_of("ci/namespaced-values.yaml")["watch"]["namespaces"]
     assert len(watched) >= 2
-    assert not of_kind(manifest, "ClusterRole") and not of_kind(manifest, "ClusterRoleBinding")
+    # Cluster-wide, only get on nodes (rbac.nodes), in a ClusterRole of its own.
+    nodes_role, nodes_binding = one(manifest, "ClusterRole"), one(manifest, "ClusterRoleBinding")
+    assert nodes_role["metadata"]["name"].endswith("-nodes") and grants(nodes_role["rules"]) == NODES
+    assert nodes_binding["roleRef"]["name"] == nodes_role["metadata"]["name"]
+    assert nodes_binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": one(manifest, "ServiceAccount")["metadata"]["name"],
+         "namespace": NAMESPACE}]
+    bare = render(helm, "ci/namespaced-values.yaml", set_values=("rbac.nodes=false",))
+    assert not of_kind(bare, "ClusterRole") and not of_kind(bare, "ClusterRoleBinding")
     assert not [d for d in manifest if d["kind"] == "ClusterKopfPeering"]
     roles = of_kind(manifest, "Role")
     bindings = of_kind(manifest, "RoleBinding")
@@ -130,8 +141,10 @@ def test_namespaced_mode_renders_only_roles_in_each_watched_namespace(helm: str)
 def test_chart_grants_what_the_operator_code_uses(helm: str, variant: str | None) -> None:
     """pets_operator.rbac lists the permissions the operator's code uses; the chart grants them all."""
     manifest = render(helm, *([variant] if variant else []))
-    roles = of_kind(manifest, "ClusterRole") + of_kind(manifest, "Role")
+    roles = [r for r in of_kind(manifest, "ClusterRole") + of_kind(manifest, "Role")
+             if not r["metadata"]["name"].endswith("-nodes")]
     assert roles
+    assert NODES <= grants([rule for r in of_kind(manifest, "ClusterRole") for rule in r["rules"]])
     for role in roles:
         missing = USED - grants(role["rules"])
         assert not missing, f"{role['kind']} {role['metadata']['name']} lacks {sorted(missing)}"
@@ -140,7 +153,7 @@ def test_chart_grants_what_the_operator_code_uses(helm: str, variant: str | None
 def test_standalone_without_pytorchjobs_drops_those_grants(helm: str) -> None:
     manifest = render(helm, "ci/standalone-values.yaml")
     role = one(manifest, "ClusterRole")
-    assert grants(role["rules"]) == NEEDED_IN_NAMESPACE | KUEUE | CLUSTER_ONLY
+    assert grants(role["rules"]) == NEEDED_IN_NAMESPACE | KUEUE | CLUSTER_ONLY | NODES
     assert not [d for d in manifest if d["apiVersion"].startswith("kopf.dev/")]
     assert not of_kind(manifest, "CustomResourceDefinition")
     args = container(manifest)["args"]
