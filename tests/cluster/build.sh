@@ -11,7 +11,8 @@
 #   smoke-image:   the smoke tests' pod image (debootstrapped python3), as an OCI archive
 #   kubeflow:      Kubeflow's training-operator (go install) and its image   (addons.sh; only when asked)
 #   kueue:         Kueue (go install where the proxy serves it, else $PETS_KUEUE_DIR/kueue.gz) and its image
-# usage: build.sh [all|control-plane|node|kind|smoke-image|kubeflow|kueue|print-bin]...  (default: all = control-plane node)
+#   local-path:    rancher's local-path-provisioner (go install) and its one-binary image (storage.sh)
+# usage: build.sh [all|control-plane|node|kind|smoke-image|kubeflow|kueue|local-path|print-bin]...  (default: all = control-plane node)
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -20,6 +21,7 @@ source "$HERE/lib.sh"
 
 HELM_VERSION="${HELM_VERSION:-v3.22.0}"
 KIND_VERSION="${KIND_VERSION:-v0.30.0}"
+LOCAL_PATH_VERSION="${LOCAL_PATH_VERSION:-v0.0.30}"
 K8S_VERSION="$(k8s_version)"
 
 export GOTOOLCHAIN=local GOWORK=off GOFLAGS=-buildvcs=false CGO_ENABLED=0
@@ -174,6 +176,21 @@ build_smoke_image() {
     --entrypoint /usr/bin/python3 --user 65534:65534 --workdir /tmp
 }
 
+fill_local_path() {
+  install -D -m 0755 "$PETS_BIN/local-path-provisioner" "$1/usr/bin/local-path-provisioner"
+  mkdir -p "$1/etc/config" "$1/tmp"
+}
+
+# rancher's local-path-provisioner (the shared StorageClass of storage.sh): the static binary alone,
+# at upstream's path, so upstream's `command: [local-path-provisioner, ...]` would also work.
+build_local_path() {
+  go_install local-path-provisioner github.com/rancher/local-path-provisioner "$LOCAL_PATH_VERSION" \
+    "-X main.VERSION=$LOCAL_PATH_VERSION"
+  oci_image "localhost/pets-training/local-path-provisioner:$LOCAL_PATH_VERSION" \
+    "$PETS_CACHE/images/local-path-provisioner.tar" "$LOCAL_PATH_VERSION" fill_local_path \
+    --entrypoint /usr/bin/local-path-provisioner
+}
+
 # shellcheck source=addons-build.sh
 source "$HERE/addons-build.sh"
 
@@ -224,8 +241,9 @@ main() {
       smoke-image) build_smoke_image ;;
       kubeflow) build_kubeflow ;;
       kueue) build_kueue ;;
+      local-path) build_local_path ;;
       print-bin) echo "$PETS_BIN" ;;
-      *) die "unknown build target '$t' (expected all, control-plane, node, kind, smoke-image, kubeflow, kueue or print-bin)" ;;
+      *) die "unknown build target '$t' (expected all, control-plane, node, kind, smoke-image, kubeflow, kueue, local-path or print-bin)" ;;
     esac
   done
   if [[ $GOCACHE == "$OWN_GOCACHE" && -d $GOCACHE ]] && go_binaries_all_cached; then
