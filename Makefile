@@ -8,8 +8,9 @@ PY := $(VENV)/bin/python
 # Expensive things (Go builds, the wheelhouse, images' base) are cached here and reused.
 export PETS_CACHE ?= $(HOME)/.cache/pets-training
 CLUSTER ?= local
-# Nodes of the local cluster (make cluster-up NODES=2; CI runs its e2e on 2).
+# Nodes of the local cluster: NODES=3 is 1 control plane + 2 workers (CI's e2e runs on it).
 NODES ?= 1
+export PETS_NODES := $(NODES)
 export PETS_CLUSTER := $(CLUSTER)
 
 .PHONY: help
@@ -73,8 +74,8 @@ test-integration: install ## integration tests against etcd + kube-apiserver + c
 	KCM_CONTROLLERS='*,-job' tests/cluster/run-with-control-plane.sh $(VENV)/bin/pytest -m integration tests/integration
 
 .PHONY: cluster-up
-cluster-up: ## a cluster to run on: CLUSTER=local (default, offline) or CLUSTER=kind; NODES=2 for several nodes; KUBEFLOW=1 KUEUE=1 add the real training-operator / Kueue
-	PETS_NODES=$(NODES) PETS_ADDONS="$(if $(filter 1,$(KUBEFLOW)),kubeflow) $(if $(filter 1,$(KUEUE)),kueue)" tests/cluster/cluster.sh up $(CLUSTER)
+cluster-up: ## a cluster to run on: CLUSTER=local (default, offline) or CLUSTER=kind; NODES=3 for 1 control plane + 2 workers; KUBEFLOW=1 KUEUE=1 add the real training-operator / Kueue
+	PETS_ADDONS="$(if $(filter 1,$(KUBEFLOW)),kubeflow) $(if $(filter 1,$(KUEUE)),kueue)" tests/cluster/cluster.sh up $(CLUSTER)
 
 .PHONY: cluster-down
 cluster-down: ## stop the cluster and remove what it left behind

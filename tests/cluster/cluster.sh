@@ -18,7 +18,8 @@
 #
 # Environment (all optional; control-plane.sh lists its own):
 #   PETS_STATE           state directory                                  [/tmp/pets-training-cluster]
-#   PETS_NODES           how many nodes (make cluster-up NODES=2)         [1]
+#   PETS_NODES           how many nodes; with 2 or more the first is a     [1]
+#                        tainted control-plane node (make cluster-up NODES=3: 1 control plane, 2 workers)
 #   PETS_NODE_NAME       the first node's name; node N>1 is NAME-N        [pets-node]
 #   PETS_NODE_IP         the first node's address                         [source address of the default route]
 #   PETS_POD_CIDR        pod network; node N serves the N-th /24 of it    [10.88.0.0/16]
@@ -416,6 +417,13 @@ spec:
     spec:
       serviceAccountName: coredns
       priorityClassName: system-cluster-critical
+      # On the control-plane node where there is one (a worker lost must not take DNS with it).
+      tolerations: [{key: node-role.kubernetes.io/control-plane, effect: NoSchedule}]
+      affinity:
+        nodeAffinity:
+          preferredDuringSchedulingIgnoredDuringExecution:
+          - weight: 100
+            preference: {matchExpressions: [{key: node-role.kubernetes.io/control-plane, operator: Exists}]}
       dnsPolicy: Default
       containers:
       - name: coredns
@@ -460,10 +468,22 @@ up_node() {
   if [[ -n "$NETNS" ]]; then make_node_netns; fi
   add_masquerade_rule
   start_containerd
-  import_image "$PETS_CACHE/images/pause.tar"
-  import_image "$PETS_CACHE/images/coredns.tar"
+  # The cluster's own images (small), on every node: the storage helper pods may run anywhere.
+  local archive
+  for archive in pause coredns smoke local-path-provisioner; do import_image "$PETS_CACHE/images/$archive.tar"; done
   start_kubelet
   start_kube_proxy
+}
+
+# With several nodes, the first is the control-plane node, as in kind and kubeadm clusters: labelled
+# and tainted so that pods run on the workers (nodes 2..N), which alone get the big images
+# (load-image.sh reads the marker). CoreDNS tolerates the taint, as kubeadm's does.
+dedicate_control_plane_node() {
+  select_node 1
+  kubectl_ label node "$NODE" node-role.kubernetes.io/control-plane= --overwrite >/dev/null
+  kubectl_ taint node "$NODE" node-role.kubernetes.io/control-plane:NoSchedule --overwrite >/dev/null
+  echo "$NODE" >"$PETS_STATE/control-plane-node"
+  log "$NODE is the control-plane node (tainted NoSchedule); pods run on the $((NODES - 1)) worker(s)"
 }
 
 wait_node_ready() {
@@ -477,7 +497,7 @@ up_local() {
   [[ $EUID -eq 0 ]] || die "the local node needs root (containerd, kubelet, iptables)"
   ip="$(node_ip)"
   [[ -n "$ip" ]] || die "cannot tell the node's IP (no default route): set PETS_NODE_IP"
-  t=$SECONDS; "$HERE/build.sh" control-plane node; log "phase build: $((SECONDS - t)) s"
+  t=$SECONDS; "$HERE/build.sh" control-plane node smoke-image local-path; log "phase build: $((SECONDS - t)) s"
   mkdir -p "$PETS_STATE" "$LOGS"
   # A state directory of an earlier cluster with more nodes than asked for now would leave them running.
   (( $(node_numbers | tail -n 1) <= NODES )) ||
@@ -498,12 +518,16 @@ up_local() {
   start_scheduler
   for ((n = 1; n <= NODES; n++)); do up_node "$n"; done
   for ((n = 1; n <= NODES; n++)); do wait_node_ready "$n"; done
+  ((NODES == 1)) || dedicate_control_plane_node
   log "phase nodes ($NODES): $((SECONDS - t)) s"
   t=$SECONDS
   apply_coredns
   kubectl_ -n kube-system rollout status deployment/coredns --timeout=180s >&2 ||
     { kubectl_ -n kube-system describe pods -l k8s-app=kube-dns >&2; die "CoreDNS did not become ready"; }
   log "phase CoreDNS: $((SECONDS - t)) s"
+  t=$SECONDS
+  "$HERE/storage.sh" up
+  log "phase storage (StorageClass pets-shared on ${PETS_SHARED_DIR:-$PETS_STATE/shared}): $((SECONDS - t)) s"
   log "cluster up in $((SECONDS - t0)) s: $NODES node(s) ($(kubectl_ get nodes -o name | tr '\n' ' ')), KUBECONFIG=$KUBECONFIG_ADMIN"
 }
 
@@ -648,7 +672,7 @@ down_local() {
   restore_sysctls
   # The pod cgroups kubelet made (cgroupfs driver: /sys/fs/cgroup/<controller>/kubepods...).
   find /sys/fs/cgroup -mindepth 2 -depth -type d -path '*/kubepods*' -exec rmdir {} + 2>/dev/null || true
-  rm -rf "$PETS_STATE/addons" "$PETS_STATE/nodes"
+  rm -rf "$PETS_STATE/addons" "$PETS_STATE/nodes" "$PETS_STATE/control-plane-node"
   if leftovers >&2; then
     log "down in $((SECONDS - t0)) s: nothing left behind (logs kept in $LOGS)"
   else

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # shellcheck source-path=SCRIPTDIR
-# Load an image into every local node's containerd (namespace k8s.io), without a registry.
+# Load an image into the containerd of every local node that runs pods (namespace k8s.io), without a
+# registry. With several nodes the control-plane node gets none (pods do not run there), unless
+# --all-nodes: for what is placed there on purpose (the e2e suite's operator, like a system component).
 #
-# usage: load-image.sh IMAGE            docker save IMAGE | ctr images import -  (needs docker); a no-op
+# usage: load-image.sh [--all-nodes] IMAGE | --archive FILE
+#        load-image.sh IMAGE            docker save IMAGE | ctr images import -  (needs docker); a no-op
 #                                       when containerd has that docker image already, and the image the
 #                                       name pointed to before is removed
 #        load-image.sh --archive FILE   an OCI or docker archive made elsewhere (no docker needed)
@@ -17,6 +20,9 @@ LOG_TAG=load-image
 # shellcheck source=lib.sh
 source "$HERE/lib.sh"
 
+all_nodes=false
+if [[ "${1:-}" == --all-nodes ]]; then all_nodes=true; shift; fi
+
 if [[ "${PETS_CLUSTER:-local}" == kind ]]; then
   # kind's nodes run their own containerd; kind loads images into them.
   kind="$PETS_BIN/kind"
@@ -28,10 +34,13 @@ if [[ "${PETS_CLUSTER:-local}" == kind ]]; then
   esac
 fi
 
-# Every node's containerd: the first node's, then those of nodes 2..N (cluster.sh, PETS_NODES).
-sockets=("$PETS_STATE/containerd/containerd.sock")
+# The containerd of every node that runs pods: the first node, unless it is a dedicated (tainted)
+# control-plane node, and nodes 2..N (cluster.sh, PETS_NODES).
+first="$PETS_STATE/containerd/containerd.sock"
+[[ -S "$first" ]] || die "no containerd socket at $first: is the local cluster up (tests/cluster/cluster.sh up local)?"
+sockets=()
+[[ -f "$PETS_STATE/control-plane-node" && $all_nodes == false ]] || sockets+=("$first")
 for s in "$PETS_STATE"/nodes/*/containerd/containerd.sock; do [[ -S "$s" ]] && sockets+=("$s"); done
-[[ -S "${sockets[0]}" ]] || die "no containerd socket at ${sockets[0]}: is the local cluster up (tests/cluster/cluster.sh up local)?"
 sock=""
 ctr_() { ctr --address "$sock" --namespace k8s.io "$@"; }
 
@@ -85,6 +94,7 @@ case "${1:-}" in
     id=$(docker image inspect --format '{{.Id}}' "$1" 2>/dev/null) ||
       die "image '$1' is not in docker (docker images lists what is)"
     ref=$(containerd_ref "$1")
+    pending=()
     for sock in "${sockets[@]}"; do
       if ctr_ images ls "name==$ref" | grep -q "$ID_LABEL=$id"; then
         log "$ref is already in containerd of $(node_of "$sock") (docker image ${id:7:12}): nothing to load"
@@ -92,10 +102,25 @@ case "${1:-}" in
       fi
       remove_superseded "$ref"
       remove_orphans
-      log "docker save $1 | ctr import ($(node_of "$sock"))"
-      docker save "$1" | ctr_ images import -
-      ctr_ images label "$ref" "$ID_LABEL=$id" >/dev/null
+      pending+=("$sock")
     done
+    [[ ${#pending[@]} -gt 0 ]] || exit 0
+    # One `docker save`, imported by every node that needs it at once (a fifo each): the trainer's
+    # 6 GB is read from docker once, however many workers there are.
+    fifos=$(mktemp -d)
+    trap 'rm -rf "$fifos"' EXIT
+    pids=()
+    for sock in "${pending[@]}"; do
+      mkfifo "$fifos/${#pids[@]}"
+      ctr_ images import - <"$fifos/${#pids[@]}" >/dev/null &
+      pids+=($!)
+    done
+    log "docker save $1 | ctr import, into $(for sock in "${pending[@]}"; do node_of "$sock"; done | paste -sd, -)"
+    docker save "$1" | tee "$fifos"/* >/dev/null
+    for i in "${!pids[@]}"; do
+      wait "${pids[$i]}" || die "importing $1 into $(node_of "${pending[$i]}") failed"
+    done
+    for sock in "${pending[@]}"; do ctr_ images label "$ref" "$ID_LABEL=$id" >/dev/null; done
     ;;
 esac
 log "loaded in $((SECONDS - t0)) s"

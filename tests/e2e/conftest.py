@@ -90,6 +90,23 @@ def smoke_image(kube_api) -> str:  # type: ignore[no-untyped-def]
 # (the helpers they use live in tests/e2e/trainings.py)
 
 
+CONTROL_PLANE_ROLE = "node-role.kubernetes.io/control-plane"
+
+
+def _on_control_plane(kube_api: Any) -> list[str]:
+    """Helm flags that put the operator on the control-plane node when the cluster has a dedicated one
+    (make cluster-up NODES=3), as platform teams place system components: a worker lost by a test
+    must not take the operator with it."""
+    from kubernetes import client
+
+    nodes = client.CoreV1Api(kube_api).list_node().items
+    if not any(t.key == CONTROL_PLANE_ROLE for n in nodes for t in n.spec.taints or []):
+        return []
+    return ["--set-json", f'nodeSelector={{"{CONTROL_PLANE_ROLE}": ""}}',
+            "--set-json", f'tolerations=[{{"key": "{CONTROL_PLANE_ROLE}", "operator": "Exists", '
+                          '"effect": "NoSchedule"}]']
+
+
 @pytest.fixture(scope="session")
 def operator_release(kube_api: Any) -> Iterator[str]:
     """The chart installed with helm, its operator Deployment rolled out. Uninstalled afterwards."""
@@ -102,7 +119,8 @@ def operator_release(kube_api: Any) -> Iterator[str]:
     kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crds))
     subprocess.run([helm, "upgrade", "--install", RELEASE, str(REPO / "charts" / "pets-training"),
                     "--namespace", OPERATOR_NAMESPACE, "--create-namespace",
-                    "--set", "image.pullPolicy=IfNotPresent", "--wait", "--timeout", "5m"],
+                    "--set", "image.pullPolicy=IfNotPresent", *_on_control_plane(kube_api),
+                    "--wait", "--timeout", "5m"],
                    env=env, check=True)
     yield RELEASE
     subprocess.run([helm, "uninstall", RELEASE, "--namespace", OPERATOR_NAMESPACE, "--wait"],

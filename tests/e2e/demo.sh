@@ -29,9 +29,20 @@ tests/cluster/build.sh control-plane >/dev/null
 "$PETS_CACHE/bin/helm" upgrade --install pets charts/pets-training \
   --namespace "$OPERATOR_NAMESPACE" --create-namespace --wait --timeout 5m
 
-step "kubectl apply -f petstraining.yaml"
+step "a claim for the results on the cluster's shared storage (examples/results-claim.yaml)"
+kubectl -n "$NAMESPACE" apply -f examples/results-claim.yaml
+claim=$(kubectl create --dry-run=client -f examples/results-claim.yaml -o jsonpath='{.metadata.name}')
+kubectl -n "$NAMESPACE" wait "pvc/$claim" --for=jsonpath='{.status.phase}'=Bound --timeout=120s >/dev/null ||
+  { kubectl -n "$NAMESPACE" describe "pvc/$claim" >&2; die "claim $claim is not bound: is there a default StorageClass (kubectl get sc)?"; }
+
+step "kubectl apply -f petstraining.yaml, its output on claim $claim (the sample's commented lines)"
 kubectl -n "$NAMESPACE" delete -f petstraining.yaml --ignore-not-found --wait
-kubectl -n "$NAMESPACE" apply -f petstraining.yaml
+# The sample stays portable (its claim lines are commented); here they are filled in.
+"$E2E_ROOT/.venv/bin/python" -c '
+import sys, yaml
+doc = yaml.safe_load(open("petstraining.yaml"))
+doc["spec"]["output"] = {"persistentVolumeClaim": {"claimName": sys.argv[1]}}
+print(yaml.safe_dump(doc, sort_keys=False))' "$claim" | kubectl -n "$NAMESPACE" apply -f -
 name=$(kubectl create --dry-run=client -f petstraining.yaml -o jsonpath='{.metadata.name}')
 
 step "training (kubectl get pt $name -w shows the same); Ctrl-C stops watching, not training"
@@ -58,13 +69,26 @@ done
 step "done"
 accuracy=$(kubectl -n "$NAMESPACE" get pt "$name" -o jsonpath='{.status.evalAccuracy}')
 echo "PetsTraining $NAMESPACE/$name Succeeded: eval accuracy $accuracy"
+# Where the claim's files are on this machine: a hostPath volume (the local cluster's shared storage).
+volume=$(kubectl -n "$NAMESPACE" get pvc "$claim" -o jsonpath='{.spec.volumeName}')
+results=$(kubectl get pv "$volume" -o jsonpath='{.spec.hostPath.path}')
+if [[ -n $results && -d $results ]]; then
+  echo "Results on this machine, in $results (claim $claim, volume $volume):"
+  for f in model.safetensors metrics.png summary.json progress.jsonl; do
+    [[ -f $results/$f ]] || die "$results/$f is missing"
+    printf '  %-18s %s (%s bytes)\n' "$f" "$results/$f" "$(stat -c %s "$results/$f")"
+  done
+  printf '  %-18s %s\n' "checkpoints/" "$results/checkpoints"
+else
+  echo "Results are on claim $claim (volume $volume), not a directory of this machine:"
+  echo "  mount the claim in a pod to read them (docs/operator.md)"
+fi
 cat <<EOT
-Results:
+More:
   summary:   kubectl -n $NAMESPACE get pt $name -o jsonpath='{.status.summary}'
   table:     kubectl -n $NAMESPACE get pt
   logs:      kubectl -n $NAMESPACE logs -l training.pets.dev/training=$name --prefix
-  files:     progress.jsonl, summary.json, model.safetensors, metrics.png and checkpoints/ are
-             written to the pods' output volume: an emptyDir in this sample (gone with the pods);
-             set spec.output.persistentVolumeClaim to keep them (docs/operator.md)
-  cluster:   KUBECONFIG=$KUBECONFIG; stop it with 'make cluster-down'
+  results:   the claim $claim stays when the PetsTraining goes (ttlSecondsAfterFinished); delete it with
+             kubectl -n $NAMESPACE delete pvc $claim (its files go with it: reclaimPolicy Delete)
+  cluster:   KUBECONFIG=$KUBECONFIG; stop it with 'make cluster-down' (the shared directory stays)
 EOT

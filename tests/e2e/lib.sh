@@ -4,6 +4,8 @@
 E2E_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 export PETS_STATE=${PETS_STATE:-/tmp/pets-training-cluster}
 export PETS_CACHE=${PETS_CACHE:-$HOME/.cache/pets-training}
+# kubectl and helm at the cluster's version (tests/cluster/build.sh) before any other.
+export PATH="$PETS_CACHE/bin:$PATH"
 VERSION=$(python3 -c 'import sys, tomllib; print(tomllib.load(open(sys.argv[1], "rb"))["project"]["version"])' \
   "$E2E_ROOT/pyproject.toml")
 export VERSION
@@ -28,7 +30,8 @@ require_cluster() {
 # load_images: put the operator and trainer images (built by image/build.sh) into the node.
 load_images() {
   local image
-  for image in operator trainer; do
-    "$E2E_ROOT/tests/cluster/load-image.sh" "pets-training/$image:$VERSION"
-  done
+  # The operator onto every node (the e2e suite may place it on a control-plane node, as platform
+  # teams do with system components); the trainer, 6 GB, only where trainers run.
+  "$E2E_ROOT/tests/cluster/load-image.sh" --all-nodes "pets-training/operator:$VERSION"
+  "$E2E_ROOT/tests/cluster/load-image.sh" "pets-training/trainer:$VERSION"
 }

@@ -20,7 +20,16 @@ t0=$SECONDS
 load_images
 log "images loaded into the node in $((SECONDS - t0)) s"
 t0=$SECONDS
+suites=(tests/e2e/test_cluster_smoke.py tests/e2e/test_training.py tests/e2e/test_client_e2e.py
+  tests/e2e/test_backends_and_queues.py)
+# Training across nodes and a node lost need two nodes that take pods (make cluster-up NODES=3).
+workers=$(kubectl get nodes -o jsonpath='{range .items[*]}{.spec.taints[*].key}{"\n"}{end}' |
+  grep -cv 'node-role.kubernetes.io/control-plane' || true)
+if ((workers >= 2)); then
+  suites+=(tests/e2e/test_several_nodes.py)
+else
+  log "NOT running tests/e2e/test_several_nodes.py: the cluster has $workers worker node(s), it needs 2 (make cluster-up NODES=3)"
+fi
 # test_backends_and_queues.py installs the real training-operator and Kueue (cluster.sh addon-up).
-.venv/bin/pytest -m e2e tests/e2e/test_cluster_smoke.py tests/e2e/test_training.py tests/e2e/test_client_e2e.py \
-  tests/e2e/test_backends_and_queues.py "$@"
+.venv/bin/pytest -m e2e "${suites[@]}" "$@"
 log "e2e suite passed in $((SECONDS - t0)) s"

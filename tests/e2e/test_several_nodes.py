@@ -1,0 +1,132 @@
+"""Training across nodes, and a node lost mid-run (`make cluster-up NODES=3`: 1 control plane, 2 workers).
+
+These need two worker nodes: on a smaller cluster they fail, saying how to start a bigger one
+(tests/e2e/run.sh runs this file only where the cluster has them, and says so when it does not).
+A node is lost the way docs/cluster.md defines it: `cluster.sh node-lose NODE` kills its pods'
+processes, containerd, kubelet and kube-proxy, and tells the API server nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from polling import wait_for
+from trainings import LONGER_SPEC, POLL_S, REPO, SMALL_SPEC, Trainings, pod_logs, pod_of_rank
+
+pytestmark = pytest.mark.e2e
+
+CONTROL_PLANE_TAINT = "node-role.kubernetes.io/control-plane"
+ATTEMPT_LABEL = "training.pets.dev/attempt"
+# node-monitor-grace-period (50 s) + nodeLostSeconds + a reconcile: the issue's bound for a lost node
+# to turn into a gang restart.
+NODE_LOST_BOUND_S = 120
+
+
+def worker_nodes(kube_api: Any) -> list[str]:
+    from kubernetes import client
+
+    nodes = client.CoreV1Api(kube_api).list_node().items
+    workers = [n.metadata.name for n in nodes
+               if not any(t.key == CONTROL_PLANE_TAINT for t in n.spec.taints or [])]
+    if len(workers) < 2:
+        pytest.fail(f"these tests need 2 worker nodes, the cluster has {workers}: "
+                    "make cluster-down && make cluster-up NODES=3")
+    return workers
+
+
+def attempt_pods(trainings: Trainings, name: str) -> list[Any]:
+    """The current attempt's pods (labelled with status.attempt)."""
+    attempt = str(trainings.status(name).get("attempt", 0))
+    return [p for p in trainings.pods(name) if p.metadata.labels.get(ATTEMPT_LABEL) == attempt]
+
+
+def node_of_rank(pods: list[Any], rank: int) -> str:
+    return str(pod_of_rank(pods, rank).spec.node_name)
+
+
+def cluster_sh(*args: str) -> None:
+    subprocess.run([str(REPO / "tests" / "cluster" / "cluster.sh"), *args], check=True)
+
+
+@pytest.fixture
+def lose_node() -> Iterator[Any]:
+    """lose_node(NODE): the node lost now; brought back when the test ends, whatever happened."""
+    lost: list[str] = []
+
+    def lose(node: str) -> None:
+        if os.environ.get("PETS_CLUSTER") == "kind":
+            subprocess.run(["docker", "kill", node], check=True)  # a kind node is a container
+        else:
+            cluster_sh("node-lose", node)
+        lost.append(node)
+
+    yield lose
+    for node in lost:
+        if os.environ.get("PETS_CLUSTER") == "kind":
+            subprocess.run(["docker", "start", node], check=False)
+        else:
+            cluster_sh("node-start", node)
+
+
+def test_ranks_spread_over_two_nodes_train_one_model(trainings: Trainings, kube_api: Any) -> None:
+    workers = worker_nodes(kube_api)
+    name = "spread"
+    trainings.create(name, {**SMALL_SPEC, "placement": {"spreadAcrossNodes": True}})
+    status = trainings.wait_phase(name, "Succeeded")
+
+    pods = attempt_pods(trainings, name)
+    nodes = [node_of_rank(pods, rank) for rank in (0, 1)]
+    assert nodes[0] != nodes[1] and set(nodes) <= set(workers), nodes
+    # One model: one rendezvous across the two nodes, world size 2.
+    assert status["summary"]["world_size"] == 2, status["summary"]
+    for rank in (0, 1):
+        logs = pod_logs(trainings.namespace, pod_of_rank(pods, rank).metadata.name)
+        assert f"machine {rank} of 2" in logs, logs[-3000:]
+    assert status["restarts"] == 0, status
+
+
+def test_node_lost_mid_run_restarts_on_the_other_node_and_resumes(trainings: Trainings, kube_api: Any,
+                                                                  shared_output: str, lose_node: Any) -> None:
+    workers = worker_nodes(kube_api)
+    name = "node-lost"
+    spec = {**LONGER_SPEC, "epochs": 4, "maxRestarts": 0,  # a lost node must not count as a restart
+            "placement": {"spreadAcrossNodes": True, "nodeLostSeconds": 10},
+            "output": {"persistentVolumeClaim": {"claimName": shared_output}}}
+    trainings.create(name, spec)
+    checkpoint = wait_for(f"{name} status.lastCheckpoint",
+                          lambda: trainings.status(name).get("lastCheckpoint"), 900, POLL_S)
+    status = trainings.status(name)
+    assert status["phase"] == "Running" and status["epoch"] < 4, f"not mid-run: {status}"
+    pods = attempt_pods(trainings, name)
+    rank1 = pod_of_rank(pods, 1)
+    lost = str(rank1.spec.node_name)
+    assert lost in workers and node_of_rank(pods, 0) != lost, [p.spec.node_name for p in pods]
+
+    started = time.monotonic()
+    lose_node(lost)
+    status = wait_for(f"{name}: a gang restart for the lost node {lost}",
+                      lambda: (s := trainings.status(name)).get("restarts", 0) >= 1 and s,
+                      NODE_LOST_BOUND_S + 60, POLL_S)
+    took = time.monotonic() - started
+    print(f"node {lost} lost -> gang restart in {took:.0f} s")
+    failure = status["lastFailure"]
+    assert failure["cause"] == "NodeLost" and failure["node"] == lost, failure
+    assert (failure["rank"], failure["pod"]) == (1, rank1.metadata.name), failure
+    assert took <= NODE_LOST_BOUND_S, f"the lost node took {took:.0f} s to restart the gang: {status}"
+
+    status = trainings.wait_phase(name, "Succeeded")
+    assert status["epoch"] == 4 and status["restarts"] == 1 and status["disruptions"] == 1, status
+    pods = attempt_pods(trainings, name)
+    assert {node_of_rank(pods, rank) for rank in (0, 1)} == {next(w for w in workers if w != lost)}, \
+        [p.spec.node_name for p in pods]
+    rank0 = pod_logs(trainings.namespace, pod_of_rank(pods, 0).metadata.name)
+    assert "resume: continuing after epoch" in rank0, rank0[-3000:]
+    assert status["lastCheckpoint"]["epoch"] >= checkpoint["epoch"] >= 1, status
+    # The lost pod was force-deleted: nothing of the old attempt waits on a kubelet that is gone.
+    assert all(p.metadata.labels.get(ATTEMPT_LABEL) == str(status["attempt"]) for p in trainings.pods(name)), \
+        [p.metadata.name for p in trainings.pods(name)]
