@@ -159,6 +159,7 @@ make_node_netns() {
     ip netns exec "$NETNS" ip link set lo up
     ip netns exec "$NETNS" ip route add default via "$host_addr"
   fi
+  ip link set "$host_if" up  # (down while the node is lost)
   ip route replace "$NODE_SUBNET" via "$NODE_ADDR" dev "$host_if"
   for kv in "${SYSCTLS[@]}"; do "${IN_NODE[@]}" sysctl -q -w "$kv"; done
 }
@@ -532,30 +533,32 @@ up_local() {
 }
 
 # ------------------------------------------------------------------ a node lost, and back
-# node-lose NODE: what "node lost" means in this harness, for a node N>1: every process in its pod
-# cgroups is killed (SIGKILL: the trainers die mid-step, as with a power cut), then its containerd
-# shims, containerd, kubelet and kube-proxy. Its network namespace stays, so its address answers
-# with nothing listening. Nobody tells the API server: the node controller marks the Node
-# Ready=Unknown once its kubelet has been silent for node-monitor-grace-period (50 s).
+# node-lose NODE: what "node lost" means in this harness, for a node N>1, in the order of a power cut:
+# its link goes down first (the node and its pods drop off the network: peers see no FIN or RST,
+# only silence), then its kubelet, kube-proxy, containerd and shims get SIGKILL (so nothing reports
+# to the API server), then every process in its pod cgroups (the trainers die mid-step). The node
+# controller marks the Node Ready=Unknown once its kubelet has been silent for
+# node-monitor-grace-period (50 s).
 lose_node() {
   select_node_named "$1"
   [[ -n "$NETNS" ]] || die "$NODE runs the cluster's control plane and scheduler: lose a node other than the first"
   local d pid round
+  ip link set "pets-veth$NODE_INDEX" down
+  for d in kubelet kube-proxy containerd; do
+    pid_alive "$d$SUFFIX" && kill -KILL "$(cat "$PETS_STATE/pids/$d$SUFFIX.pid")" 2>/dev/null
+    rm -f "$PETS_STATE/pids/$d$SUFFIX.pid"
+  done
+  for pid in $(pgrep -f "containerd-shim.*$CONTAINERD_SOCK" || true); do kill -KILL "$pid" 2>/dev/null || true; done
   for round in 1 2 3; do  # processes forked while the first were being killed
     while read -r d; do
       while read -r pid; do kill -KILL "$pid" 2>/dev/null || true; done <"$d"
     done < <(find "/sys/fs/cgroup/memory$CGROUP_ROOT" -name cgroup.procs 2>/dev/null)
     [[ $round -lt 3 ]] && sleep 0.5
   done
-  for pid in $(pgrep -f "containerd-shim.*$CONTAINERD_SOCK" || true); do kill -KILL "$pid" 2>/dev/null || true; done
-  for d in kubelet kube-proxy containerd; do
-    pid_alive "$d$SUFFIX" && kill -KILL "$(cat "$PETS_STATE/pids/$d$SUFFIX.pid")" 2>/dev/null
-    rm -f "$PETS_STATE/pids/$d$SUFFIX.pid"
-  done
-  log "node $NODE lost: its pods' processes, containerd, kubelet and kube-proxy killed (the API server was not told)"
+  log "node $NODE lost: off the network, its kubelet, kube-proxy, containerd and pods' processes killed (the API server was not told)"
 }
 
-# node-start NODE: start a lost node's containerd, kubelet and kube-proxy again; waits for Ready.
+# node-start NODE: a lost node back: its link up, its containerd, kubelet and kube-proxy started; waits for Ready.
 start_node() {
   select_node_named "$1"
   up_node "$NODE_INDEX"
@@ -695,18 +698,22 @@ status_local() {
   return "$rc"
 }
 
-# ------------------------------------------------------------------ kind (not exercised here)
+# ------------------------------------------------------------------ kind (kind.sh; cannot run on this sandbox)
 kind_bin() { "$HERE/build.sh" kind >&2; echo "$PETS_BIN/kind"; }
 
 up_kind() {
-  command -v docker >/dev/null || die "CLUSTER=kind needs Docker (docker not found)"
-  local kind
+  # kind's nodes are privileged containers: say at once, with the runtime's own error, when they
+  # cannot start here (kind.sh preflight), instead of failing minutes into `kind create cluster`.
+  "$HERE/kind.sh" preflight || exit 1
+  local kind image
   kind="$(kind_bin)"
+  # The node image built offline (kind.sh node-image) when there is one; else kind's published default.
+  image="${PETS_KIND_IMAGE:-$("$HERE/kind.sh" image 2>/dev/null || true)}"
   mkdir -p "$PETS_STATE"
   if "$kind" get clusters | grep -qx "$KIND_NAME"; then
     log "kind cluster $KIND_NAME already exists"
   else
-    "$kind" create cluster --name "$KIND_NAME" --wait 5m ${PETS_KIND_IMAGE:+--image "$PETS_KIND_IMAGE"}
+    "$kind" create cluster --name "$KIND_NAME" --wait 5m ${image:+--image "$image"}
   fi
   "$kind" get kubeconfig --name "$KIND_NAME" >"$PETS_STATE/kind-kubeconfig"
   "$HERE/build.sh" control-plane >&2   # helm

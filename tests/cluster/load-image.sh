@@ -94,6 +94,12 @@ case "${1:-}" in
     id=$(docker image inspect --format '{{.Id}}' "$1" 2>/dev/null) ||
       die "image '$1' is not in docker (docker images lists what is)"
     ref=$(containerd_ref "$1")
+    # A copy on a control-plane node this image no longer goes to (loaded there before the node was
+    # dedicated) would keep its gigabytes for ever.
+    if [[ ! " ${sockets[*]} " == *" $first "* ]]; then
+      sock=$first
+      remove_superseded "$ref"
+    fi
     pending=()
     for sock in "${sockets[@]}"; do
       if ctr_ images ls "name==$ref" | grep -q "$ID_LABEL=$id"; then

@@ -144,49 +144,42 @@ def trainings(kube_api: Any, operator_release: str) -> Iterator[Trainings]:
         core.delete_namespace(name, propagation_policy="Foreground")
 
 
-def node_volume(trainings: Trainings, claim: str, suffix: str) -> tuple[str, Path]:
-    """A ReadWriteMany claim bound to a hostPath directory of the node (the local cluster's node is this
-    machine, so the test can fill it). Returns the PersistentVolume's name and the directory."""
-    pv_name = f"{trainings.namespace}-{suffix}"
-    host_dir = Path(os.environ.get("PETS_STATE", "/tmp/pets-training-cluster")) / "volumes" / pv_name
-    pv = {"apiVersion": "v1", "kind": "PersistentVolume",
-          "metadata": {"name": pv_name},
-          "spec": {"capacity": {"storage": "2Gi"}, "accessModes": ["ReadWriteMany"],
-                   "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "",
-                   "hostPath": {"path": str(host_dir), "type": "DirectoryOrCreate"},
-                   "claimRef": {"namespace": trainings.namespace, "name": claim}}}
-    pvc = {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": claim},
-           "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "", "volumeName": pv_name,
-                    "resources": {"requests": {"storage": "2Gi"}}}}
-    kubectl("apply", "-f", "-", input_text=yaml.safe_dump(pv))
-    kubectl("-n", trainings.namespace, "apply", "-f", "-", input_text=yaml.safe_dump(pvc))
-    host_dir.mkdir(parents=True, exist_ok=True)
-    return pv_name, host_dir
+SHARED_CLASS = "pets-shared"  # the local cluster's shared StorageClass (tests/cluster/storage.sh)
 
 
-@pytest.fixture
-def shared_output(kube_api: Any, trainings: Trainings) -> Iterator[str]:
-    """A ReadWriteMany claim on a hostPath volume of the node: checkpoints outlive the pods."""
+def shared_volume(trainings: Trainings, claim: str) -> Path:
+    """A ReadWriteMany claim of the cluster's shared StorageClass, bound; returns its directory on this
+    machine (every node of the local cluster sees it), so a test can fill it or read it. The volume
+    and its directory go when the test's namespace does (reclaimPolicy Delete)."""
     from kubernetes import client
 
-    claim = "pets-output"
-    pv_name, host_dir = node_volume(trainings, claim, "output")
-    os.chown(host_dir, 1000, 1000)  # the trainer runs as uid 1000 and writes here
-    yield claim
-    client.CoreV1Api(kube_api).delete_persistent_volume(pv_name)
+    pvc = {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": claim},
+           "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": SHARED_CLASS,
+                    "resources": {"requests": {"storage": "2Gi"}}}}
+    kubectl("-n", trainings.namespace, "apply", "-f", "-", input_text=yaml.safe_dump(pvc))
+    core = client.CoreV1Api(trainings.core.api_client)
+    volume = wait_for(f"claim {trainings.namespace}/{claim} Bound (StorageClass {SHARED_CLASS}: "
+                      "tests/cluster/storage.sh status)",
+                      lambda: (c := core.read_namespaced_persistent_volume_claim(claim, trainings.namespace))
+                      .status.phase == "Bound" and c.spec.volume_name, 120, 1)
+    return Path(core.read_persistent_volume(volume).spec.host_path.path)
 
 
 @pytest.fixture
-def hub_cache(kube_api: Any, trainings: Trainings) -> Iterator[str]:
+def shared_output(kube_api: Any, trainings: Trainings) -> str:
+    """A ReadWriteMany claim on the shared storage: checkpoints outlive the pods."""
+    claim = "pets-output"
+    shared_volume(trainings, claim)  # mode 0777: the trainer (uid 1000) writes there
+    return claim
+
+
+@pytest.fixture
+def hub_cache(kube_api: Any, trainings: Trainings) -> str:
     """A claim holding a Hugging Face hub cache with timm's resnet50d weights, in the exact layout
     `hf download timm/resnet50d.ra2_in1k --cache-dir DIR` leaves (the weights are a seeded random
     init made here: there is no internet to download the real ones)."""
-    from kubernetes import client
-
     from pets_training.hubcache import make_hub_cache
 
     claim = "hub-cache"
-    pv_name, host_dir = node_volume(trainings, claim, "hub-cache")
-    make_hub_cache(host_dir, "resnet50d")  # world-readable: the pods mount it read-only as uid 1000
-    yield claim
-    client.CoreV1Api(kube_api).delete_persistent_volume(pv_name)
+    make_hub_cache(shared_volume(trainings, claim), "resnet50d")  # world-readable: read-only as uid 1000
+    return claim

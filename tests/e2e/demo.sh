@@ -32,7 +32,10 @@ tests/cluster/build.sh control-plane >/dev/null
 step "a claim for the results on the cluster's shared storage (examples/results-claim.yaml)"
 kubectl -n "$NAMESPACE" apply -f examples/results-claim.yaml
 claim=$(kubectl create --dry-run=client -f examples/results-claim.yaml -o jsonpath='{.metadata.name}')
-kubectl -n "$NAMESPACE" wait "pvc/$claim" --for=jsonpath='{.status.phase}'=Bound --timeout=120s >/dev/null ||
+# (A class that binds on first use, like kind's `standard`, binds when the pods come.)
+binding=$(kubectl get sc -o jsonpath='{range .items[?(@.metadata.annotations.storageclass\.kubernetes\.io/is-default-class=="true")]}{.volumeBindingMode}{end}')
+[[ $binding == WaitForFirstConsumer ]] ||
+  kubectl -n "$NAMESPACE" wait "pvc/$claim" --for=jsonpath='{.status.phase}'=Bound --timeout=120s >/dev/null ||
   { kubectl -n "$NAMESPACE" describe "pvc/$claim" >&2; die "claim $claim is not bound: is there a default StorageClass (kubectl get sc)?"; }
 
 step "kubectl apply -f petstraining.yaml, its output on claim $claim (the sample's commented lines)"

@@ -128,5 +128,6 @@ def test_node_lost_mid_run_restarts_on_the_other_node_and_resumes(trainings: Tra
     assert "resume: continuing after epoch" in rank0, rank0[-3000:]
     assert status["lastCheckpoint"]["epoch"] >= checkpoint["epoch"] >= 1, status
     # The lost pod was force-deleted: nothing of the old attempt waits on a kubelet that is gone.
-    assert all(p.metadata.labels.get(ATTEMPT_LABEL) == str(status["attempt"]) for p in trainings.pods(name)), \
-        [p.metadata.name for p in trainings.pods(name)]
+    left = trainings.pods(name)
+    assert all(p.metadata.labels.get(ATTEMPT_LABEL) == str(status["attempt"]) for p in left), \
+        [p.metadata.name for p in left]
