@@ -4,6 +4,8 @@ Reads a multi-document YAML stream (`kubectl kustomize` output, or Kueue's rende
 stdin and writes it back with only these changes, each checked to have found what it changes (an
 upstream layout this does not know fails here, not later in the cluster):
 
+Both controllers also prefer (and tolerate) a dedicated control-plane node where there is one.
+
 kubeflow  the training-operator Deployment: our image, imagePullPolicy Never, args limited to the
           PyTorchJob scheme and its worker init container (image + template file), small requests;
           the webhook Secret filled with certificates made by openssl (addons.sh) and the
@@ -90,6 +92,21 @@ def set_image(c: Doc, image: str) -> None:
     c["imagePullPolicy"] = "Never"
 
 
+CONTROL_PLANE_ROLE = "node-role.kubernetes.io/control-plane"
+
+
+def prefer_control_plane(deployment: Doc) -> None:
+    """Run on the control-plane node where the cluster has a dedicated one (cluster.sh NODES>=2), as
+    system controllers do: a worker lost must not take the controller (and its webhooks, which every
+    Job or PyTorchJob write goes through) with it for the 300 s of its default toleration."""
+    spec = deployment["spec"]["template"]["spec"]
+    spec.setdefault("tolerations", []).append(
+        {"key": CONTROL_PLANE_ROLE, "operator": "Exists", "effect": "NoSchedule"})
+    prefer = {"matchExpressions": [{"key": CONTROL_PLANE_ROLE, "operator": "Exists"}]}
+    spec.setdefault("affinity", {}).setdefault("nodeAffinity", {}).setdefault(
+        "preferredDuringSchedulingIgnoredDuringExecution", []).append({"weight": 100, "preference": prefer})
+
+
 def kubeflow(
     docs: list[Doc], image: str, init_image: str, init_template: str, pki: dict[str, bytes]
 ) -> list[Doc]:
@@ -106,6 +123,7 @@ def kubeflow(
         f"--pytorch-init-container-template-file={init_template}",
     ]
     c["resources"] = {"requests": dict(KUBEFLOW_REQUESTS)}
+    prefer_control_plane(deployment)
     secret = find(docs, "Secret", KUBEFLOW_SECRET, KUBEFLOW_NAMESPACE)
     secret.pop("stringData", None)
     secret["data"] = {f: base64.b64encode(pki[f]).decode() for f in WEBHOOK_PKI_FILES}
@@ -153,6 +171,7 @@ def kueue(
         docs, dropped = without_visibility_api(docs, c)
     requests = c.setdefault("resources", {}).setdefault("requests", {})
     requests["cpu"] = cpu_request
+    prefer_control_plane(deployment)
     cm = find(docs, "ConfigMap", KUEUE_CONFIGMAP, KUEUE_NAMESPACE)
     if KUEUE_CONFIG_KEY not in cm.get("data", {}):
         raise ManifestError(f"ConfigMap {KUEUE_CONFIGMAP} has no {KUEUE_CONFIG_KEY}")

@@ -175,7 +175,8 @@ up() {
   "$HERE/build.sh" "$name"
   log "$name: phase build: $((SECONDS - t)) s"
   t=$SECONDS
-  "$HERE/load-image.sh" --archive "$ARCHIVE" >/dev/null
+  # (every node: the controller prefers the control-plane node, where there is one)
+  "$HERE/load-image.sh" --all-nodes --archive "$ARCHIVE" >/dev/null
   log "$name: phase image import ($IMAGE, $(du -m "$ARCHIVE" | cut -f1) MB): $((SECONDS - t)) s"
   t=$SECONDS
   "render_$name" "$manifests"

@@ -147,6 +147,14 @@ spec:
     spec:
       serviceAccountName: local-path-provisioner-service-account
       securityContext: {runAsUser: 65534, runAsGroup: 65534, runAsNonRoot: true}
+      # On the control-plane node where there is one (cluster.sh NODES>=2): a worker lost must not
+      # take the provisioner with it for the 300 s of its default toleration.
+      tolerations: [{key: node-role.kubernetes.io/control-plane, operator: Exists, effect: NoSchedule}]
+      affinity:
+        nodeAffinity:
+          preferredDuringSchedulingIgnoredDuringExecution:
+            - weight: 100
+              preference: {matchExpressions: [{key: node-role.kubernetes.io/control-plane, operator: Exists}]}
       containers:
         - name: local-path-provisioner
           image: $PROVISIONER_IMAGE

@@ -239,7 +239,10 @@ def queued(trainings: Trainings, queue: str, priority: str | None = None) -> dic
 
 def test_kueue_queues_the_second_training_until_the_first_is_done(trainings: Trainings, queue: str) -> None:
     spec = {**SMALL_SPEC, "epochs": 2}
-    create(trainings, "first", spec, queued(trainings, queue))
+    # The first runs a few minutes: a queued training's status follows Kueue's Workload on the 30 s
+    # idle poll, and with two workers a 2-epoch SMALL_SPEC was done (and the second admitted) before
+    # its status had shown why it waited.
+    create(trainings, "first", {**LONGER_SPEC, "epochs": 3}, queued(trainings, queue))
     trainings.wait_phase("first", "Running", 300)
     create(trainings, "second", spec, queued(trainings, queue))
     status = trainings.wait_phase("second", "Queued", 120)

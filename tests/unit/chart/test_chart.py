@@ -93,8 +93,8 @@ def test_cluster_mode_grants_exactly_what_the_operator_needs(helm: str) -> None:
     manifest = render(helm)
     assert not of_kind(manifest, "Role") and not of_kind(manifest, "RoleBinding")
     role = one(manifest, "ClusterRole")
-    assert grants(role["rules"]) == (NEEDED_IN_NAMESPACE | PYTORCHJOBS | KUEUE | CLUSTER_ONLY | CLUSTER_PEERING
-                                     | NODES)
+    assert grants(role["rules"]) == (NEEDED_IN_NAMESPACE | PYTORCHJOBS | KUEUE | CLUSTER_ONLY
+                                     | CLUSTER_PEERING | NODES)
     binding = one(manifest, "ClusterRoleBinding")
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",
