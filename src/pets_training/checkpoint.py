@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .contract import ATTEMPT, ContractError, PermanentError
+from .contract import ATTEMPT, PermanentError, attempt_number
 
 log = logging.getLogger("pets_training")
 
@@ -41,16 +41,7 @@ class SupersededError(PermanentError):
 
 def attempt_from_env(env: Mapping[str, str]) -> int | None:
     """``$PETS_ATTEMPT`` as an integer of at least 0, or None when unset (no fence)."""
-    raw = env.get(ATTEMPT_ENV, "").strip()
-    if not raw:
-        return None
-    try:
-        attempt = int(raw)
-    except ValueError:
-        raise ContractError(f"{ATTEMPT_ENV} must be an integer, got {raw!r}") from None
-    if attempt < 0:
-        raise ContractError(f"{ATTEMPT_ENV} must be at least 0, got {attempt}")
-    return attempt
+    return attempt_number(env)
 
 
 def read_attempt(directory: Path) -> int | None:

@@ -84,6 +84,11 @@ def _int(env: Mapping[str, str], names: Sequence[str], default: int, minimum: in
     return default
 
 
+def attempt_number(env: Mapping[str, str]) -> int | None:
+    """``$PETS_ATTEMPT`` (the checkpoint fence's token) as an integer of at least 0; None when unset."""
+    return _int(env, [ATTEMPT], 0, 0) if env.get(ATTEMPT, "").strip() else None
+
+
 def _str(env: Mapping[str, str], names: Sequence[str], default: str | None) -> str | None:
     for name in names:
         raw = env.get(name, "").strip()
