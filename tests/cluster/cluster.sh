@@ -548,7 +548,7 @@ lose_node() {
     pid_alive "$d$SUFFIX" && kill -KILL "$(cat "$PETS_STATE/pids/$d$SUFFIX.pid")" 2>/dev/null
     rm -f "$PETS_STATE/pids/$d$SUFFIX.pid"
   done
-  for pid in $(pgrep -f "containerd-shim.*$CONTAINERD_SOCK" || true); do kill -KILL "$pid" 2>/dev/null || true; done
+  kill_node_shims
   for round in 1 2 3; do  # processes forked while the first were being killed
     while read -r d; do
       while read -r pid; do kill -KILL "$pid" 2>/dev/null || true; done <"$d"
@@ -586,9 +586,26 @@ sweep_iptables() {
   done
 }
 
-our_mounts() {
-  findmnt -rn -o TARGET | awk -v a="$PETS_STATE/" -v b="$FIRST_CONTAINERD_ROOT" \
-    'index($0, a) == 1 || index($0, b) == 1' | sort -r
+# mounts_under PREFIX...: the mount points that start with any PREFIX, deepest first.
+mounts_under() {
+  findmnt -rn -o TARGET | awk -v list="$(printf '%s\n' "$@")" \
+    'BEGIN { n = split(list, p, "\n") } { for (i = 1; i <= n; i++) if (p[i] != "" && index($0, p[i]) == 1) { print; next } }' |
+    sort -r
+}
+
+unmount_under() {
+  local m
+  while read -r m; do
+    [[ -n "$m" ]] && { umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true; }
+  done < <(mounts_under "$@")
+}
+
+our_mounts() { mounts_under "$PETS_STATE/" "$FIRST_CONTAINERD_ROOT"; }
+
+# Shims of the selected node's containerd (their command line names its socket): SIGKILL.
+kill_node_shims() {
+  local shim
+  for shim in $(pgrep -f "containerd-shim.*$CONTAINERD_SOCK" || true); do kill -KILL "$shim" 2>/dev/null || true; done
 }
 
 leftovers() {
@@ -618,7 +635,7 @@ leftovers() {
 # down_node N: stop node N's pods (through its CRI, so CNI frees addresses), kubelet, kube-proxy and
 # containerd; a lost node's containerd is started again for that first, so nothing is left behind.
 down_node() {
-  local shim m d
+  local d
   select_node "$1"
   if [[ -S "$CONTAINERD_SOCK" || -d "$CONTAINERD_DIR" ]] && ! pid_alive "containerd$SUFFIX" && [[ -n "$NETNS" ]] &&
      [[ -e "/run/netns/$NETNS" ]]; then
@@ -635,8 +652,7 @@ down_node() {
   if [[ -x "$PETS_BIN/kube-proxy" ]]; then "${IN_NODE[@]}" "$PETS_BIN/kube-proxy" --cleanup >/dev/null 2>&1 || true; fi
   stop_daemon "kubelet$SUFFIX"
   stop_daemon "containerd$SUFFIX"
-  # Shims of tasks the CRI could not stop (their command line names the node's containerd socket).
-  for shim in $(pgrep -f "containerd-shim.*$CONTAINERD_SOCK" || true); do kill -KILL "$shim" 2>/dev/null || true; done
+  kill_node_shims  # of tasks the CRI could not stop
   if [[ -n "$NETNS" ]]; then
     ip netns delete "$NETNS" 2>/dev/null || true  # its bridge, veths, routes and iptables go with it
     ip link delete "pets-veth$NODE_INDEX" 2>/dev/null || true
@@ -647,9 +663,7 @@ down_node() {
   fi
   # kubelet's links to container logs (the path is fixed) that point into the node's pod-logs dir.
   find /var/log/containers -maxdepth 1 -type l -lname "$NODE_STATE/pod-logs/*" -delete 2>/dev/null || true
-  while read -r m; do
-    [[ -n "$m" ]] && { umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true; }
-  done < <(our_mounts | awk -v a="$NODE_STATE/" -v b="$CONTAINERD_ROOT/" 'index($0, a) == 1 || index($0, b) == 1')
+  unmount_under "$NODE_STATE/" "$CONTAINERD_ROOT/"
   rm -rf "$KUBELET_DIR" "$CONTAINERD_DIR" "$CNI_DIR" "$NODE_STATE/pod-logs"
   [[ -z "$NETNS" ]] || rm -rf "$NODE_STATE"
 }
@@ -660,9 +674,7 @@ down_local() {
   select_node 1
   stop_daemon kube-scheduler
   "$HERE/control-plane.sh" down
-  while read -r m; do
-    [[ -n "$m" ]] && { umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true; }
-  done < <(our_mounts)
+  unmount_under "$PETS_STATE/" "$FIRST_CONTAINERD_ROOT"
   # Network namespaces containerd made for pods ("cni-<uuid>") that are still there.
   for m in $(ip netns list 2>/dev/null | awk '/^cni-/ { print $1 }'); do ip netns delete "$m" 2>/dev/null || true; done
   if [[ "$(cat "$PETS_STATE/netns-was-mounted" 2>/dev/null)" == no ]] && findmnt -rn /run/netns >/dev/null &&
