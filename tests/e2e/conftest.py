@@ -19,12 +19,14 @@ import pytest
 import yaml
 from polling import wait_for
 from trainings import (  # tests/e2e/trainings.py: the helpers the suites share
+    CONTROL_PLANE_ROLE,
     OPERATOR_NAMESPACE,
     RELEASE,
     REPO,
     Trainings,
     cache_dir,
     cluster_kubeconfig,
+    dedicated_control_plane,
     helm_binary,
     kubectl,
 )
@@ -90,9 +92,6 @@ def smoke_image(kube_api) -> str:  # type: ignore[no-untyped-def]
 # (the helpers they use live in tests/e2e/trainings.py)
 
 
-CONTROL_PLANE_ROLE = "node-role.kubernetes.io/control-plane"
-
-
 def _on_control_plane(kube_api: Any) -> list[str]:
     """Helm flags that put the operator on the control-plane node when the cluster has a dedicated one
     (make cluster-up NODES=3), as platform teams place system components: a worker lost by a test
@@ -100,7 +99,7 @@ def _on_control_plane(kube_api: Any) -> list[str]:
     from kubernetes import client
 
     nodes = client.CoreV1Api(kube_api).list_node().items
-    if not any(t.key == CONTROL_PLANE_ROLE for n in nodes for t in n.spec.taints or []):
+    if not any(dedicated_control_plane(n) for n in nodes):
         return []
     return ["--set-json", f'nodeSelector={{"{CONTROL_PLANE_ROLE}": ""}}',
             "--set-json", f'tolerations=[{{"key": "{CONTROL_PLANE_ROLE}", "operator": "Exists", '

@@ -16,11 +16,19 @@ from typing import Any
 
 import pytest
 from polling import wait_for
-from trainings import LONGER_SPEC, POLL_S, REPO, SMALL_SPEC, Trainings, pod_logs, pod_of_rank
+from trainings import (
+    LONGER_SPEC,
+    POLL_S,
+    REPO,
+    SMALL_SPEC,
+    Trainings,
+    dedicated_control_plane,
+    pod_logs,
+    pod_of_rank,
+)
 
 pytestmark = pytest.mark.e2e
 
-CONTROL_PLANE_TAINT = "node-role.kubernetes.io/control-plane"
 ATTEMPT_LABEL = "training.pets.dev/attempt"
 # node-monitor-grace-period (50 s) + nodeLostSeconds + a reconcile: the bound for a lost node
 # to turn into a gang restart.
@@ -31,8 +39,7 @@ def worker_nodes(kube_api: Any) -> list[str]:
     from kubernetes import client
 
     nodes = client.CoreV1Api(kube_api).list_node().items
-    workers = [n.metadata.name for n in nodes
-               if not any(t.key == CONTROL_PLANE_TAINT for t in n.spec.taints or [])]
+    workers = [n.metadata.name for n in nodes if not dedicated_control_plane(n)]
     if len(workers) < 2:
         pytest.fail(f"these tests need 2 worker nodes, the cluster has {workers}: "
                     "make cluster-down && make cluster-up NODES=3")

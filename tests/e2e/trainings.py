@@ -124,6 +124,15 @@ class Trainings:
         return "\n".join(out)
 
 
+# The role and taint of a dedicated control-plane node (make cluster-up NODES=3, kind, kubeadm).
+CONTROL_PLANE_ROLE = "node-role.kubernetes.io/control-plane"
+
+
+def dedicated_control_plane(node: Any) -> bool:
+    """Whether a Node is tainted to keep ordinary pods off (they run on the workers)."""
+    return any(t.key == CONTROL_PLANE_ROLE for t in node.spec.taints or [])
+
+
 def pod_logs(namespace: str, pod: str) -> str:
     return kubectl("-n", namespace, "logs", pod).stdout
 
