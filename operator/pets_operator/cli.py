@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import random
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from pets_operator import api, backends
 
@@ -37,6 +37,18 @@ def _positive_port(text: str) -> int:
 # A replica with priority "auto" draws one from this range: kopf pauses every replica when two share
 # a priority, so the replicas of one Deployment must not; a collision is about one in a billion.
 AUTO_PRIORITY_RANGE = (1, 1_000_000_000)
+
+
+def _at_least_one(kind: type[int] | type[float]) -> Callable[[str], int | float]:
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be above 0, got {text!r}")
+        return value
+    return parse
 
 
 def _priority(text: str) -> int:
@@ -110,6 +122,24 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"what spec.backend 'auto' runs as where that backend's API is served (else job) "
              f"(default {backends.DEFAULT_AUTO})",
     )
+    run.add_argument(
+        "--workers", type=_at_least_one(int), default=api.DEFAULT_WORKERS, metavar="N",
+        help=f"PetsTrainings reconciled at once, each in a thread that waits on the API server "
+        f"(default {api.DEFAULT_WORKERS})",
+    )
+    run.add_argument(
+        "--progress-interval", type=_at_least_one(float), default=api.DEFAULT_PROGRESS_INTERVAL,
+        metavar="SECONDS", help=f"seconds between two reads of every running training's progress "
+        f"(default {api.DEFAULT_PROGRESS_INTERVAL:g})",
+    )
+    run.add_argument(
+        "--scrape-concurrency", type=_at_least_one(int), default=api.DEFAULT_SCRAPE_CONCURRENCY, metavar="N",
+        help=f"progress reads in flight at once (default {api.DEFAULT_SCRAPE_CONCURRENCY})",
+    )
+    run.add_argument(
+        "--scrape-timeout", type=_at_least_one(float), default=api.DEFAULT_SCRAPE_TIMEOUT, metavar="SECONDS",
+        help=f"seconds one progress read may take (default {api.DEFAULT_SCRAPE_TIMEOUT:g})",
+    )
 
     render = sub.add_parser(
         "render",
@@ -169,6 +199,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 default_image=args.default_image,
                 cluster_domain=args.cluster_domain,
                 auto_backend=args.auto_backend,
+                workers=args.workers,
+                progress_poll_seconds=args.progress_interval,
+                scrape_concurrency=args.scrape_concurrency,
+                scrape_timeout=args.scrape_timeout,
             )
         )
     except NoClusterError as exc:

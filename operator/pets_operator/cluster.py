@@ -80,6 +80,7 @@ class Cluster:
         self.api_client, self.namespace, self.name = api_client, namespace, name
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
+        self.key = (namespace, name)
         self.selector = f"{api.LABEL_TRAINING}={name}"
         self._nodes: dict[str, str | None] = {}  # node -> why it is lost (None: not lost), this round
 
@@ -147,7 +148,8 @@ class Cluster:
         """Warning Events of these pods (mount failures are reported nowhere else)."""
         if not pod_names:
             return {}
-        found = self.core.list_namespaced_event(self.namespace,
+        # resourceVersion "0": from the API server's watch cache, not a quorum read of etcd
+        found = self.core.list_namespaced_event(self.namespace, resource_version="0",
                                                 field_selector="involvedObject.kind=Pod,type=Warning")
         wanted = set(pod_names)
         out: dict[str, list[dict[str, Any]]] = {}
@@ -157,24 +159,26 @@ class Cluster:
                 out.setdefault(obj.name, []).append({"reason": ev.reason, "message": ev.message})
         return out
 
-    def create(self, manifest: dict[str, Any]) -> bool:
-        """Create a child; False when it already exists (an earlier reconcile or operator made it)."""
+    def create(self, manifest: dict[str, Any]) -> dict[str, Any] | None:
+        """Create a child and return it as created; None when it already exists (an earlier reconcile or
+        operator made it)."""
         ns = manifest["metadata"]["namespace"]
         try:
             backend = backends.for_kind(manifest["apiVersion"], manifest["kind"])
             if backend is not None:
-                self.custom.create_namespaced_custom_object(backend.group, backend.version, ns,
-                                                            backend.plural, manifest)
+                created = self.custom.create_namespaced_custom_object(backend.group, backend.version, ns,
+                                                                      backend.plural, manifest)
             elif manifest["kind"] == "Service":
-                self.core.create_namespaced_service(ns, cast(client.V1Service, manifest))
+                service = self.core.create_namespaced_service(ns, cast(client.V1Service, manifest))
+                created = self._dict(service)
             else:
                 raise ValueError(f"no API known for {manifest['apiVersion']} {manifest['kind']}")
         except ApiException as exc:
             if exc.status == 409:
-                return False
+                return None
             raise
         metrics.CHILDREN_CREATED.labels(kind=manifest["kind"]).inc()
-        return True
+        return cast(dict[str, Any], created)
 
     def delete(self, ref: dict[str, Any]) -> None:
         body = client.V1DeleteOptions(propagation_policy="Foreground")
@@ -215,9 +219,22 @@ class Cluster:
         self.custom.patch_namespaced_custom_object(KUEUE_GROUP, KUEUE_VERSION, self.namespace, "workloads",
                                                    name, {"spec": {"active": value}})
 
-    def patch_status(self, new_status: dict[str, Any]) -> None:
-        self.custom.patch_namespaced_custom_object_status(
-            api.GROUP, api.VERSION, self.namespace, api.PLURAL, self.name, {"status": new_status})
+    def patch_status(self, new_status: dict[str, Any]) -> dict[str, Any]:
+        """Write the status; returns the PetsTraining as stored now."""
+        return cast(dict[str, Any], self.custom.patch_namespaced_custom_object_status(
+            api.GROUP, api.VERSION, self.namespace, api.PLURAL, self.name, {"status": new_status}))
+
+    def remove_finalizer(self, finalizer: str, finalizers: list[str], resource_version: str) -> None:
+        """Take one finalizer off the PetsTraining; the resourceVersion guards against a concurrent edit
+        of the list (409: the next round sees the new list and tries again)."""
+        keep = [f for f in finalizers if f != finalizer]
+        try:
+            self.custom.patch_namespaced_custom_object(
+                api.GROUP, api.VERSION, self.namespace, api.PLURAL, self.name,
+                {"metadata": {"finalizers": keep or None, "resourceVersion": resource_version}})
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
 
     def delete_training(self) -> None:
         try:

@@ -21,6 +21,13 @@ CHILDREN_CREATED = Counter(
     "pets_operator_children_created_total", "Objects created for PetsTrainings, by kind", ["kind"]
 )
 RESTARTS = Counter("pets_operator_gang_restarts_total", "Gang restarts after a failed attempt")
+QUEUE_DEPTH = Gauge("pets_operator_queue_depth", "PetsTrainings waiting for a reconciliation worker")
+SCRAPES = Counter("pets_operator_progress_scrapes_total", "Reads of rank 0's progress endpoint, by result",
+                  ["result"])
+SCRAPE_PASS_SECONDS = Histogram(
+    "pets_operator_progress_scrape_pass_seconds", "Time one pass over every running training's rank 0 takes",
+    buckets=(0.1, 0.5, 1, 2, 5, 10, 20, 30, 60),
+)
 
 
 class PhaseBook:
@@ -29,7 +36,12 @@ class PhaseBook:
     def __init__(self) -> None:
         self._phases: dict[tuple[str, str], str] = {}
 
+    def items(self) -> list[tuple[tuple[str, str], str]]:
+        return list(self._phases.items())
+
     def set(self, namespace: str, name: str, phase: str | None) -> None:
+        if self._phases.get((namespace, name)) == phase:
+            return
         if phase is None:
             self._phases.pop((namespace, name), None)
         else:

@@ -136,6 +136,13 @@ def creating(pod: dict[str, Any]) -> bool:
     return _status(pod).get("phase") == "Pending" and bool(scheduled and scheduled.get("status") == "True")
 
 
+def scheduled_at(pod: dict[str, Any]) -> str | None:
+    """When the pod was bound to a node (its PodScheduled condition turned True), or None."""
+    scheduled = _condition(pod, "PodScheduled")
+    return str(scheduled.get("lastTransitionTime") or "") or None if scheduled and \
+        scheduled.get("status") == "True" else None
+
+
 def worst_waiting(pods: list[dict[str, Any]], events: dict[str, list[dict[str, Any]]] | None = None
                   ) -> tuple[Waiting, int] | None:
     """The worst reason any pod waits for, and how many pods wait for it (None: none waits)."""

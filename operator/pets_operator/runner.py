@@ -33,6 +33,9 @@ class RunOptions:
     kubeconfig: str | None = None  # None: in-cluster, else $KUBECONFIG / ~/.kube/config
     progress_poll_seconds: float = handlers.POLL_ACTIVE
     progress_port: int = api.METRICS_PORT  # the trainer's contract port; tests point it elsewhere
+    workers: int = handlers.WORKERS  # concurrent reconciliations
+    scrape_concurrency: int = handlers.SCRAPE_CONCURRENCY  # progress reads in flight at once
+    scrape_timeout: float = handlers.SCRAPE_TIMEOUT  # seconds for one progress read
 
 
 class NoClusterError(RuntimeError):
@@ -83,7 +86,7 @@ def load_client_config(kubeconfig: str | None = None) -> client.Configuration:
 
 def build(options: RunOptions, cfg: client.Configuration) -> tuple[kopf.OperatorRegistry, handlers.Context]:
     registry = kopf.OperatorRegistry()
-    cfg.connection_pool_maxsize = max(cfg.connection_pool_maxsize or 0, handlers.WORKER_THREADS)
+    cfg.connection_pool_maxsize = max(cfg.connection_pool_maxsize or 0, options.workers)
     ctx = handlers.Context(
         api_client=client.ApiClient(cfg),
         default_image=options.default_image,
@@ -92,6 +95,9 @@ def build(options: RunOptions, cfg: client.Configuration) -> tuple[kopf.Operator
         poll_active=options.progress_poll_seconds,
         progress_port=options.progress_port,
         fixed_namespaces=bool(options.namespaces),
+        workers=options.workers,
+        scrape_concurrency=options.scrape_concurrency,
+        scrape_timeout=options.scrape_timeout,
     )
     handlers.register(registry, ctx)
     return registry, ctx
@@ -127,7 +133,7 @@ class QuietWatches(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
         return not any(message.startswith(f"Handler '{watch}' succeeded")
-                       for watch in (handlers.JOB_WATCH_ID, handlers.SPEC_WATCH_ID))
+                       for watch in handlers.WATCH_IDS)
 
 
 def run_operator(options: RunOptions) -> None:

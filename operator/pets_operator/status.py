@@ -200,7 +200,7 @@ def plan(
                 message += f", suspended until Kueue admits it from queue {_queue_name(target)}"
             else:
                 phase = api.RESTARTING if restarts else api.PENDING
-            if old.get("backend") != backend.name:
+            if spec["backend"] == "auto" and old.get("backend") != backend.name:  # a choice: say it
                 result.events.append(Event("Normal", "BackendSelected",
                                            f"running as a {backend.kind}: {observed.backend_reason}"))
             result.events.append(Event("Normal", "Created", message))
@@ -541,8 +541,11 @@ def _progress_reported(result: Plan, observed: Observed, now: datetime, generati
         _set_condition(status["conditions"], "ProgressReported", True, "Scraped", "", now, generation)
         return
     since = observed.rank0_running_since
-    if not observed.progress_error or not since or \
-            (now - parse_timestamp(since)).total_seconds() < PROGRESS_GRACE_SECONDS:
+    if not observed.progress_error or not since:
+        return
+    left = PROGRESS_GRACE_SECONDS - (now - parse_timestamp(since)).total_seconds()
+    if left > 0:  # too early to say; look again when the grace is over (no event may come by then)
+        result.requeue_after = left if result.requeue_after is None else min(result.requeue_after, left)
         return
     message = (f"rank 0's progress cannot be read: {observed.progress_error}; the operator must reach the "
                f"trainer's metrics port (NetworkPolicy: the chart's networkPolicy.enabled)")

@@ -253,6 +253,43 @@ def test_deletion_removes_every_child(admin: client.ApiClient, operator: Operato
              lambda: not jobs(admin, namespace) and not services(admin, namespace))
 
 
+def test_a_training_is_deleted_even_while_no_operator_runs(admin: client.ApiClient, operator: OperatorThread,
+                                                          namespace: str) -> None:
+    """No finalizer: deleting waits for no operator, and the garbage collector takes the children (their
+    owner references), as it does for a Job's pods."""
+    create_training(admin, namespace, "pets", replicas=2)
+    the_job(admin, namespace, "pets")
+    wait_for("the Service", lambda: services(admin, namespace))
+    assert not (get_training(admin, namespace, "pets") or {})["metadata"].get("finalizers")
+    operator.stop()
+    try:
+        client.CustomObjectsApi(admin).delete_namespaced_custom_object(
+            api.GROUP, api.VERSION, namespace, api.PLURAL, "pets")
+        assert get_training(admin, namespace, "pets") is None  # at once
+        wait_for("the garbage collector to remove the Job and the Service",
+                 lambda: not jobs(admin, namespace) and not services(admin, namespace))
+    finally:
+        operator.start()
+
+
+def test_the_finalizer_older_operators_put_on_is_taken_off(admin: client.ApiClient, operator: OperatorThread,
+                                                          namespace: str) -> None:
+    """Operators before the work queue ran one kopf daemon per training, which needed a finalizer; the
+    trainings they made still carry it. This operator takes it off, keeping anyone else's."""
+    body = {"apiVersion": api.API_VERSION, "kind": api.KIND, "spec": {"backend": "job"}, "metadata": {
+        "name": "old", "finalizers": [f"{api.GROUP}/operator", "example.com/keep"]}}
+    client.CustomObjectsApi(admin).create_namespaced_custom_object(api.GROUP, api.VERSION, namespace,
+                                                                   api.PLURAL, body)
+    wait_for("the old finalizer to be taken off", lambda: (get_training(admin, namespace, "old") or {}).get(
+        "metadata", {}).get("finalizers") == ["example.com/keep"])
+    the_job(admin, namespace, "old")
+    client.CustomObjectsApi(admin).patch_namespaced_custom_object(
+        api.GROUP, api.VERSION, namespace, api.PLURAL, "old", {"metadata": {"finalizers": None}})
+    client.CustomObjectsApi(admin).delete_namespaced_custom_object(api.GROUP, api.VERSION, namespace,
+                                                                   api.PLURAL, "old")
+    wait_for("the training to be gone", lambda: get_training(admin, namespace, "old") is None)
+
+
 def test_ttl_after_finished_deletes_the_training(admin: client.ApiClient, operator: OperatorThread,
                                                  namespace: str) -> None:
     create_training(admin, namespace, "short", ttlSecondsAfterFinished=1)
@@ -328,14 +365,16 @@ def test_pytorchjob_backend(admin: client.ApiClient, operator: OperatorThread, p
 
 
 def trainer_pods(admin: client.ApiClient, ns: str, job: str, replicas: int) -> None:
-    """Stand-ins for the Job's pods (no kubelet here): their status says Running, rank 0's at 127.0.0.1,
+    """Stand-ins for the Job's pods (no kubelet here), labelled as the Job controller labels them (the
+    operator watches pods by its own labels): their status says Running, rank 0's at 127.0.0.1,
     where the test's TrainerMetrics serves the progress gauges. The phase follows the pods, so every
     rank needs one."""
     core = client.CoreV1Api(admin)
+    template_labels = client.BatchV1Api(admin).read_namespaced_job(job, ns).spec.template.metadata.labels
     for index in range(replicas):
         name = f"{job}-{index}-abcde"
         core.create_namespaced_pod(ns, {
-            "metadata": {"name": name, "labels": {
+            "metadata": {"name": name, "labels": template_labels | {
                 "job-name": job, "batch.kubernetes.io/job-completion-index": str(index)}},
             "spec": {"containers": [{"name": "trainer", "image": api.DEFAULT_IMAGE}]}})
         core.patch_namespaced_pod_status(name, ns, {"status": {

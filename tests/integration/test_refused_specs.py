@@ -255,5 +255,5 @@ def test_a_full_quota_keeps_the_training_pending_until_it_allows_the_job(
     st = wait_status(admin, namespace, "quota", "past the quota",
                      lambda s: condition(s, "Progressing").get("reason") not in
                      (None, "ChildCreateRetrying"))
-    assert st["phase"] == api.PENDING and "quota" not in st["message"], st
+    assert st["phase"] == api.PENDING and "exceeded quota" not in st["message"], st  # (named "quota")
     assert json.dumps(st)  # the status stays JSON (no stray objects)

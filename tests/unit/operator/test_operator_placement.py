@@ -313,14 +313,14 @@ def test_only_pods_being_deleted_make_the_operator_read_their_node_once_per_roun
                trainer_pod(1, node_name="node-a"),  # Ready: its kubelet will finish it
                trainer_pod(2, node_name="node-b"), trainer_pod(3, node_name="node-b"),
                trainer_pod(4, node_name="node-c")]  # NotReady: its kubelet reports, not lost
-    stale = [{"metadata": {"name": "pets-r2"}}]
-    lost, why = handlers._lost_pods(fake_cluster(core), backends.JOB, current, stale)
+    stale = [trainer_pod(0, job="pets-r2", node_name="node-gone")]
+    lost, why = handlers._lost_pods(fake_cluster(core), handlers._lost_candidates(current + stale))
     assert [p["metadata"]["name"] for p in lost] == ["pets-2-x", "pets-3-x", "pets-r2-0-x"]
     assert why == {"node-b": "Ready Unknown", "node-gone": pods.node_lost(None)}
     assert sorted(core.reads) == ["node-a", "node-b", "node-c", "node-gone"]  # node-b once
     healthy = FakeCore({}, {})
-    assert handlers._lost_pods(fake_cluster(healthy), backends.JOB,
-                               [trainer_pod(i, deleting=False) for i in range(3)], []) == ([], {})
+    assert handlers._lost_pods(fake_cluster(healthy), handlers._lost_candidates(
+        [trainer_pod(i, deleting=False) for i in range(3)])) == ([], {})
     assert healthy.reads == []
 
 

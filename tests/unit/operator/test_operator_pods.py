@@ -489,21 +489,24 @@ def test_unreadable_progress_is_said_once_after_the_grace() -> None:
     )
 
 
-def test_a_plans_deadline_only_ever_shortens_the_poll() -> None:
+def test_a_plans_deadline_only_ever_shortens_the_wait() -> None:
     from pets_operator import handlers
 
     running = status.Plan(status={"phase": api.RUNNING}, requeue_after=180.0)  # a stall bound far off
-    assert handlers.next_delay(running, poll_active=10.0) == 10.0  # progress is still read every 10 s
+    assert handlers.next_delay(running, poll_active=10.0) == 180.0  # a watched Job: no poll, the bound
+    assert handlers.next_delay(status.Plan(status={"phase": api.RUNNING}), 10.0) == handlers.RESYNC
+    assert handlers.next_delay(running, poll_active=10.0, watched=False) == 10.0  # a PyTorchJob is polled
     soon = status.Plan(status={"phase": api.RUNNING}, requeue_after=3.0)
     assert handlers.next_delay(soon, poll_active=10.0) == 3.0
     restart = status.Plan(status={"phase": api.RESTARTING}, requeue_after=0.0)
     assert handlers.next_delay(restart, poll_active=10.0) == 0.5
     ttl = status.Plan(status={"phase": api.SUCCEEDED}, requeue_after=60.0)
     assert handlers.next_delay(ttl, poll_active=10.0) == 60.0
-    assert handlers.next_delay(status.Plan(status={"phase": api.SUCCEEDED}), 10.0) == handlers.POLL_FINISHED
+    assert handlers.next_delay(status.Plan(status={"phase": api.SUCCEEDED}), 10.0) is None
     waiting = status.Plan(status={"phase": api.PENDING, "pendingSince": "2026-01-02T03:04:05Z"})
-    assert handlers.next_delay(waiting, poll_active=10.0) == 10.0
-    assert handlers.next_delay(status.Plan(status={"phase": api.PENDING}), 10.0) == handlers.POLL_IDLE
+    assert handlers.next_delay(waiting, poll_active=10.0) == 10.0  # mount failures: only in Events
+    assert handlers.next_delay(status.Plan(status={"phase": api.PENDING}), 10.0) == handlers.RESYNC
+    assert handlers.next_delay(status.Plan(status={"phase": api.QUEUED}), 10.0) == handlers.POLL_IDLE
 
 
 def test_a_rank_that_finished_first_is_not_waiting() -> None:

@@ -143,6 +143,7 @@ class FakeCluster:
     """Cluster's calls that _carry_out makes; create refuses the kinds in `refuse`."""
 
     namespace, name = "ns", "pets"
+    key = (namespace, name)
 
     def __init__(self, refuse: dict[str, ApiException]):
         self.refuse = refuse
@@ -150,14 +151,15 @@ class FakeCluster:
         self.deleted: list[str] = []
         self.statuses: list[dict[str, Any]] = []
 
-    def create(self, manifest: dict[str, Any]) -> bool:
+    def create(self, manifest: dict[str, Any]) -> dict[str, Any] | None:
         if manifest["kind"] in self.refuse:
             raise self.refuse[manifest["kind"]]
         self.created.append(f"{manifest['kind']}/{manifest['metadata']['name']}")
-        return True
+        return manifest
 
-    def patch_status(self, st: dict[str, Any]) -> None:
+    def patch_status(self, st: dict[str, Any]) -> dict[str, Any]:
         self.statuses.append(st)
+        return {"metadata": {"name": self.name, "namespace": self.namespace}, "status": st}
 
     def delete(self, ref: dict[str, Any]) -> None:
         self.deleted.append(f"{ref['kind']}/{ref['name']}")
@@ -192,7 +194,7 @@ def test_carry_out_fails_the_training_and_deletes_the_service_it_made(
     assert cl.deleted == ["Service/pets"]
     assert cl.statuses[-1]["phase"] == api.FAILED and VAP in cl.statuses[-1]["message"]
     assert [(t, r) for t, r, _ in events] == [("Warning", "ChildRejected")]
-    assert delay == handlers.POLL_FINISHED
+    assert delay is None  # Failed: nothing to look at again (a new spec wakes it)
 
 
 def test_carry_out_waits_on_a_quota_and_keeps_the_service(events: list[tuple[str, str, str]]) -> None:
@@ -238,3 +240,28 @@ def test_carry_out_still_deletes_what_the_plan_meant_to_delete(events: list[tupl
     handlers._carry_out(handlers.Context(api_client=None), cl, b, plan,  # type: ignore[arg-type]
                         logging.getLogger("test"))
     assert sorted(cl.deleted) == ["Job/pets-r0", "Service/pets"]
+
+
+def test_status_writes_within_a_phase_are_at_most_one_per_interval(
+        events: list[tuple[str, str, str]]) -> None:
+    """A burst of pod changes is one status write per STATUS_WRITE_INTERVAL; a phase change, or a Plan
+    that acts on a child, is never held back."""
+    ctx = handlers.Context(api_client=None)  # type: ignore[arg-type]
+    b = body()
+    b["status"] = {"phase": api.PENDING, "message": "2/2 pod(s) waiting: waiting to be scheduled"}
+    cl = FakeCluster({})
+    log = logging.getLogger("test")
+    creating = "containers are being created"
+    scheduled = status.Plan(status={**b["status"], "message": f"2/2 pod(s) waiting: {creating}"})
+    handlers._carry_out(ctx, cl, b, scheduled, log)
+    assert len(cl.statuses) == 1  # the first write goes at once
+    one_up = status.Plan(status={**b["status"], "message": f"1/2 pod(s) waiting: {creating}"})
+    wait = handlers._carry_out(ctx, cl, b, one_up, log)
+    assert len(cl.statuses) == 1 and wait is not None and 0 < wait <= handlers.STATUS_WRITE_INTERVAL
+    running = status.Plan(status={**b["status"], "phase": api.RUNNING, "message": "2/2 pods running"})
+    handlers._carry_out(ctx, cl, b, running, log)
+    assert [s["phase"] for s in cl.statuses] == [api.PENDING, api.RUNNING]  # a phase change: at once
+    b2, both = plan_creating_both()
+    both.status["phase"] = (b2.get("status") or {}).get("phase")  # same phase, but children to make
+    handlers._carry_out(ctx, cl, b2, both, log)
+    assert cl.created == ["Service/pets", "Job/pets"]

@@ -32,12 +32,17 @@ def test_build_registers_the_handlers() -> None:
     cfg = client.Configuration()
     cfg.host = "https://api.example:6443"
     registry, ctx = runner.build(runner.RunOptions(progress_port=9999, default_image="img:1"), cfg)
-    ids = {h.id for h in registry._spawning.get_all_handlers()}  # noqa: SLF001 - kopf has no public lister
-    assert "training" in ids
+    # No daemon and no change handler: kopf then puts no finalizer on a PetsTraining, and deleting one
+    # waits for nobody (the garbage collector takes its children).
+    assert not registry._spawning.get_all_handlers()  # noqa: SLF001 - kopf has no public lister
+    assert not registry._changing.get_all_handlers()  # noqa: SLF001
     watched = {h.id for h in registry._watching.get_all_handlers()}  # noqa: SLF001
-    assert {handlers.JOB_WATCH_ID, handlers.SPEC_WATCH_ID} <= watched
+    assert set(handlers.WATCH_IDS) == watched
+    indices = {h.id for h in registry._indexing.get_all_handlers()}  # noqa: SLF001
+    assert indices == {handlers.TRAININGS_INDEX, handlers.JOBS_INDEX, handlers.PODS_INDEX,
+                       handlers.SERVICES_INDEX}
     assert ctx.progress_port == 9999 and ctx.default_image == "img:1"
-    assert cfg.connection_pool_maxsize >= handlers.WORKER_THREADS
+    assert cfg.connection_pool_maxsize >= handlers.WORKERS
 
 
 def test_watch_noise_is_filtered() -> None:

@@ -49,9 +49,9 @@ def cond(plan: status.Plan, ctype: str) -> dict[str, Any]:
 
 
 def test_new_training_creates_service_and_job_once() -> None:
-    spec = api.resolve_spec({"replicas": 2})
+    spec = api.resolve_spec({"replicas": 2, "backend": "job"})
     observed = status.Observed(backend=backends.JOB, workload=None, backend_reason="spec.backend is job")
-    p = status.plan(body(replicas=2), spec, observed, TARGET, NOW)
+    p = status.plan(body(replicas=2, backend="job"), spec, observed, TARGET, NOW)
     assert [m["kind"] for m in p.create] == ["Service", "Job"]
     assert p.status["phase"] == api.PENDING
     assert p.status["observedGeneration"] == 3
@@ -59,11 +59,20 @@ def test_new_training_creates_service_and_job_once() -> None:
     assert p.status["workloadActive"] is True and p.status["attempt"] == 0
     assert p.status["backendReason"] == "spec.backend is job"
     assert cond(p, "Progressing")["status"] == "True"
-    assert [(e.reason, e.message) for e in p.events] == [
-        ("BackendSelected", "running as a Job: spec.backend is job"), ("Created", "created Job pets")]
+    # An explicit backend is no choice: no BackendSelected Event (`auto` gets one: the test below).
+    assert [(e.reason, e.message) for e in p.events] == [("Created", "created Job pets")]
     # Once both exist, nothing is created again (idempotent).
     p2 = run(body(p.status, replicas=2), job())
     assert p2.create == [] and p2.delete == []
+
+
+def test_auto_says_what_it_chose_once() -> None:
+    spec = api.resolve_spec({"backend": "auto"})
+    why = "spec.backend is auto: --auto-backend is job"
+    observed = status.Observed(backend=backends.JOB, workload=None, backend_reason=why)
+    p = status.plan(body(backend="auto"), spec, observed, TARGET, NOW)
+    assert [(e.reason, e.message) for e in p.events] == [
+        ("BackendSelected", f"running as a Job: {why}"), ("Created", "created Job pets")]
 
 
 def test_running_with_progress_mirrored() -> None:
