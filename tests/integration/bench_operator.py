@@ -84,8 +84,14 @@ def main() -> int:
     admin = client.ApiClient(cfg)
     subprocess.run(["kubectl", "apply", "--server-side", "--force-conflicts", "-f",
                     str(REPO / "charts" / "pets-training" / "crds" / f"{api.CRD_NAME}.yaml")], check=True)
-    subprocess.run(["kubectl", "wait", "--for=condition=Established", "--timeout=60s", f"crd/{api.CRD_NAME}"],
-                   check=True)
+    # Polled, not `kubectl wait`: that fails at once on a CRD too new to have status.conditions.
+    crds = client.ApiextensionsV1Api(admin)
+    deadline = time.monotonic() + 60
+    while not any(c.type == "Established" and c.status == "True"
+                  for c in crds.read_custom_resource_definition(api.CRD_NAME).status.conditions or []):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"CRD {api.CRD_NAME} not Established within 60 s")
+        time.sleep(0.2)
     ns = f"bench-{secrets.token_hex(3)}"
     client.CoreV1Api(admin).create_namespace({"metadata": {"name": ns}})
 

@@ -62,6 +62,7 @@ OPERATOR_NAMESPACE = "pets-system"  # the audit policy logs the service accounts
 PROGRESS_PORT = api.METRICS_PORT
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 TERMINAL = ("Succeeded", "Failed")
+TRACED = ("t-00000", "t-00001", "t-00500")  # trainings whose every status the JSON keeps
 
 
 def log(msg: str) -> None:
@@ -206,6 +207,8 @@ class Book:
         self.pt_phase: dict[str, str] = {}
         self.pt_first: dict[str, dict[str, float]] = defaultdict(dict)  # name -> phase -> t
         self.pt_writes: list[float] = []  # MODIFIED events of PetsTrainings
+        # every status a few trainings showed, in order: what the writes are (`status_trace` in the JSON)
+        self.pt_trace: dict[str, list[str]] = defaultdict(list)
         self.job_added: dict[str, float] = {}
         self.job_training: dict[str, str] = {}
         self.job_finished: dict[str, float] = {}  # training -> Complete/Failed condition seen
@@ -225,6 +228,10 @@ class Book:
             if kind == "MODIFIED":
                 self.pt_writes.append(t)
             phase = (obj.get("status") or {}).get("phase") or ""
+            if name in TRACED and obj.get("status"):
+                st = obj["status"]
+                self.pt_trace[name].append(f"{t:.1f} {phase}: {st.get('message')} (active "
+                                           f"{st.get('activeReplicas')}, ready {st.get('readyReplicas')})")
             self.pt_phase[name] = phase
             self.pt_first[name].setdefault(phase, t)
 
@@ -356,7 +363,10 @@ def components(state: Path) -> dict[str, int]:
 
 
 def kubectl(*args: str, stdin: str | None = None) -> str:
-    return subprocess.run(["kubectl", *args], input=stdin, capture_output=True, text=True, check=True).stdout
+    done = subprocess.run(["kubectl", *args], input=stdin, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"kubectl {' '.join(args)}: exit {done.returncode}: {done.stderr.strip()}")
+    return done.stdout
 
 
 # ---------------------------------------------------------------- audit log
@@ -415,7 +425,7 @@ class Bench:
         self.state = Path(os.environ["PETS_STATE"])
         self.work = args.work
         self.result: dict[str, Any] = {"count": args.count, "replicas": args.replicas, "nodes": args.nodes,
-                                       "threads": args.threads}
+                                       "threads": args.threads, "operator_args": args.operator_arg}
         self.windows: dict[str, tuple[float, float]] = {}
         self.cpu_marks: list[tuple[str, dict[str, float]]] = []
         self.operator: subprocess.Popen[bytes] | None = None
@@ -477,7 +487,10 @@ class Bench:
             self.result["warning_progress_port_listened"] = True
         kubectl("apply", "--server-side", "--force-conflicts", "-f",
                 str(REPO / "charts" / "pets-training" / "crds" / f"{api.CRD_NAME}.yaml"))
-        kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{api.CRD_NAME}")
+        # Polled, not `kubectl wait`: that fails at once on a CRD too new to have status.conditions.
+        established = '{.status.conditions[?(@.type=="Established")].status}'
+        wait_until("the CRD Established", lambda: kubectl("get", "crd", api.CRD_NAME, "--ignore-not-found",
+                                                          "-o", f"jsonpath={established}") == "True", 60)
         for ns in (OPERATOR_NAMESPACE, self.ns_raw, self.ns):
             self.kube.call("POST", "/api/v1/namespaces", {"metadata": {"name": ns}})
         # The operator's identity: the chart's ServiceAccount and ClusterRole, a token for it.
@@ -584,7 +597,8 @@ class Bench:
         self.operator = subprocess.Popen(
             [str(exe), "run", "--standalone", "--liveness-port", "0",
              "--metrics-port", str(self.metrics_port),
-             "--log-format", "json"], stdout=self.operator_log, stderr=subprocess.STDOUT, env=env)
+             "--log-format", "json", *self.args.operator_arg],
+            stdout=self.operator_log, stderr=subprocess.STDOUT, env=env)
         (self.work / "pids").mkdir(exist_ok=True)
         (self.work / "pids" / "pets-operator.pid").write_text(str(self.operator.pid))
 
@@ -603,8 +617,10 @@ class Bench:
         log(f"operator up (pid {self.operator.pid}), RSS at rest {self.result['rss_at_rest_mib']} MiB")
 
     def reconciles(self) -> float:
-        return sum(v for k, v in operator_metric(self.metrics_port, "pets_operator_reconciles_total").items()
-                   if "_created" not in k)
+        return self.counter("pets_operator_reconciles_total")
+
+    def counter(self, name: str) -> float:
+        return sum(v for k, v in operator_metric(self.metrics_port, name).items() if "_created" not in k)
 
     def trainings(self) -> None:
         a, ns, r = self.args, self.ns, self.result
@@ -682,10 +698,13 @@ class Bench:
         assert self.operator is not None
         log(f"idle: measuring {a.idle:.0f} s with {book.count_pt(['Running'])} trainings Running")
         writes0 = len(book.pt_writes)
+        scrapes = "pets_operator_progress_scrapes_total"
         rec0, cpu0, w0 = self.reconciles(), proc_cpu_s(self.operator.pid), time.time()
+        scr0 = self.counter(scrapes)
         self.mark_cpu("idle-start")
         time.sleep(a.idle)
         rec1, cpu1, w1 = self.reconciles(), proc_cpu_s(self.operator.pid), time.time()
+        scr1 = self.counter(scrapes)
         self.mark_cpu("idle-end")
         self.window("idle", w0, w1)
         span = w1 - w0
@@ -693,8 +712,8 @@ class Bench:
         r["idle_running"] = book.count_pt(["Running"])
         r["idle_pt_writes"] = len(book.pt_writes) - writes0
         r["idle_reconciles_per_s"] = round((rec1 - rec0) / span, 2)
-        # Each reconciliation of a Running training scrapes rank 0 once (refused at once: loopback IPs).
-        r["idle_progress_scrapes_per_s"] = r["idle_reconciles_per_s"]
+        # Reads of rank 0's endpoint (refused at once here: loopback IPs), the operator's own count.
+        r["idle_progress_scrapes_per_s"] = round((scr1 - scr0) / span, 2)
         r["idle_operator_cpu_cores"] = round((cpu1 - cpu0) / span, 3)
         r["rss_idle_mib"] = round(proc_status_kib(self.operator.pid, "VmRSS") / 1024, 1)
 
@@ -752,6 +771,8 @@ class Bench:
         if a.fail:
             r.update(stats("status_lag_failed", fail_lag))
             r["failed_trainings"] = book.count_pt(["Failed"])
+        with book.lock:
+            r["status_trace"] = {n: list(v) for n, v in book.pt_trace.items()}
         r.update(stats("lag_pod_to_job", pod_job))
         r.update(stats("lag_job_to_training", job_pt))
         log(f"complete: all finished {r['all_finished_s']} s after the first annotation; status lag p99 "
@@ -912,6 +933,8 @@ def main() -> int:
                         help="seconds after the last pod started before the idle window (default 40)")
     parser.add_argument("--quiet", type=float, default=10.0,
                         help="seconds without a PetsTraining write before the idle window (default 10)")
+    parser.add_argument("--operator-arg", action="append", default=[], metavar="ARG",
+                        help="an extra `pets-operator run` argument (repeat): --operator-arg=--workers=32")
     parser.add_argument("--fail", type=int, default=0, help="trainings whose rank 0 fails (default 0)")
     parser.add_argument("--phase-timeout", type=float, default=0.0,
                         help="seconds each phase may wait (default max(300, count))")
