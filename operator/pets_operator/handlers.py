@@ -272,13 +272,13 @@ def reconcile_once(ctx: Context, snap: Snapshot, logger: Logger) -> float | None
         spec = api.resolve_spec(body.get("spec"))
         backend, backend_reason = _resolve_backend(ctx, spec, old_status)
         builders.dataset_source(spec)
-    except backends.BackendUnavailable as exc:  # the CRD may be installed later: wait for it
-        _carry_out(ctx, cl, body, status.plan_backend_unavailable(body, str(exc), now), logger)
-        return POLL_IDLE
-    except api.SpecError as exc:  # a new spec (a training event) wakes it again
-        _carry_out(ctx, cl, body, status.plan_invalid(body, str(exc), now), logger)
+    except backends.BackendUnavailable as exc:  # the CRD may be installed later: look again
+        delay = _carry_out(ctx, cl, body, status.plan_backend_unavailable(body, str(exc), now), logger)
+        return POLL_IDLE if delay is None else min(delay, POLL_IDLE)
+    except api.SpecError as exc:  # Failed; a new spec (a training event) wakes it again
         metrics.ERRORS.labels(kind="permanent").inc()
-        return None
+        # None once written; the seconds until a write held back by STATUS_WRITE_INTERVAL may go
+        return _carry_out(ctx, cl, body, status.plan_invalid(body, str(exc), now), logger)
 
     restarts = int(old_status.get("restarts") or 0)
     attempt = int(old_status.get("attempt", restarts))  # before `attempt` existed, one per restart
