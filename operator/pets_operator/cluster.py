@@ -15,7 +15,7 @@ from typing import Any, cast
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from pets_operator import api, backends, builders, metrics, pods
+from pets_operator import api, backends, metrics, pods
 
 log = logging.getLogger(__name__)
 KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta2"
@@ -87,32 +87,10 @@ class Cluster:
     def _dict(self, obj: Any) -> dict[str, Any]:
         return self.api_client.sanitize_for_serialization(obj)  # type: ignore[no-any-return]
 
-    def get_training(self) -> dict[str, Any] | None:
-        try:
-            return cast(dict[str, Any], self.custom.get_namespaced_custom_object(
-                api.GROUP, api.VERSION, self.namespace, api.PLURAL, self.name))
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-
     def workloads(self, backend: backends.Backend) -> list[dict[str, Any]]:
         out = cast(dict[str, Any], self.custom.list_namespaced_custom_object(
             backend.group, backend.version, self.namespace, backend.plural, label_selector=self.selector))
         return [i | {"apiVersion": backend.api_version, "kind": backend.kind} for i in out.get("items", [])]
-
-    def service(self) -> dict[str, Any] | None:
-        try:
-            return self._dict(self.core.read_namespaced_service(builders.service_name(self.name),
-                                                                self.namespace))
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-
-    def pods(self, backend: backends.Backend, workload: str) -> list[dict[str, Any]]:
-        found = self.core.list_namespaced_pod(self.namespace, label_selector=backend.pods_selector(workload))
-        return [self._dict(p) for p in found.items]
 
     def node_lost(self, name: str) -> str | None:
         """Why the node is lost (`pods.node_lost`), or None; read once per round (a Cluster lives one

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -20,9 +19,3 @@ def parse_progress(text: str) -> dict[str, float]:
             if sample.name == family.name and not math.isnan(sample.value):
                 out[family.name] = float(sample.value)
     return out
-
-
-def scrape(host: str, port: int, timeout: float = 2.0) -> dict[str, float]:
-    """GET http://host:port/metrics and parse it. Raises OSError when the pod cannot be reached."""
-    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=timeout) as resp:  # noqa: S310
-        return parse_progress(resp.read().decode("utf-8", errors="replace"))

@@ -273,8 +273,8 @@ def test_a_suspended_workloads_lost_pod_is_force_deleted_without_a_restart() -> 
 class FakeCore:
     """The few CoreV1Api calls the lost-node path makes, counted."""
 
-    def __init__(self, nodes: dict[str, dict[str, Any] | int], pod_lists: dict[str, list[dict[str, Any]]]):
-        self.nodes, self.pod_lists = nodes, pod_lists
+    def __init__(self, nodes: dict[str, dict[str, Any] | int]):
+        self.nodes = nodes
         self.reads: list[str] = []
         self.deleted: list[tuple[str, int | None, str | None]] = []
 
@@ -284,11 +284,6 @@ class FakeCore:
         if isinstance(found, int):
             raise ApiException(status=found, reason="nope")
         return found
-
-    def list_namespaced_pod(self, namespace: str, label_selector: str) -> Any:
-        class Items:
-            items = self.pod_lists.get(label_selector, [])
-        return Items()
 
     def delete_namespaced_pod(self, name: str, namespace: str, grace_period_seconds: int | None = None,
                               body: Any = None) -> None:
@@ -307,8 +302,7 @@ def fake_cluster(core: FakeCore) -> cluster.Cluster:
 
 
 def test_only_pods_being_deleted_make_the_operator_read_their_node_once_per_round() -> None:
-    core = FakeCore({"node-a": node("True"), "node-b": node("Unknown"), "node-c": node("False")},
-                    {"job-name=pets-r2": [trainer_pod(0, job="pets-r2", node_name="node-gone")]})
+    core = FakeCore({"node-a": node("True"), "node-b": node("Unknown"), "node-c": node("False")})
     current = [trainer_pod(0, deleting=False, node_name="node-x"),  # not deleting: no Node read
                trainer_pod(1, node_name="node-a"),  # Ready: its kubelet will finish it
                trainer_pod(2, node_name="node-b"), trainer_pod(3, node_name="node-b"),
@@ -318,20 +312,20 @@ def test_only_pods_being_deleted_make_the_operator_read_their_node_once_per_roun
     assert [p["metadata"]["name"] for p in lost] == ["pets-2-x", "pets-3-x", "pets-r2-0-x"]
     assert why == {"node-b": "Ready Unknown", "node-gone": pods.node_lost(None)}
     assert sorted(core.reads) == ["node-a", "node-b", "node-c", "node-gone"]  # node-b once
-    healthy = FakeCore({}, {})
+    healthy = FakeCore({})
     assert handlers._lost_pods(fake_cluster(healthy), handlers._lost_candidates(
         [trainer_pod(i, deleting=False) for i in range(3)])) == ([], {})
     assert healthy.reads == []
 
 
 def test_without_the_right_to_read_nodes_nothing_is_lost(caplog: pytest.LogCaptureFixture) -> None:
-    cl = fake_cluster(FakeCore({"node-b": 403}, {}))
+    cl = fake_cluster(FakeCore({"node-b": 403}))
     assert cl.node_lost("node-b") is None
     assert "cannot read Node node-b" in caplog.text and "rbac.nodes" in caplog.text
 
 
 def test_force_delete_has_no_grace_and_only_that_pod() -> None:
-    core = FakeCore({}, {})
+    core = FakeCore({})
     cl = fake_cluster(core)
     cl.force_delete_pod("pets-1-x", "uid-1")
     cl.force_delete_pod("gone")  # already gone: fine

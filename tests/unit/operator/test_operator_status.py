@@ -195,29 +195,6 @@ def test_child_timestamps_in_either_rfc3339_form() -> None:
     assert p.requeue_after == pytest.approx(600 - 5)
 
 
-def test_scrape_reads_a_real_prometheus_endpoint() -> None:
-    """The operator's scraper against prometheus_client's own HTTP server, as the trainer serves it."""
-    import socket
-
-    from pets_operator.progress import scrape
-    from prometheus_client import CollectorRegistry, Gauge, start_http_server
-
-    registry = CollectorRegistry()
-    Gauge("pets_epoch", "epoch", registry=registry).set(3)
-    Gauge("pets_eval_accuracy", "accuracy", registry=registry).set(0.9)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server, thread = start_http_server(port, addr="127.0.0.1", registry=registry)
-    try:
-        assert scrape("127.0.0.1", port) == {"pets_epoch": 3.0, "pets_eval_accuracy": 0.9}
-    finally:
-        server.shutdown()
-        thread.join(5)
-    with pytest.raises(OSError):
-        scrape("127.0.0.1", port, timeout=1)
-
-
 def test_invalid_spec_plan_fails_with_one_event() -> None:
     p = status.plan_invalid(body({"phase": api.PENDING}), "spec.dataset: bad", NOW)
     assert p.status["phase"] == api.FAILED and p.status["message"] == "spec.dataset: bad"
