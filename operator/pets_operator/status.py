@@ -327,6 +327,10 @@ def _after_failure(result: Plan, spec: dict[str, Any], observed: Observed, ws: W
     assert observed.workload is not None
     trainer_error = (observed.summary or {}).get("error")
     failure = _lost_current(observed) or pods.first_failure(observed.pods or [], observed.backend.rank_of)
+    disrupted = bool(observed.backend.disrupted_reason) and ws.reason == observed.backend.disrupted_reason
+    if disrupted and failure is not None and not failure.caused_by_cluster:
+        # The disrupted pod is gone (an eviction deletes it); its peers' exits only say they lost it.
+        failure = None
     detail = failure.message if failure else ws.message
     if trainer_error and failure is None:
         detail = f"{ws.message}; trainer: {trainer_error}"
@@ -335,7 +339,6 @@ def _after_failure(result: Plan, spec: dict[str, Any], observed: Observed, ws: W
     disruptions = int(status.get("disruptions") or 0)
     counted = restarts - disruptions
     permanent = (failure is not None and failure.permanent) or ws.reason == observed.backend.permanent_reason
-    disrupted = bool(observed.backend.disrupted_reason) and ws.reason == observed.backend.disrupted_reason
     by_cluster = (failure is not None and failure.caused_by_cluster) or disrupted
     if failure is None and disrupted:  # the disrupted pod is gone; the Job's condition says what it was
         status["lastFailure"] = {"cause": "Disrupted", "message": ws.message,

@@ -202,6 +202,15 @@ def test_a_disruption_the_job_recorded_restarts_without_counting_even_when_the_p
     assert p.status["phase"] == api.RESTARTING
     assert (p.status["restarts"], p.status["disruptions"]) == (1, 1)
     assert p.status["lastFailure"]["cause"] == "Disrupted"
+    # Its peer, which only lost the evicted rank, exited too: that exit is not the cause.
+    peer = {"metadata": {"name": "pets-0-x", "labels": {"batch.kubernetes.io/job-completion-index": "0"}},
+            "spec": {"nodeName": "node-a"},
+            "status": {"phase": "Failed", "containerStatuses": [{"name": "trainer", "state": {"terminated": {
+                "exitCode": 1, "finishedAt": "2026-01-02T03:04:00Z"}}}]}}
+    p = run(body({"phase": api.RUNNING}, maxRestarts=0), failed, pods=[peer])
+    assert (p.status["phase"], p.status["restarts"], p.status["disruptions"]) == (api.RESTARTING, 1, 1)
+    assert p.status["lastFailure"]["cause"] == "Disrupted", p.status["lastFailure"]
+    assert "DisruptionTarget" in p.status["message"]
     # The trainer's permanent exit code is still the first rule: it ends the training at once.
     permanent = ("Container trainer for pod ns/pets-1-x failed with exit code 78 matching FailJob rule "
                  "at index 0")
