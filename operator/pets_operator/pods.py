@@ -234,6 +234,20 @@ def first_failure(pods: list[dict[str, Any]], rank_of: Callable[[dict[str, Any]]
                    finished_at=term.get("finishedAt"), caused_by_cluster=by_cluster, log_tail=log_tail)
 
 
+def all_ranks_succeeded(pods: list[dict[str, Any]], replicas: int,
+                        rank_of: Callable[[dict[str, Any]], int | None]) -> str | None:
+    """When every rank 0..replicas-1 has a pod that Succeeded: the last one's finishedAt ("" if none is
+    recorded). None while a rank has not. The workload's controller says the same later, once it has
+    counted them (at 1000 trainings the Job controller took up to 48 s: docs/scale.md)."""
+    if any(_failed(p) for p in pods):
+        return None  # the workload's failure policy decides what a failed pod means
+    done = {rank_of(p): str((_terminated(p) or {}).get("finishedAt") or "")
+            for p in pods if _status(p).get("phase") == "Succeeded"}
+    if any(rank not in done for rank in range(replicas)):
+        return None
+    return max(done[rank] for rank in range(replicas))
+
+
 def terminating_unfinished(pod: dict[str, Any]) -> bool:
     """Being deleted, on a node, and not finished: only the node's kubelet can end such a pod. If that
     node is lost (`lost_on`), nothing ever will."""

@@ -180,7 +180,7 @@ def plan(
     service = backend.build_service(spec, target)
     if service is not None and observed.service is None:
         result.create.append(service)
-    ws = observed.workload_state(spec["replicas"])
+    ws = _ranks_decide_success(observed.workload_state(spec["replicas"]), observed, spec["replicas"])
     if observed.workload is None or ws is None:
         status["workloadActive"] = False
         if observed.stale:
@@ -246,6 +246,20 @@ def plan(
     if phase in api.FINISHED_PHASES:
         _ttl(result, spec, status, now)
     return result
+
+
+def _ranks_decide_success(ws: WorkloadState | None, observed: Observed, replicas: int
+                          ) -> WorkloadState | None:
+    """Succeeded as soon as every rank's pod has: the workload's own Complete follows, as its controller
+    catches up (a Succeeded pod is never undone, so the training's result cannot change)."""
+    if ws is None or ws.phase in api.FINISHED_PHASES or not observed.pods:
+        return ws
+    finished = pods.all_ranks_succeeded(observed.pods, replicas, observed.backend.rank_of)
+    if finished is None:
+        return ws
+    return WorkloadState(api.SUCCEEDED, "AllRanksSucceeded", f"all {replicas} ranks finished",
+                         start_time=ws.start_time,
+                         completion_time=timestamp(parse_timestamp(finished)) if finished else None)
 
 
 def _queue_name(target: builders.Target) -> str:

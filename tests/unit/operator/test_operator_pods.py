@@ -519,3 +519,30 @@ def test_only_pods_stuck_creating_need_their_events_read() -> None:
     assert pods.creating(pod(scheduled=SCHEDULED, waiting="ContainerCreating"))
     assert not pods.creating(pod(scheduled=UNSCHEDULABLE))
     assert not pods.creating(pod(phase="Running", scheduled=SCHEDULED))
+
+
+def done(index: int, finished: str) -> dict[str, Any]:
+    return pod(index, phase="Succeeded", terminated={"exitCode": 0, "finishedAt": finished})
+
+
+def test_every_rank_succeeded_is_success_before_the_job_has_counted_them() -> None:
+    running = plan(body({"phase": api.RUNNING}), job(active=2, ready=2),
+                   [done(0, "2026-01-02T03:04:01Z"), pod(1, phase="Running")])
+    assert running.status["phase"] == api.RUNNING
+    finished = [done(0, "2026-01-02T03:04:01Z"), done(1, "2026-01-02T03:04:03+00:00")]
+    p = plan(body({"phase": api.RUNNING}), job(active=2, ready=2), finished)
+    assert p.status["phase"] == api.SUCCEEDED
+    succeeded = next(c for c in p.status["conditions"] if c["type"] == "Succeeded")
+    assert succeeded["reason"] == "AllRanksSucceeded"
+    assert p.status["completionTime"] == "2026-01-02T03:04:03Z" and p.status["workloadActive"] is False
+    # Any failed pod leaves the verdict to the Job's failure policy.
+    failed = [done(0, "2026-01-02T03:04:01Z"), done(1, "2026-01-02T03:04:03Z"),
+              pod(1, phase="Failed", terminated={"exitCode": 1})]
+    assert plan(body({"phase": api.RUNNING}), job(active=2, ready=2), failed).status["phase"] == api.RUNNING
+
+
+def test_all_ranks_succeeded_needs_every_rank() -> None:
+    rank = backends.JOB.rank_of
+    assert pods.all_ranks_succeeded([done(0, "a"), done(2, "c")], 3, rank) is None
+    assert pods.all_ranks_succeeded([done(0, "a"), done(1, "b"), done(2, "c")], 3, rank) == "c"
+    assert pods.all_ranks_succeeded([done(0, "")], 1, rank) == ""
