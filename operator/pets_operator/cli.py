@@ -157,6 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
     render.add_argument("--cluster-domain", default=api.DEFAULT_CLUSTER_DOMAIN, metavar="DOMAIN")
 
     sub.add_parser("crd", help="print the PetsTraining CustomResourceDefinition as YAML")
+    sub.add_parser("policy", help="print the ValidatingAdmissionPolicy (and binding) that keeps a running "
+                                  "training's workload fields immutable, as YAML")
     return parser
 
 
@@ -166,6 +168,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         from pets_operator.crd import crd_yaml
 
         sys.stdout.write(crd_yaml())
+        return 0
+    if args.command == "policy":
+        from pets_operator.crd import policy_yaml
+
+        sys.stdout.write(policy_yaml())
         return 0
     if args.command == "render":
         from pets_operator.render import render_file

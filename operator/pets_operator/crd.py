@@ -62,6 +62,37 @@ def crd() -> dict[str, Any]:
     }
 
 
+def immutability_policy() -> list[dict[str, Any]]:
+    """The ValidatingAdmissionPolicy that refuses an edit of a running training's workload-shaping
+    fields (api.immutability_validations), and its binding. Installed by the chart's template
+    templates/immutability-policy.yaml (Kubernetes 1.30 or later)."""
+    labels = {api.LABEL_PART_OF: "pets-training"}
+    policy = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": api.IMMUTABILITY_POLICY, "labels": labels},
+        "spec": {
+            "failurePolicy": "Fail",
+            # `petstrainings` matches spec writes, not the status subresource the operator writes.
+            "matchConstraints": {"resourceRules": [{
+                "apiGroups": [api.GROUP], "apiVersions": ["*"], "operations": ["UPDATE"],
+                "resources": [api.PLURAL]}]},
+            "validations": api.immutability_validations(),
+        },
+    }
+    binding = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": api.IMMUTABILITY_POLICY, "labels": labels},
+        "spec": {"policyName": api.IMMUTABILITY_POLICY, "validationActions": ["Deny"]},
+    }
+    return [policy, binding]
+
+
+def policy_yaml() -> str:
+    return "".join(f"---\n{yaml.safe_dump(doc, sort_keys=False, width=110)}" for doc in immutability_policy())
+
+
 def crd_yaml() -> str:
     # The embedded pod-field schemas come from the kubernetes client's models: another client version
     # may generate other schemas, and this line says which one made the committed file.

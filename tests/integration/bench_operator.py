@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from kubernetes import client, config, watch
-from pets_operator import api
+from pets_operator import api, crd
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -84,6 +84,9 @@ def main() -> int:
     admin = client.ApiClient(cfg)
     subprocess.run(["kubectl", "apply", "--server-side", "--force-conflicts", "-f",
                     str(REPO / "charts" / "pets-training" / "crds" / f"{api.CRD_NAME}.yaml")], check=True)
+    # The chart's admission policy too, as a cluster with the chart has it (it checks spec edits only).
+    subprocess.run(["kubectl", "apply", "--server-side", "-f", "-"], input=crd.policy_yaml(), text=True,
+                   check=True)
     # Polled, not `kubectl wait`: that fails at once on a CRD too new to have status.conditions.
     crds = client.ApiextensionsV1Api(admin)
     deadline = time.monotonic() + 60

@@ -85,7 +85,37 @@ def crd(admin: client.ApiClient, kubeconfig: str) -> dict[str, Any]:
     sh(tool("kubectl"), "--kubeconfig", kubeconfig, "apply", "--server-side", "--force-conflicts",
        "-f", str(CRD_FILE))
     wait_established(admin, api.CRD_NAME)
+    apply_immutability_policy(admin, kubeconfig)
     return yaml.safe_load(CRD_FILE.read_text())  # type: ignore[no-any-return]
+
+
+def apply_immutability_policy(admin: client.ApiClient, kubeconfig: str) -> None:
+    """The chart's ValidatingAdmissionPolicy (a template, so that a second release can leave it out),
+    applied, and waited for: the API server loads a new policy a moment after it is stored. A probe
+    training with status.workloadActive shows when an edit of its replicas is refused."""
+    sh(tool("kubectl"), "--kubeconfig", kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", "-",
+       stdin=sh(tool("helm"), "template", RELEASE, str(CHART), "--show-only",
+                "templates/immutability-policy.yaml"))
+    custom = client.CustomObjectsApi(admin)
+    probe = f"policy-probe-{SUFFIX}"
+    custom.create_namespaced_custom_object(api.GROUP, api.VERSION, "default", api.PLURAL, {
+        "apiVersion": f"{api.GROUP}/{api.VERSION}", "kind": api.KIND, "metadata": {"name": probe},
+        "spec": {"suspend": True}})
+    try:
+        custom.patch_namespaced_custom_object_status(api.GROUP, api.VERSION, "default", api.PLURAL, probe,
+                                                     {"status": {"workloadActive": True}})
+
+        def refused() -> bool:
+            try:
+                custom.patch_namespaced_custom_object(api.GROUP, api.VERSION, "default", api.PLURAL, probe,
+                                                      {"spec": {"replicas": 3}}, dry_run="All")
+            except ApiException as exc:
+                return exc.status == 422 and "spec.replicas is immutable" in str(exc.body)
+            return False
+
+        wait_for(f"ValidatingAdmissionPolicy {api.IMMUTABILITY_POLICY} to take effect", refused, 60, 0.5)
+    finally:
+        custom.delete_namespaced_custom_object(api.GROUP, api.VERSION, "default", api.PLURAL, probe)
 
 
 def chart_objects(*helm_args: str) -> list[dict[str, Any]]:

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 import yaml
+from pets_operator import api
 
 pytestmark = pytest.mark.integration
 
@@ -134,6 +135,10 @@ def namespaces(*names: str) -> Iterator[list[str]]:
 
 def install(release: str, ns: str, *settings: str) -> Release:
     peering = f"pets-{SUFFIX}-{release}"[:63]
+    # As docs/chart.md says: the immutability policy is cluster-wide, and a second release (of these
+    # tests, or the operator tests' own copy) must not try to own it.
+    policy_there = exists("validatingadmissionpolicy", api.IMMUTABILITY_POLICY)
+    settings = (*settings, f"immutabilityPolicy.create={str(not policy_there).lower()}")
     result = helm(
         "install",
         release,

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 import yaml
-from pets_operator import api, builders, rbac
+from pets_operator import api, builders, crd, rbac
 
 from .support import CHART, NAMESPACE, RELEASE, Manifest, of_kind, one, render, run_helm, template_args
 
@@ -277,6 +277,14 @@ def test_cluster_mode_peering_objects_and_crds(helm: str) -> None:
     no_crds = render(helm, set_values=("peering.crds.create=false",))
     assert not of_kind(no_crds, "CustomResourceDefinition")
     assert of_kind(no_crds, "ClusterKopfPeering")
+
+
+def test_the_immutability_policy_is_installed_unless_turned_off(helm: str) -> None:
+    manifest = render(helm)
+    kinds = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+    assert [one(manifest, kind) for kind in kinds] == crd.immutability_policy()
+    off = render(helm, set_values=("immutabilityPolicy.create=false",))
+    assert not [d for d in off if d["kind"] in kinds]
 
 
 # ---------------------------------------------------------------- the helm test pod and names
