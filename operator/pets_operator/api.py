@@ -31,7 +31,7 @@ CRD_NAME = f"{PLURAL}.{GROUP}"
 DEFAULT_IMAGE = "pets-training/trainer:0.1.0"
 DEFAULT_CLUSTER_DOMAIN = "cluster.local"
 # The operator's own defaults (`pets-operator run --help`, the chart's `operator.*` values).
-DEFAULT_WORKERS = 32  # concurrent reconciliations
+DEFAULT_WORKERS = 48  # concurrent reconciliations
 DEFAULT_PROGRESS_INTERVAL = 10.0  # seconds between two reads of a running training's progress
 DEFAULT_SCRAPE_CONCURRENCY = 64  # progress reads in flight at once
 DEFAULT_SCRAPE_TIMEOUT = 2.0  # seconds for one progress read
