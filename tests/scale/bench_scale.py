@@ -591,10 +591,10 @@ class Bench:
         for t in (jobs, pods, svcs):
             t.stop()
 
-    def start_operator(self) -> None:
+    def start_operator(self, again: bool = False) -> None:
         self.metrics_port = free_port()
         exe = Path(sys.executable).with_name("pets-operator")
-        self.operator_log = open(self.args.out.parent / "scale-operator.log", "wb")  # noqa: SIM115
+        self.operator_log = open(self.args.out.parent / "scale-operator.log", "ab" if again else "wb")  # noqa: SIM115
         env = dict(os.environ, KUBECONFIG=str(self.op_kubeconfig))
         self.operator = subprocess.Popen(
             [str(exe), "run", "--standalone", "--liveness-port", "0",
@@ -614,6 +614,8 @@ class Bench:
             except OSError:
                 return False
         wait_until("the operator's metrics endpoint", up, 90)
+        if again:
+            return
         time.sleep(10)  # kopf's start-up: watch streams, namespace and CRD scans
         self.result["rss_at_rest_mib"] = round(proc_status_kib(self.operator.pid, "VmRSS") / 1024, 1)
         log(f"operator up (pid {self.operator.pid}), RSS at rest {self.result['rss_at_rest_mib']} MiB")
@@ -639,14 +641,34 @@ class Bench:
             self.kube.call("POST", path, body)
             created[body["metadata"]["name"]] = time.monotonic()
 
+        killer = None
+        if a.kill_operator_at:
+            # Correctness first: SIGKILL the operator while it creates (its rounds in flight), start a new
+            # one; every training must still end with exactly one Job (checked below).
+            def kill_and_restart() -> None:
+                wait_until(f"{a.kill_operator_at} Jobs", lambda: len(book.job_added) >= a.kill_operator_at,
+                           a.phase_timeout)
+                assert self.operator is not None
+                self.operator.kill()
+                self.operator.wait()
+                r["operator_killed_at_jobs"] = len(book.job_added)
+                log(f"create: operator killed (SIGKILL) at {r['operator_killed_at_jobs']} Jobs; "
+                    "starting another")
+                self.operator_log.close()
+                self.start_operator(again=True)
+            killer = threading.Thread(target=kill_and_restart, daemon=True, name="killer")
         log(f"create: {a.count} PetsTrainings ({a.replicas} replicas each), {a.threads} threads")
         self.mark_cpu("create-start")
         w0, t0 = time.time(), time.monotonic()
+        if killer is not None:
+            killer.start()
         parallel(a.threads, create, range(a.count))
         r["pt_create_s"] = round(time.monotonic() - t0, 3)
         log(f"create: PetsTrainings created in {r['pt_create_s']} s; waiting for their Jobs")
         wait_until("every training's Job", lambda: len(book.job_added) >= a.count, a.phase_timeout,
                    lambda: f"{len(book.job_added)}/{a.count} Jobs")
+        if killer is not None:
+            killer.join()
         job_at = {book.job_training[j]: t for j, t in book.job_added.items()}
         r["all_jobs_s"] = round(max(job_at.values()) - t0, 3)
         raw_s = r.get("raw_create_s")
@@ -672,6 +694,13 @@ class Bench:
                                        if "Running" in book.pt_first.get(n, {})]))
         log(f"create: every training Running {r['all_running_s']} s after the first create "
             f"(pods {r['all_pods_running_s']} s)")
+        # No duplicate: one Job per training, ever (an operator restart included), and one Service.
+        with book.lock:
+            jobs_of = Counter(book.job_training.values())
+        r["trainings_with_other_than_one_job"] = sum(1 for n in created if jobs_of.get(n, 0) != 1)
+        r["services"] = len(self.svcs.live)
+        log(f"create: {r['trainings_with_other_than_one_job']} trainings with other than one Job, "
+            f"{r['services']} Services for {a.count} trainings")
         self.window("create", w0)
         self.mark_cpu("create-running")
 
@@ -945,6 +974,10 @@ def main() -> int:
     parser.add_argument("--operator-arg", action="append", default=[], metavar="ARG",
                         help="an extra `pets-operator run` argument (repeat): --operator-arg=--workers=32")
     parser.add_argument("--fail", type=int, default=0, help="trainings whose rank 0 fails (default 0)")
+    parser.add_argument("--kill-operator-at", type=int, default=0, metavar="JOBS",
+                        help="SIGKILL the operator once this many Jobs exist, and start another: no "
+                             "training may end with a second Job (default 0: no kill; latencies then include "
+                             "the restart)")
     parser.add_argument("--phase-timeout", type=float, default=0.0,
                         help="seconds each phase may wait (default max(300, count))")
     parser.add_argument("--audit-log", type=Path, default=None, help="the API server's audit log")
