@@ -51,11 +51,10 @@ class WorkQueue:
     def add_after(self, key: Hashable, delay: float, priority: int = TIMER) -> None:
         """Add the key in `delay` seconds (with `priority` then), unless it is due sooner already."""
         when = self._clock() + max(0.0, delay)
+        self._due_priority[key] = min(priority, self._due_priority.get(key, priority))
         if self._deadlines.get(key, float("inf")) <= when:
-            self._due_priority[key] = min(priority, self._due_priority.get(key, priority))
             return
         self._deadlines[key] = when
-        self._due_priority[key] = min(priority, self._due_priority.get(key, priority))
         heapq.heappush(self._timers, (when, next(self._order), key))
         self._timer_changed.set()
 
