@@ -105,6 +105,10 @@ e2e: install ## on the running cluster: images, helm install, train, faults
 demo: ## from a fresh machine: cluster, images, chart, train petstraining.yaml to Succeeded
 	tests/e2e/demo.sh $(CLUSTER)
 
+.PHONY: rehearse-cold
+rehearse-cold: ## the Quick start in a throw-away clone, state root and empty cache root: each phase's time, peak disk
+	tests/rehearse-cold.sh
+
 .PHONY: bench-e2e
 bench-e2e: install ## time from kubectl apply to pods Running and to the first step (median of 5)
 	tests/e2e/bench.sh $(CLUSTER)

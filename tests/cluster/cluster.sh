@@ -185,13 +185,12 @@ make_node_cgroup() {
 # ------------------------------------------------------------------ components
 node_pki() {
   local kubelet_cert="kubelet$SUFFIX"
-  [[ -f "$PKI/$kubelet_cert.crt" && -f "$PKI/kube-proxy.crt" && -f "$PKI/kube-scheduler.crt" ]] && return 0
+  [[ -f "$PKI/$kubelet_cert.crt" && -f "$PKI/kube-proxy.crt" ]] && return 0
   (
     cd "$PKI"
     umask 077
     make_cert "$kubelet_cert" "/O=system:nodes/CN=system:node:$NODE" "clientAuth"
     [[ -f kube-proxy.crt ]] || make_cert kube-proxy "/CN=system:kube-proxy" "clientAuth"
-    [[ -f kube-scheduler.crt ]] || make_cert kube-scheduler "/CN=system:kube-scheduler" "clientAuth"
   )
 }
 

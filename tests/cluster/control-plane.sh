@@ -44,7 +44,7 @@ first_service_ip() {
 
 # A CA, the apiserver's serving cert, client certs for each user, and the service-account keys.
 make_pki() {
-  if [[ -f "$PKI/ca.crt" && -f "$PKI/sa.key" && -f "$PKI/.sans" &&
+  if [[ -f "$PKI/ca.crt" && -f "$PKI/sa.key" && -f "$PKI/kube-scheduler.crt" && -f "$PKI/.sans" &&
         "$(cat "$PKI/.sans")" == "$(apiserver_sans)" ]]; then
     return 0
   fi
@@ -60,6 +60,8 @@ make_pki() {
     make_cert apiserver "/CN=kube-apiserver" "serverAuth" "$(apiserver_sans)"
     make_cert admin "/O=system:masters/CN=pets-admin" "clientAuth"
     make_cert kube-controller-manager "/CN=system:kube-controller-manager" "clientAuth"
+    # The scheduler is a control-plane component: its certificate exists before any node's.
+    make_cert kube-scheduler "/CN=system:kube-scheduler" "clientAuth"
     make_cert apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client" "clientAuth"
     openssl genrsa -out sa.key 2048 2>/dev/null
     openssl rsa -in sa.key -pubout -out sa.pub 2>/dev/null

@@ -114,8 +114,17 @@ make_cert() {
 }
 
 # write_kubeconfig FILE USER_CERT_NAME: a kubeconfig with everything embedded (portable).
+# Every input is read before the file is written: a missing certificate stops the step (a base64 of
+# a missing file inside the heredoc would only leave an empty field, and a component that then
+# talks to the API server as system:anonymous).
 write_kubeconfig() {
-  local file="$1" user="$2"
+  local file="$1" user="$2" input ca cert key
+  for input in "$PKI/ca.crt" "$PKI/$user.crt" "$PKI/$user.key"; do
+    [[ -s "$input" ]] || die "cannot write $file: $input is missing (the PKI step must run before it)"
+  done
+  ca="$(base64 -w0 "$PKI/ca.crt")"
+  cert="$(base64 -w0 "$PKI/$user.crt")"
+  key="$(base64 -w0 "$PKI/$user.key")"
   (
     umask 077
     cat >"$file" <<EOF
@@ -125,12 +134,12 @@ clusters:
 - name: pets-training
   cluster:
     server: https://127.0.0.1:$APISERVER_PORT
-    certificate-authority-data: $(base64 -w0 "$PKI/ca.crt")
+    certificate-authority-data: $ca
 users:
 - name: $user
   user:
-    client-certificate-data: $(base64 -w0 "$PKI/$user.crt")
-    client-key-data: $(base64 -w0 "$PKI/$user.key")
+    client-certificate-data: $cert
+    client-key-data: $key
 contexts:
 - name: pets-training
   context: {cluster: pets-training, user: $user}

@@ -7,16 +7,17 @@
 #
 # Builds the binaries if they are not cached, brings the control plane up, exports KUBECONFIG and
 # a PATH that starts with $PETS_CACHE/bin (helm, kube-*), runs CMD, always brings it down, and exits
-# with CMD's exit code. Unless the caller sets PETS_STATE, each run gets its own state directory
-# and free ports, so it never touches a cluster that is already running (cluster.sh's, or another
-# run's). KCM_CONTROLLERS passes through (e.g. "*,-job" to drive Job status from the test).
+# with CMD's exit code. Each run gets a new state directory of its own under the state root
+# ($PETS_STATE/control-plane.XXXXXX) and free ports, so it never touches a cluster that is already
+# running (cluster.sh's in $PETS_STATE itself, or another run's); PETS_CONTROL_PLANE_STATE names a
+# directory to use instead. KCM_CONTROLLERS passes through (e.g. "*,-job" to drive Job status from the test).
 # The private state directory (logs, certs) is removed after a successful run and kept after a
 # failed one (its path is printed); PETS_KEEP_STATE=1 keeps it always.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 LOG_TAG=run-with-control-plane
-caller_state="${PETS_STATE:-}"
+caller_state="${PETS_CONTROL_PLANE_STATE:-}"
 # shellcheck source=lib.sh
 source "$HERE/lib.sh"
 
@@ -52,11 +53,14 @@ pick_ports() {
 
 private_state=0
 if [[ -z "$caller_state" ]]; then
-  PETS_STATE="$(mktemp -d "${TMPDIR:-/tmp}/pets-control-plane.XXXXXX")"
+  mkdir -p "$PETS_STATE"
+  PETS_STATE="$(mktemp -d "$PETS_STATE/control-plane.XXXXXX")"
   private_state=1
-  export PETS_STATE
   [[ -n "${PETS_APISERVER_PORT:-}" && -n "${PETS_ETCD_PORT:-}" ]] || pick_ports
+else
+  PETS_STATE="$(realpath -m "$caller_state")"
 fi
+export PETS_STATE
 
 t0=$SECONDS
 "$HERE/build.sh" control-plane
