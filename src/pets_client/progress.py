@@ -3,6 +3,8 @@ state and to the lines it prints. No Kubernetes, no tqdm here, so they are unit-
 
 from __future__ import annotations
 
+import json
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,3 +96,38 @@ def final_accuracy(status: dict[str, Any]) -> float | None:
     summary = status.get("summary") if isinstance(status.get("summary"), dict) else {}
     final = _float(summary.get("final_accuracy")) if summary else None
     return final if final is not None else _float(status.get("evalAccuracy"))
+
+
+def live_line(status: dict[str, Any]) -> str | None:
+    """One line of what a training is doing now, for a terminal that polls it (`make demo`): the phase,
+    then the pods and the step while it runs, and the last epoch's metrics once one has ended. Only
+    measured figures: no loss, accuracy or ETA before the first epoch ends, no step before the first.
+    None before the operator has written a status."""
+    phase = status.get("phase")
+    if not phase:
+        return None
+    parts: list[str] = []
+    epoch, total_epochs = _int(status.get("epoch")), _int(status.get("totalEpochs"))
+    if phase == "Running":
+        parts.append(f"{_int(status.get('readyReplicas')) or 0}/{_int(status.get('replicas')) or '?'} pods")
+        step, steps_total = _int(status.get("step")), _int(status.get("stepsTotal"))
+        parts.append(f"step {step}/{steps_total or '?'}" if step else "waiting for the first step")
+    if epoch and phase in ("Running", "Succeeded"):
+        parts.append(f"epoch {epoch}/{total_epochs or '?'}")
+        parts += [f"{key} {value}" for key, value in postfix(status).items()]
+        eta = _float(status.get("etaSeconds"))
+        if phase == "Running" and eta is not None:
+            parts.append(f"eta {eta:.0f}s")
+    if _int(status.get("restarts")):
+        parts.append(f"restarts {status['restarts']}")
+    if phase not in ("Running", "Succeeded") and status.get("message"):
+        parts.append(str(status["message"]))
+    return f"{phase}: {', '.join(parts)}" if parts else f"{phase}:"
+
+
+if __name__ == "__main__":
+    # `python3 src/pets_client/progress.py < training.json`: runs on the host's Python alone (the file
+    # imports nothing outside the standard library), which is how `make demo` uses it before any venv.
+    line = live_line(json.load(sys.stdin).get("status") or {})
+    if line:
+        print(line)

@@ -58,24 +58,30 @@ def epoch_record(
 
 class MetricsServer:
     """Prometheus gauges of the latest epoch, the step and the newest checkpoint, served over HTTP (rank 0
-    only). ``values`` holds what was set, by progress.jsonl key."""
+    only). ``values`` holds what was set, by progress.jsonl key. A gauge is served from its first value
+    on: before the first epoch ends there is no loss or accuracy, and a 0 would read as a measurement."""
 
     def __init__(self, port: int):
-        from prometheus_client import CollectorRegistry, Gauge, start_http_server
+        from prometheus_client import CollectorRegistry, start_http_server
 
         self.registry = CollectorRegistry()
-        self.gauges = {key: Gauge(name, doc, registry=self.registry) for name, (key, doc) in GAUGES.items()}
+        self.gauges: dict[str, Any] = {}
         self.values: dict[str, float] = {}
         self.server, self.thread = start_http_server(port, registry=self.registry)
         log.info("serving Prometheus metrics on port %d (/metrics)", port)
 
     def update(self, record: dict[str, Any]) -> None:
-        for key in self.gauges:
+        for key, _doc in GAUGES.values():
             if key in record:
                 self.set(key, record[key])
 
     def set(self, key: str, value: float) -> None:
         """One gauge by its progress.jsonl key; cheap enough for every step (a locked float write)."""
+        if key not in self.gauges:
+            from prometheus_client import Gauge
+
+            name, doc = next((n, d) for n, (k, d) in GAUGES.items() if k == key)
+            self.gauges[key] = Gauge(name, doc, registry=self.registry)
         self.values[key] = float(value)
         self.gauges[key].set(float(value))
 

@@ -503,6 +503,8 @@ up_local() {
   (( $(node_numbers | tail -n 1) <= NODES )) ||
     die "$PETS_STATE holds a cluster of $(node_numbers | wc -l) nodes; take it down first (make cluster-down)"
   for ((n = 2; n <= NODES; n++)); do mkdir -p "$PETS_STATE/nodes/$NODE_NAME-$n"; done
+  # What was asked for, so the e2e suite can tell a cluster that came up short (run.sh).
+  echo "$NODES" >"$PETS_STATE/nodes-requested"
   t=$SECONDS
   # Pods reach the API server through the `kubernetes` Service, which points at the node's IP.
   PETS_APISERVER_BIND=0.0.0.0 PETS_ADVERTISE_IP="$ip" PETS_POD_CIDR="$POD_CIDR" \
@@ -686,7 +688,7 @@ down_local() {
   restore_sysctls
   # The pod cgroups kubelet made (cgroupfs driver: /sys/fs/cgroup/<controller>/kubepods...).
   find /sys/fs/cgroup -mindepth 2 -depth -type d -path '*/kubepods*' -exec rmdir {} + 2>/dev/null || true
-  rm -rf "$PETS_STATE/addons" "$PETS_STATE/nodes" "$PETS_STATE/control-plane-node"
+  rm -rf "$PETS_STATE/addons" "$PETS_STATE/nodes" "$PETS_STATE/control-plane-node" "$PETS_STATE/nodes-requested"
   if leftovers >&2; then
     log "down in $((SECONDS - t0)) s: nothing left behind (logs kept in $LOGS)"
   else

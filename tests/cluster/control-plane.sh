@@ -3,7 +3,7 @@
 # A real Kubernetes control plane for tests: etcd + kube-apiserver + kube-controller-manager,
 # started from the binaries tests/cluster/build.sh caches. No node: pods are never run here.
 #
-# usage: control-plane.sh up|down|status
+# usage: control-plane.sh up|down|status|pki
 #
 # Environment (all optional):
 #   PETS_STATE            state directory (data, certs, logs, pids, kubeconfig)   [/tmp/pets-training-cluster]
@@ -208,8 +208,9 @@ status() {
 }
 
 case "${1:-}" in
+  pki) mkdir -p "$PETS_STATE"; make_pki ;;  # the certificates alone (tests/cluster/test_pki.py)
   up) up ;;
   down) down ;;
   status) status ;;
-  *) die "usage: $0 up|down|status (got '${1:-}')" ;;
+  *) die "usage: $0 up|down|status|pki (got '${1:-}')" ;;
 esac

@@ -50,16 +50,20 @@ name=$(kubectl create --dry-run=client -f petstraining.yaml -o jsonpath='{.metad
 step "training (kubectl get pt $name -w shows the same); Ctrl-C stops watching, not training"
 deadline=$((SECONDS + TIMEOUT_S))
 last=""
-fmt='{.status.phase} epoch {.status.epoch}/{.status.totalEpochs} loss {.status.trainLoss} accuracy {.status.evalAccuracy} images/s {.status.imagesPerSecond} eta {.status.etaSeconds}s restarts {.status.restarts}'
+# One line from the training's status: the phase, the pods and the step, and an epoch's metrics once
+# one has ended (pets_client.progress.live_line, run by the host's python3: it needs only the stdlib).
+progress_line() {
+  kubectl -n "$NAMESPACE" get pt "$name" -o json 2>/dev/null | python3 "$E2E_ROOT/src/pets_client/progress.py"
+}
 while :; do
-  line=$(kubectl -n "$NAMESPACE" get pt "$name" -o jsonpath="$fmt" 2>/dev/null || true)
-  if [[ $line != "$last" && $line != " "* ]]; then  # (no status yet: nothing to show)
+  line=$(progress_line || true)
+  if [[ -n $line && $line != "$last" ]]; then
     printf '%s  %s\n' "$(date +%H:%M:%S)" "$line"
     last=$line
   fi
   case "$line" in
-    Succeeded*) break ;;
-    Failed*)
+    Succeeded:*) break ;;
+    Failed:*)
       kubectl -n "$NAMESPACE" describe pt "$name" >&2
       die "the training failed; pods: kubectl -n $NAMESPACE get pods -l training.pets.dev/training=$name"
       ;;

@@ -67,6 +67,21 @@ def test_metrics_server_serves_the_contract_gauges() -> None:
         assert line in body
 
 
+def test_metrics_server_serves_no_gauge_before_its_first_value() -> None:
+    port = free_port()
+    server = MetricsServer(port)
+    try:
+        server.set("step", 7)
+        server.set("steps_total", 40)
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    finally:
+        server.close()
+    assert "pets_step 7.0" in body and "pets_steps_total 40.0" in body
+    # No epoch has ended: a loss, an accuracy or an epoch of 0 would be read as measurements.
+    for name in ("pets_epoch", "pets_total_epochs", "pets_train_loss", "pets_eval_accuracy", "pets_eta_seconds"):
+        assert f"\n{name} " not in body, name
+
+
 def test_plot_is_a_png(tmp_path: Path) -> None:
     history = [epoch_record(e, 3, 1.0 / e, 0.3 * e, 1.0, e, [1.0]) for e in (1, 2, 3)]
     plot_metrics(history, tmp_path / "metrics.png")

@@ -1,0 +1,55 @@
+"""The line `make demo` prints while a training runs: only measured figures, and what is happening."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pets_client.progress import live_line
+
+pytestmark = pytest.mark.unit
+
+PROGRESS_PY = Path(__file__).resolve().parents[3] / "src" / "pets_client" / "progress.py"
+
+
+def test_no_status_yet_prints_nothing() -> None:
+    assert live_line({}) is None
+
+
+def test_running_before_the_first_step_says_so_and_shows_no_zeros() -> None:
+    # What the operator wrote before the trainer's first step (spec-derived totals only).
+    status = {"phase": "Running", "replicas": 2, "readyReplicas": 2, "totalEpochs": 5}
+    assert live_line(status) == "Running: 2/2 pods, waiting for the first step"
+
+
+def test_running_within_the_first_epoch_shows_steps_only() -> None:
+    status = {"phase": "Running", "replicas": 2, "readyReplicas": 2, "totalEpochs": 5, "step": 7,
+              "stepsTotal": 50}
+    assert live_line(status) == "Running: 2/2 pods, step 7/50"
+
+
+def test_after_an_epoch_the_metrics_follow() -> None:
+    status = {"phase": "Running", "replicas": 2, "readyReplicas": 2, "totalEpochs": 5, "step": 12,
+              "stepsTotal": 50, "epoch": 1, "trainLoss": 1.23456, "evalAccuracy": 0.5,
+              "imagesPerSecond": 20.04, "etaSeconds": 99.6}
+    assert live_line(status) == ("Running: 2/2 pods, step 12/50, epoch 1/5, loss 1.2346, acc 50.0%, "
+                                 "img/s 20.0, eta 100s")
+
+
+def test_pending_shows_the_reason_and_succeeded_ends_with_a_colon() -> None:
+    assert live_line({"phase": "Pending", "message": "waiting for the Job's pods"}) == \
+        "Pending: waiting for the Job's pods"
+    done = {"phase": "Succeeded", "epoch": 5, "totalEpochs": 5, "evalAccuracy": 0.994, "etaSeconds": 0}
+    assert live_line(done) == "Succeeded: epoch 5/5, acc 99.4%"
+    assert live_line({"phase": "Failed", "restarts": 2, "message": "rank 1 exited 1"}) == \
+        "Failed: restarts 2, rank 1 exited 1"
+
+
+def test_the_file_runs_on_the_standard_library_alone(tmp_path: Path) -> None:
+    # make demo runs it with the host's python3 before any venv: -I -S keeps site-packages out.
+    training = {"status": {"phase": "Running", "replicas": 1, "readyReplicas": 0}}
+    out = subprocess.run([sys.executable, "-I", "-S", str(PROGRESS_PY)], input=json.dumps(training),
+                         capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout == "Running: 0/1 pods, waiting for the first step\n"
