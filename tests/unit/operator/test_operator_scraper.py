@@ -12,6 +12,8 @@ import pytest
 from pets_operator.scraper import Scraper, Target
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
+pytestmark = pytest.mark.unit
+
 
 def free_port() -> int:
     with socket.socket() as s:

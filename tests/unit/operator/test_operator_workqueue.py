@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from pets_operator.workqueue import CHANGED, TIMER, URGENT, WorkQueue
+
+pytestmark = pytest.mark.unit
 
 
 def run(coro):  # type: ignore[no-untyped-def]
