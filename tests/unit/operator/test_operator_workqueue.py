@@ -104,6 +104,20 @@ def test_a_better_priority_moves_a_waiting_key_up_once_and_a_worse_one_does_not_
     run(main())
 
 
+def test_a_superseded_entry_lends_its_priority_to_no_later_add() -> None:
+    async def main() -> None:
+        q = WorkQueue()
+        q.add("x", CHANGED)
+        q.add("x", URGENT)  # x moves up; its CHANGED entry is left behind, superseded
+        assert await q.get() == "x"
+        q.done("x")
+        q.add("y", TIMER)
+        q.add("x", TIMER)  # a resync: behind y, not ahead of it as the old CHANGED entry was
+        assert await drain(q) == ["y", "x"]
+
+    run(main())
+
+
 def test_new_trainings_go_ahead_of_changes_and_changes_ahead_of_timers() -> None:
     async def main() -> list[Hashable]:
         q = WorkQueue()
