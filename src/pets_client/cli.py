@@ -9,6 +9,10 @@
 
 Every command takes -n/--namespace and --kubeconfig (also --context). Exit codes: 0 done (run --watch
 and wait: Succeeded), 1 the training Failed or an error, 2 a usage error.
+
+Text that comes from the cluster (status messages, errors, the table's cells) is printed through
+errors.terminal_text: no control characters or ESC sequences reach the terminal. `logs` streams the
+trainer's log as it is, as `kubectl logs` does.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from .errors import PetsClientError, WaitTimeoutError
+from .errors import PetsClientError, WaitTimeoutError, terminal_text
 from .progress import final_accuracy
 
 
@@ -96,8 +100,9 @@ def table(items: list[dict[str, Any]]) -> str:
         rows.append((obj["metadata"]["name"], st.get("phase") or "-", str(spec.get("replicas", "-")), epoch,
                      f"{acc:.4f}" if isinstance(acc, int | float) else "-",
                      _age(obj["metadata"].get("creationTimestamp"))))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("   ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
+    cells = [[terminal_text(c).replace("\n", " ").replace("\t", " ") for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(cells[0]))]
+    return "\n".join("   ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells)
 
 
 def _load_manifest(path: str) -> dict[str, Any]:
@@ -122,7 +127,7 @@ def _wait(pets: Any, name: str, timeout: float | None) -> int:
     if status.get("phase") == "Succeeded":
         print(f"final accuracy: {acc:.4f}" if acc is not None else "final accuracy: not reported")
         return 0
-    print(f"{name} Failed: {status.get('message') or 'no message'}", file=sys.stderr)
+    print(terminal_text(f"{name} Failed: {status.get('message') or 'no message'}"), file=sys.stderr)
     return 1
 
 
@@ -169,10 +174,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return run(args)
     except WaitTimeoutError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(terminal_text(f"error: {exc}"), file=sys.stderr)
         return 1
     except PetsClientError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(terminal_text(f"error: {exc}"), file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

@@ -15,6 +15,7 @@ import hashlib
 import io
 import os
 import re
+import secrets
 import sys
 import tempfile
 import time
@@ -33,6 +34,7 @@ from .errors import (
     TrainingNotFoundError,
     WaitTimeoutError,
     server_error,
+    terminal_text,
 )
 from .progress import bar_state, final_line, phase_line
 
@@ -162,12 +164,28 @@ _SAFE_FILE = re.compile(r"^[A-Za-z0-9_.-][A-Za-z0-9_./-]*$")
 # whole file against its digest.
 CHUNK_BYTES = 1 << 20
 CHUNK_TRIES = 3
+# The fetch pod runs the training's image, which may print anything: nothing it sends is trusted.
+# A file is assembled in memory, so a listed size above this is refused (a resnet50d
+# model.safetensors is about 95 MB); nothing read is longer than the listing says.
+MAX_FETCH_FILE_BYTES = 8 << 30
+_CHUNK_OUTPUT_BYTES = 4 * ((CHUNK_BYTES + 2) // 3) + 64  # one chunk's base64, and a little whitespace
+_STDERR_KEPT_BYTES = 4096
+_LISTING_LINE = re.compile(r"^([0-9]{1,20}) ([0-9a-f]{64}) (.+)$")
+
+
+def check_name(name: str) -> str:
+    """``name`` when it is a plain relative path under the output directory (letters, digits, ``_.-/``;
+    no empty, ``.`` or ``..`` part, not absolute); else FetchError naming it."""
+    if (not isinstance(name, str) or not _SAFE_FILE.fullmatch(name)
+            or any(p in ("", ".", "..") for p in name.split("/"))):
+        raise FetchError(f"cannot fetch {name!r}: a path relative to the output directory is needed "
+                         "(letters, digits, '_', '.', '-' and '/', no '.' or '..' part)")
+    return name
 
 
 def _check_names(files: list[str]) -> None:
     for f in files:
-        if not _SAFE_FILE.match(f) or ".." in f.split("/"):
-            raise FetchError(f"cannot fetch {f!r}: a path relative to the output directory is needed")
+        check_name(f)
 
 
 def list_command(files: list[str]) -> list[str]:
@@ -178,6 +196,11 @@ def list_command(files: list[str]) -> list[str]:
     return ["sh", "-c", script, _api.OUTPUT_DIR]
 
 
+def listing_limit(files: list[str]) -> int:
+    """The most bytes list_command can print for ``files``: what a pod sends beyond it is refused."""
+    return sum(len(f.encode()) + 20 + 1 + 64 + 1 + 1 for f in files) + 64
+
+
 def chunk_command(name: str, index: int) -> list[str]:
     """Chunk ``index`` (CHUNK_BYTES each) of the file ``name`` under /output, as base64."""
     _check_names([name])
@@ -186,23 +209,76 @@ def chunk_command(name: str, index: int) -> list[str]:
 
 
 def parse_listing(text: bytes) -> list[tuple[str, int, str]]:
-    """list_command's output -> (name, size, sha256) of each file that is there."""
+    """list_command's output -> (name, size, sha256) of each file that is there (lines of another
+    shape are left out; check_listing then holds the names and sizes to what was asked for)."""
     out = []
-    for line in text.decode(errors="replace").splitlines():
-        parts = line.split(" ", 2)
-        if len(parts) == 3 and parts[0].isdigit() and len(parts[1]) == 64:
-            out.append((parts[2], int(parts[0]), parts[1]))
+    for line in text.decode(errors="replace").split("\n"):
+        m = _LISTING_LINE.match(line)
+        if m:
+            out.append((m.group(3), int(m.group(1)), m.group(2)))
     return out
+
+
+def check_listing(wanted: list[str], listing: list[tuple[str, int, str]],
+                  max_bytes: int = MAX_FETCH_FILE_BYTES) -> list[tuple[str, int, str]]:
+    """The listing when it names only files of ``wanted``, each once, each a plain relative name, each
+    no larger than ``max_bytes``; else FetchError naming the first entry that is not."""
+    asked = set(wanted)
+    seen: set[str] = set()
+    for name, size, _ in listing:
+        if name not in asked:
+            raise FetchError(f"the fetch pod listed {name!r}, which was not asked for "
+                             f"(asked: {', '.join(sorted(asked))}): nothing was written")
+        if name in seen:
+            raise FetchError(f"the fetch pod listed {name!r} twice: nothing was written")
+        seen.add(name)
+        check_name(name)
+        if size < 0 or size > max_bytes:
+            raise FetchError(f"the fetch pod listed {name!r} at {size} bytes, more than the "
+                             f"{max_bytes} a fetch takes: nothing was written")
+    return listing
+
+
+def target_path(dest: str | os.PathLike[str], name: str) -> Path:
+    """Where ``name`` is written under ``dest``, or FetchError naming it: the name is checked again
+    (whatever its size), and the path with every symlink already in ``dest`` resolved (the parents
+    and the file itself) must lie inside the resolved ``dest``. The path returned is the resolved
+    parent joined with the file's own name (an existing file or link there is replaced, not followed)."""
+    check_name(name)
+
+    def resolved(path: Path) -> Path:
+        try:
+            return Path(os.path.realpath(path, strict=True))
+        except FileNotFoundError:  # not there yet, or a link to nothing: resolved as far as it goes
+            return Path(os.path.realpath(path))
+        except OSError as exc:  # a link loop
+            raise FetchError(f"cannot write {name!r}: {exc}") from None
+
+    root = Path(os.path.realpath(dest))
+    parent = resolved(root.joinpath(*name.split("/")[:-1]))
+    final = resolved(parent / name.split("/")[-1])
+    for path in (parent, final):
+        if path != root and not path.is_relative_to(root):
+            raise FetchError(f"cannot write {name!r}: {path} is outside {root} (a symlink in the "
+                             "destination points out of it): nothing was written")
+    if final == root:
+        raise FetchError(f"cannot write {name!r}: it is the destination itself")
+    return parent / name.split("/")[-1]
 
 
 def assemble(name: str, size: int, digest: str, read_chunk: Any) -> bytes:
     """The file from its chunks (``read_chunk(index)`` -> bytes), each checked for length and read
-    again when short, the whole checked against ``digest``; FetchError when it cannot be had whole."""
+    again when short (a longer one is refused: it is not what the listing said), the whole checked
+    against ``digest``; FetchError when it cannot be had whole."""
     data = bytearray()
     for index in range((size + CHUNK_BYTES - 1) // CHUNK_BYTES):
         want = min(CHUNK_BYTES, size - index * CHUNK_BYTES)
         for _ in range(CHUNK_TRIES):
             chunk = read_chunk(index)
+            if len(chunk) > want:
+                raise FetchError(f"{name}: chunk {index} came back with {len(chunk)} bytes, more than the "
+                                 f"{want} the listing says (the file changed, or the pod is not telling "
+                                 "the truth); fetch again")
             if len(chunk) == want:
                 break
         else:
@@ -222,12 +298,59 @@ def decode_chunk(encoded: bytes) -> bytes:
         return b""
 
 
+def _make_dirs(root: Path, name: str) -> None:
+    """The directories of ``name`` under ``root``, each made as a real directory (never through a link)."""
+    here = root
+    for part in name.split("/")[:-1]:
+        here = here / part
+        try:
+            here.mkdir()
+        except FileExistsError:
+            pass
+        if here.is_symlink() or not here.is_dir():
+            target_path(root, name)  # a link that stays inside is fine; one that leads out is refused
+            if not here.is_dir():
+                raise FetchError(f"cannot write {name!r}: {here} is not a directory")
+
+
 def save(dest: Path, name: str, data: bytes) -> Path:
-    """Write a fetched file under ``dest`` (names were checked: nothing lands outside it)."""
-    path = dest / name
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)
-    return path
+    """Write a fetched file under ``dest``: the name checked and resolved again (target_path), into a
+    new file in the resolved directory (O_EXCL, O_NOFOLLOW) that then replaces the file's name, so
+    neither a link nor a hard link already there is written through. FetchError names what it refused."""
+    root = Path(os.path.realpath(dest))
+    target_path(root, name)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        _make_dirs(root, name)
+        path = target_path(root, name)
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.part"
+        flags = (os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+                 | getattr(os, "O_BINARY", 0) | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(tmp, flags, 0o666)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                out.write(data)
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+    except OSError as exc:
+        raise FetchError(f"cannot write {name!r} under {dest}: {exc}") from exc
+    return Path(dest).joinpath(*name.split("/"))
+
+
+def collect(dest: str | os.PathLike[str], wanted: list[str], listing_text: bytes,
+            read_chunk: Any) -> list[Path]:
+    """fetch's local half: the pod's listing checked (check_listing) and every target path checked
+    (target_path) before anything is read or written, then each file assembled from
+    ``read_chunk(name, index)`` and saved. An empty list when none of ``wanted`` is there."""
+    _check_names(wanted)
+    listing = check_listing(wanted, parse_listing(listing_text))
+    for fname, _, _ in listing:
+        target_path(dest, fname)
+    return [save(Path(dest), fname,
+                 assemble(fname, size, digest, lambda index, f=fname: read_chunk(f, index)))
+            for fname, size, digest in listing]
 
 
 # ----------------------------------------------------------------------------- credentials
@@ -275,7 +398,8 @@ class _Reporter:
             # Without ipywidgets, tqdm.auto falls back to the text bar with a warning; the text bar is fine.
             warnings.simplefilter("ignore")
             from tqdm.auto import tqdm
-        return tqdm(total=total, unit=unit, desc=self.name, file=self.file, dynamic_ncols=True, leave=True)
+        return tqdm(total=total, unit=unit, desc=terminal_text(self.name), file=self.file, dynamic_ncols=True,
+                    leave=True)
 
     def update(self, status: dict[str, Any]) -> None:
         if self.enabled:
@@ -295,6 +419,7 @@ class _Reporter:
         self.last = status
 
     def write(self, text: str) -> None:
+        text = terminal_text(text)  # the status message is the cluster's text
         if self.bar is not None:
             self.bar.write(text, file=self.file)
         else:
@@ -305,7 +430,7 @@ class _Reporter:
             self.bar.close()
             self.bar = None
         if self.enabled and status is not None:
-            print(final_line(self.name, status), file=self.file or sys.stdout, flush=True)
+            print(terminal_text(final_line(self.name, status)), file=self.file or sys.stdout, flush=True)
 
 
 # ----------------------------------------------------------------------------- the client
@@ -441,7 +566,7 @@ class PetsTrainingClient:
                 if left is not None and left <= 0:
                     raise WaitTimeoutError(
                         f"{name} is still {status.get('phase') or 'without status'} after {timeout:g} s"
-                        + (f": {status['message']}" if status.get("message") else ""), status)
+                        + (f": {terminal_text(status['message'])}" if status.get("message") else ""), status)
                 chunk = WATCH_CHUNK_S if left is None else max(1, min(WATCH_CHUNK_S, int(left + 0.999)))
                 w = watch.Watch()
                 try:
@@ -546,7 +671,9 @@ class PetsTrainingClient:
         training's image mounts the claim read-only, the files come back through the exec API in checked
         chunks (sizes and sha256 first: the client's exec stream can drop frames of a large output), and
         the pod is deleted. With the default emptyDir output the files went with the pods: FetchError.
-        ``timeout`` bounds the wait for that pod to start.
+        ``timeout`` bounds the wait for that pod to start. The pod runs the training's image, so what it
+        sends is checked before anything is written (collect): only the names asked for, each once,
+        each resolved inside ``dest``, no more bytes than listed; FetchError names a refused entry.
         """
         training = self.get(name)
         output = (training.get("spec") or {}).get("output") or {"emptyDir": {}}
@@ -563,15 +690,14 @@ class PetsTrainingClient:
         pod_name = pod.metadata.name
         try:
             self._wait_pod_running(pod_name, timeout)
-            listing = parse_listing(self._exec_bytes(pod_name, list_command(wanted)))
-            if not listing:
+            listing = self._exec_bytes(pod_name, list_command(wanted), listing_limit(wanted))
+            got = collect(dest, wanted, listing,
+                          lambda f, index: decode_chunk(self._exec_bytes(pod_name, chunk_command(f, index),
+                                                                         _CHUNK_OUTPUT_BYTES)))
+            if not got:
                 raise FetchError(f"none of {', '.join(wanted)} are in {name}'s output volume yet "
                                  "(the training has not written them)")
-            dest_dir = Path(dest)
-            return [save(dest_dir, fname, assemble(
-                fname, size, digest,
-                lambda index, f=fname: decode_chunk(self._exec_bytes(pod_name, chunk_command(f, index)))))
-                for fname, size, digest in listing]
+            return got
         finally:
             from kubernetes.client.exceptions import ApiException
 
@@ -588,7 +714,8 @@ class PetsTrainingClient:
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise FetchError(f"the fetch pod {pod} did not start within {timeout:g} s ({last}); "
+                raise FetchError(f"the fetch pod {pod} did not start within {timeout:g} s "
+                                 f"({terminal_text(last)}); "
                                  f"see `kubectl -n {self.namespace} describe pod {pod}`")
             w = watch.Watch()
             for event in w.stream(self.core.list_namespaced_pod, self.namespace,
@@ -603,7 +730,7 @@ class PetsTrainingClient:
                         if s.state.waiting.reason in ("ErrImagePull", "ImagePullBackOff", "InvalidImageName",
                                                       "ErrImageNeverPull", "CreateContainerConfigError"):
                             w.stop()
-                            raise FetchError(f"the fetch pod {pod} cannot start: {last}")
+                            raise FetchError(f"the fetch pod {pod} cannot start: {terminal_text(last)}")
                 for c in (got.status.conditions or []) if got.status else []:
                     if c.type == "PodScheduled" and c.status == "False" and c.message:
                         last = f"{c.reason}: {c.message}"
@@ -614,7 +741,9 @@ class PetsTrainingClient:
                     w.stop()
                     raise FetchError(f"the fetch pod {pod} ended ({phase}) before it could copy anything")
 
-    def _exec_bytes(self, pod: str, command: builtins.list[str]) -> bytes:
+    def _exec_bytes(self, pod: str, command: builtins.list[str], limit: int) -> bytes:
+        """The stdout of ``command`` in the fetch pod; FetchError when it goes past ``limit`` bytes (the
+        pod's image is the training's: what it prints is not trusted) or the command fails."""
         from kubernetes.stream import stream
 
         resp = self._call("exec in the fetch pod", stream, self.core.connect_get_namespaced_pod_exec, pod,
@@ -622,21 +751,26 @@ class PetsTrainingClient:
                           stderr=True, tty=False, binary=True, _preload_content=False)
         out, err = io.BytesIO(), io.BytesIO()
         try:
+            def keep(stdout: bytes | None, stderr: bytes | None) -> None:
+                out.write(stdout or b"")
+                if err.tell() < _STDERR_KEPT_BYTES:
+                    err.write((stderr or b"")[:_STDERR_KEPT_BYTES - err.tell()])
+                if out.tell() > limit:
+                    raise FetchError(f"the fetch pod sent more than the {limit} bytes its command can "
+                                     "print: refused (it runs the training's image: is that the trainer?)")
+
             while resp.is_open():
                 resp.update(timeout=5)
-                if resp.peek_stdout():
-                    out.write(resp.read_stdout())
-                if resp.peek_stderr():
-                    err.write(resp.read_stderr())
+                keep(resp.read_stdout() if resp.peek_stdout() else None,
+                     resp.read_stderr() if resp.peek_stderr() else None)
             # what arrived with the last frames, after the stream closed
-            out.write(resp.read_stdout(timeout=0) or b"")
-            err.write(resp.read_stderr(timeout=0) or b"")
+            keep(resp.read_stdout(timeout=0), resp.read_stderr(timeout=0))
             code = resp.returncode
         finally:
             resp.close()
         if code:
             raise FetchError(f"reading the outputs failed (exit {code}): "
-                             f"{err.getvalue().decode(errors='replace').strip()}")
+                             f"{terminal_text(err.getvalue().decode(errors='replace').strip())}")
         return out.getvalue()
 
     def plot(self, name: str, out: str | os.PathLike[str]) -> Path:
@@ -647,5 +781,5 @@ class PetsTrainingClient:
             got = self.fetch(name, tmp, files=["progress.jsonl"])
             if not got:
                 raise FetchError(f"{name} has no progress.jsonl yet")
-            records = read_progress(got[0].read_text())
+            records = read_progress(got[0].read_text(errors="replace"))
         return plot_progress(records, Path(out), title=name)

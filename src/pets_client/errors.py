@@ -3,7 +3,22 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
+
+# What a terminal acts on rather than shows: ESC sequences (CSI ``ESC [ ... final``; the string
+# sequences OSC, DCS, SOS, PM and APC up to their terminator BEL or ``ESC \\``, or to the end of the
+# text; any other ``ESC x``), then the C0 controls but newline and tab, DEL and the C1 controls.
+_ESC_SEQUENCE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]?|[\]PX^_][^\x07\x1b]*(?:\x07|\x1b\\)?|.?)", re.DOTALL)
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def terminal_text(text: object) -> str:
+    """``text`` without what a terminal would act on instead of printing: ESC sequences (colours,
+    cursor moves, window titles, OSC 8 links...), C0 controls but newline and tab (so no carriage
+    return that overwrites a line, no backspace, no bell), DEL and the C1 controls. For text that comes
+    from the cluster (status messages, conditions, Events, a pod's stderr) before the CLI prints it."""
+    return _CONTROL.sub("", _ESC_SEQUENCE.sub("", str(text)))
 
 
 class PetsClientError(Exception):
