@@ -118,6 +118,35 @@ def split_indices(n: int, seed: int, train_fraction: float) -> tuple[list[int], 
     return perm[:cut].tolist(), perm[cut:].tolist()
 
 
+def check_fits_world(n_train: int, n_eval: int, world_size: int, batch_size: int, train_fraction: float,
+                     where: str) -> None:
+    """Every process needs real samples: one training batch and one evaluation image at least. With fewer,
+    accelerate fills the gap by repeating samples (even_batches), and an accuracy over repeats of one
+    image, or of none, is not a measurement. Raises DataError (exit 78) with the numbers and the
+    smallest set that works."""
+    if n_eval >= world_size and n_train > (world_size - 1) * batch_size:
+        return
+    smallest = smallest_set_for_world(world_size, batch_size, train_fraction)
+    raise DataError(
+        f"data ({where}): {n_train + n_eval} images, split {n_train} for training and {n_eval} for "
+        f"evaluation (train_fraction {train_fraction}); {world_size} processes with batch_size {batch_size} "
+        f"need at least {(world_size - 1) * batch_size + 1} training images (one batch each) and "
+        f"{world_size} evaluation images (one each). The smallest set that works has {smallest} images; "
+        "or use fewer processes (replicas x processesPerReplica) or a smaller batch_size"
+    )
+
+
+def smallest_set_for_world(world_size: int, batch_size: int, train_fraction: float) -> int:
+    """The fewest images whose split (split_indices) gives every one of world_size processes a training
+    batch and an evaluation image."""
+    n = 2
+    while True:
+        cut = int(train_fraction * n)
+        if n - cut >= world_size and cut > (world_size - 1) * batch_size:
+            return n
+        n += 1
+
+
 # ------------------------------------------------------------------ the synthetic set
 
 

@@ -34,7 +34,7 @@ from .checkpoint import (
 )
 from .config import TrainConfig, resolve, to_yaml
 from .contract import PodContract, ProcessContext
-from .data import EpochShuffleSampler, PetsData, build_data
+from .data import EpochShuffleSampler, PetsData, build_data, check_fits_world
 from .model import create_model, inner_model, resolve_precision, trainable_module
 from .progress import (
     PLOT_FILE,
@@ -239,6 +239,8 @@ def setup(cfg: TrainConfig, pod: PodContract, process: ProcessContext) -> Traini
         cfg.fast_decode,
     )
     log.info("data %s; %d for training, %d for evaluation", data.source, len(data.train), len(data.eval))
+    check_fits_world(len(data.train), len(data.eval), accelerator.num_processes, cfg.batch_size,
+                     cfg.train_fraction, data.source)
 
     model = create_model(cfg.model, data.num_classes, cfg.pretrained, cfg.weights, cfg.pretrained_cache)
     module = trainable_module(model, cfg.unfreeze)
