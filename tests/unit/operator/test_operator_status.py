@@ -134,6 +134,53 @@ def test_failure_restarts_the_gang_then_fails() -> None:
     assert any(e.type == "Warning" and e.reason == api.FAILED for e in final.events)
 
 
+def pending_pod(index: int, attempt: int) -> dict[str, Any]:
+    job_name = "pets" if attempt == 0 else f"pets-r{attempt}"
+    labels = {"job-name": job_name, "batch.kubernetes.io/job-completion-index": str(index)}
+    return {"metadata": {"name": f"{job_name}-{index}-x", "creationTimestamp": "2026-01-02T03:00:00Z",
+                         "labels": labels},
+            "spec": {"nodeName": "node-a", "containers": [{"name": "trainer", "image": "img:1"}]},
+            "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "True"}],
+                       "containerStatuses": [{"name": "trainer", "image": "img:1",
+                                              "state": {"waiting": {"reason": "ContainerCreating"}}}]}}
+
+
+def test_the_phase_says_restarting_from_the_gang_restart_until_the_new_gang_runs() -> None:
+    """Every round between a gang restart and the new attempt's pods running says Restarting (never
+    Pending: that reads as a training that never started), then Running."""
+    failed = job([{"type": "Failed", "reason": "BackoffLimitExceeded", "message": "pod failed"}])
+    p = run(body({"phase": api.RUNNING}, replicas=2, maxRestarts=2), failed)
+    rounds = [(p.status["phase"], cond(p, "Progressing")["reason"])]
+    p = run(body(p.status, replicas=2, maxRestarts=2), None, stale=[failed])  # the old Job still goes
+    rounds.append((p.status["phase"], cond(p, "Progressing")["reason"]))
+    p = run(body(p.status, replicas=2, maxRestarts=2), None)  # gone: attempt 1 is created
+    assert [m["metadata"]["name"] for m in p.create] == ["pets-r1"]
+    rounds.append((p.status["phase"], cond(p, "Progressing")["reason"]))
+    p = run(body(p.status, replicas=2, maxRestarts=2), job(attempt=1))  # created, no pod yet
+    rounds.append((p.status["phase"], cond(p, "Progressing")["reason"]))
+    p = run(body(p.status, replicas=2, maxRestarts=2), job(attempt=1, active=2),
+            pods=[pending_pod(0, 1), pending_pod(1, 1)])  # its pods wait for their containers
+    rounds.append((p.status["phase"], cond(p, "Progressing")["reason"]))
+    p = run(body(p.status, replicas=2, maxRestarts=2), job(attempt=1, active=2, ready=2))
+    rounds.append((p.status["phase"], cond(p, "Progressing")["reason"]))
+    assert rounds == [
+        (api.RESTARTING, "GangRestart"),
+        (api.RESTARTING, "WaitingForOldAttempt"),
+        (api.RESTARTING, "Created"),
+        (api.RESTARTING, "WaitingForPods"),
+        (api.RESTARTING, "ContainerCreating"),
+        (api.RUNNING, "PodsRunning"),
+    ]
+    assert p.status["restarts"] == 1 and p.status["attempt"] == 1
+
+
+def test_an_edit_during_a_restart_rebuilds_and_still_says_restarting() -> None:
+    p = run(body({"phase": api.RESTARTING, "restarts": 1, "attempt": 1}, replicas=2, epochs=9),
+            job(attempt=1), built_from={"replicas": 2})
+    assert cond(p, "Progressing")["reason"] == "Rebuilding"
+    assert p.status["phase"] == api.RESTARTING
+
+
 def test_finished_is_terminal() -> None:
     p = run(body({"phase": api.SUCCEEDED, "completionTime": "2026-01-02T03:00:00Z"}), None)
     assert p.create == [] and p.status["phase"] == api.SUCCEEDED
