@@ -36,7 +36,7 @@ from .errors import (
     server_error,
     terminal_text,
 )
-from .progress import bar_state, final_line, phase_line
+from .progress import BarState, bar_state, final_line, phase_line
 
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 WATCH_CHUNK_S = 300  # one watch request at most this long; then it resumes from the last resourceVersion
@@ -393,13 +393,18 @@ class _Reporter:
         self.bar: Any = None
         self.last: dict[str, Any] | None = None
 
-    def _new_bar(self, total: int, unit: str) -> Any:
+    def _new_bar(self, state: BarState) -> Any:
         with warnings.catch_warnings():
             # Without ipywidgets, tqdm.auto falls back to the text bar with a warning; the text bar is fine.
             warnings.simplefilter("ignore")
             from tqdm.auto import tqdm
-        return tqdm(total=total, unit=unit, desc=terminal_text(self.name), file=self.file, dynamic_ncols=True,
-                    leave=True)
+        # `initial`: the steps done before the bar appeared (a late watch, a resumed run) are not counted
+        # in its rate, which then comes from the steps seen while it runs.
+        return tqdm(total=state.total, initial=state.n, unit=state.unit, desc=self._desc(state),
+                    file=self.file, dynamic_ncols=True, leave=True)
+
+    def _desc(self, state: BarState) -> str:
+        return terminal_text(f"{self.name} {state.desc}".strip())
 
     def update(self, status: dict[str, Any]) -> None:
         if self.enabled:
@@ -409,11 +414,12 @@ class _Reporter:
             state = bar_state(status)
             if state.total is not None:
                 if self.bar is None:
-                    self.bar = self._new_bar(state.total, state.unit)
-                elif self.bar.total != state.total or self.bar.unit != state.unit:
-                    self.bar.reset(total=state.total)
-                    self.bar.unit = state.unit
-                self.bar.n = state.n
+                    self.bar = self._new_bar(state)
+                elif state.n >= self.bar.n:
+                    self.bar.update(state.n - self.bar.n)
+                else:  # a gang restart resumed from an earlier checkpoint: back, without a rate from it
+                    self.bar.n = self.bar.last_print_n = state.n
+                self.bar.set_description_str(self._desc(state), refresh=False)
                 self.bar.set_postfix(state.postfix, refresh=False)
                 self.bar.refresh()
         self.last = status

@@ -11,12 +11,14 @@ from typing import Any
 
 @dataclass(frozen=True)
 class BarState:
-    """Where the progress bar stands: ``n`` of ``total`` ``unit``s, with the latest metrics."""
+    """Where the progress bar stands: ``n`` of ``total`` ``unit``s, with the latest metrics and the epoch
+    in its description."""
 
     n: int
     total: int | None
     unit: str
     postfix: dict[str, str] = field(default_factory=dict)
+    desc: str = ""
 
 
 def _int(value: Any) -> int | None:
@@ -49,17 +51,21 @@ def postfix(status: dict[str, Any]) -> dict[str, str]:
 
 
 def bar_state(status: dict[str, Any]) -> BarState:
-    """Steps (``step``/``stepsTotal``) when the operator reports them, else epochs
-    (``epoch``/``totalEpochs``), else an empty bar of unknown length."""
+    """One bar, one unit: optimizer steps over the whole run (``step``/``stepsTotal``), the epoch in its
+    description, and 100 % once the training has Succeeded (the last scrape may predate the last step).
+    No total until the operator has reported ``stepsTotal``: a bar of epochs first and steps later would
+    switch units and restart its total."""
+    epochs = _int(status.get("totalEpochs"))
+    epoch = max(_int(status.get("epoch")) or 0, 0)
+    succeeded = status.get("phase") == "Succeeded"
+    desc = ""
+    if epochs and epochs > 0:
+        desc = f"epoch {epochs if succeeded else min(epoch + 1, epochs)}/{epochs}"
     steps_total = _int(status.get("stepsTotal"))
-    if steps_total:
-        n = min(max(_int(status.get("step")) or 0, 0), steps_total)
-        return BarState(n, steps_total, "step", postfix(status))
-    total_epochs = _int(status.get("totalEpochs"))
-    if total_epochs:
-        n = min(max(_int(status.get("epoch")) or 0, 0), total_epochs)
-        return BarState(n, total_epochs, "epoch", postfix(status))
-    return BarState(0, None, "step", postfix(status))
+    if not steps_total or steps_total < 0:
+        return BarState(0, None, "step", postfix(status), desc)
+    n = steps_total if succeeded else min(max(_int(status.get("step")) or 0, 0), steps_total)
+    return BarState(n, steps_total, "step", postfix(status), desc)
 
 
 def phase_line(name: str, old: dict[str, Any] | None, new: dict[str, Any]) -> str | None:

@@ -214,14 +214,17 @@ def test_a_short_chunk_is_read_again_and_a_wrong_digest_refused() -> None:
 def test_bar_counts_steps_when_reported() -> None:
     status = {"phase": "Running", "epoch": 1, "totalEpochs": 2, "step": 7, "stepsTotal": 20,
               "trainLoss": 1.23456, "evalAccuracy": 0.8125, "imagesPerSecond": 123.456}
-    assert bar_state(status) == BarState(7, 20, "step", {"loss": "1.2346", "acc": "81.2%", "img/s": "123.5"})
+    assert bar_state(status) == BarState(7, 20, "step", {"loss": "1.2346", "acc": "81.2%", "img/s": "123.5"},
+                                         "epoch 2/2")
 
 
-def test_bar_falls_back_to_epochs_then_to_nothing() -> None:
-    assert bar_state({"epoch": 1, "totalEpochs": 5, "trainLoss": 2.0}) == BarState(1, 5, "epoch",
-                                                                                  {"loss": "2.0000"})
+def test_bar_has_no_total_before_steps_are_reported_and_is_full_at_succeeded() -> None:
+    assert bar_state({"epoch": 1, "totalEpochs": 5, "trainLoss": 2.0}) == \
+        BarState(0, None, "step", {"loss": "2.0000"}, "epoch 2/5")
     assert bar_state({"phase": "Pending"}) == BarState(0, None, "step", {})
     assert bar_state({"step": 30, "stepsTotal": 20}).n == 20
+    done = bar_state({"phase": "Succeeded", "epoch": 3, "totalEpochs": 3, "step": 4, "stepsTotal": 6})
+    assert (done.n, done.total, done.desc) == (6, 6, "epoch 3/3")
     assert postfix({"trainLoss": "nan?", "evalAccuracy": None, "imagesPerSecond": True}) == {}
 
 
