@@ -27,7 +27,7 @@ CONFIG_REASONS = {"CreateContainerConfigError", "CreateContainerError", "RunCont
 DISRUPTION_REASONS = {"Evicted", "Preempted", "NodeLost", "Shutdown", "Terminated", "NodeShutdown"}
 
 # Worst first: a user error that waiting cannot fix, then what may resolve itself.
-SEVERITY = ["ImagePullFailed", "ContainerConfigError", "VolumeNotReady", "Unschedulable",
+SEVERITY = ["PodCreateRefused", "ImagePullFailed", "ContainerConfigError", "VolumeNotReady", "Unschedulable",
             "ContainerCreating", "WaitingForPods"]
 LOG_TAIL_LINES = 20
 _CLAIM = re.compile(r'persistentvolumeclaim "([^"]+)"')
@@ -127,6 +127,44 @@ def waiting_reason(pod: dict[str, Any], events: list[dict[str, Any]] | None = No
     if scheduled and scheduled.get("status") == "True":
         return Waiting("ContainerCreating", "containers are being created")
     return Waiting("WaitingForPods", "waiting to be scheduled")
+
+
+# Why the API server refuses a pod the Job controller creates (its FailedCreate Event's message), and
+# whether time can fix it: (pattern, what it is, what to do).
+_REFUSALS: list[tuple[re.Pattern[str], str, str]] = [
+    (re.compile(r"exceeded quota"), "a ResourceQuota of the namespace is exhausted",
+     "the Job controller retries, and the pods start once the quota's usage drops or the quota is raised"),
+    (re.compile(r"violates PodSecurity"), "the namespace's Pod Security level forbids the pod",
+     "a person must change the training (for example its dataset volume) or the namespace's level"),
+    (re.compile(r"service ?account", re.I),
+     "spec.serviceAccountName names a ServiceAccount that does not exist",
+     "a person must create it or change spec.serviceAccountName"),
+    (re.compile(r"PriorityClass", re.I),
+     "spec.priorityClassName names a PriorityClass that does not exist",
+     "a person must create it or change spec.priorityClassName"),
+    (re.compile(r"(maximum|minimum) .* usage per|LimitRange|must be less than or equal to .* limit", re.I),
+     "a LimitRange of the namespace refuses the pod's resources",
+     "a person must change spec.resources or the LimitRange"),
+    (re.compile(r"admission webhook", re.I), "an admission webhook refuses the pod",
+     "a person must satisfy or change the webhook's policy"),
+]
+
+
+def create_refused(workload_events: list[dict[str, Any]]) -> Waiting | None:
+    """Why the API server refuses the workload's pods, from its newest FailedCreate Event (the Job
+    controller's; the pods never exist, so nothing else says it), or None. The message says how many
+    creates were refused, what the server said, and whether waiting can fix it."""
+    refused = [ev for ev in workload_events if ev.get("reason") == "FailedCreate"]
+    if not refused:
+        return None
+    newest = max(refused, key=lambda ev: str(ev.get("lastTimestamp") or ev.get("eventTime")
+                                               or (ev.get("metadata") or {}).get("creationTimestamp") or ""))
+    said = str(newest.get("message") or "").removeprefix("Error creating: ")
+    count = sum(int((ev.get("series") or {}).get("count") or ev.get("count") or 1) for ev in refused)
+    what, todo = next(((w, t) for pattern, w, t in _REFUSALS if pattern.search(said)),
+                      ("the API server refuses the pod", "read the message: a person may need to act"))
+    return Waiting("PodCreateRefused",
+                   f"{count} pod create(s) refused: {what}; {todo}. The API server said: {said}")
 
 
 def creating(pod: dict[str, Any]) -> bool:

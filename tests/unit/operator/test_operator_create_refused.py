@@ -1,0 +1,60 @@
+"""Pods the Job controller is not allowed to create: their only trace is the Job's FailedCreate Events
+(issue 21). The messages are the API server's own, as the Job controller records them."""
+
+from __future__ import annotations
+
+import pytest
+from pets_operator.pods import SEVERITY, create_refused
+
+pytestmark = pytest.mark.unit
+
+POD = 'pods "pets-0-abcde" is forbidden: '
+CASES = [
+    (POD + "exceeded quota: tiny, requested: requests.cpu=500m, used: requests.cpu=0, "
+     "limited: requests.cpu=200m",
+     "ResourceQuota", "quota's usage drops"),
+    (POD + 'violates PodSecurity "restricted:latest": restricted volume types (volume "data" uses restricted '
+     'volume type "hostPath")', "Pod Security", "a person must"),
+    (POD + 'error looking up service account default/nope: serviceaccount "nope" not found',
+     "spec.serviceAccountName", "a person must"),
+    (POD + "no PriorityClass with name nope was found", "spec.priorityClassName", "a person must"),
+    (POD + "maximum cpu usage per Container is 500m, but limit is 900m", "LimitRange", "a person must"),
+    ('admission webhook "deny.example.com" denied the request: trainings need a team label', "webhook",
+     "a person must"),
+]
+
+
+def failed_create(message: str, count: int = 1, at: str = "2026-11-24T10:00:00Z") -> dict[str, object]:
+    return {"type": "Warning", "reason": "FailedCreate", "message": f"Error creating: {message}",
+            "count": count, "lastTimestamp": at, "involvedObject": {"kind": "Job", "name": "pets-0"}}
+
+
+@pytest.mark.parametrize("message, what, todo", CASES)
+def test_each_refusal_names_its_cause_whether_waiting_helps_and_the_servers_words(message: str, what: str,
+                                                                                  todo: str) -> None:
+    waiting = create_refused([failed_create(message, count=3)])
+    assert waiting is not None and waiting.reason == "PodCreateRefused"
+    assert waiting.message.startswith("3 pod create(s) refused: ")
+    assert what in waiting.message and todo in waiting.message
+    assert waiting.message.endswith("The API server said: " + message)
+
+
+def test_only_quota_is_said_to_resolve_by_waiting() -> None:
+    texts = [create_refused([failed_create(m)]).message for m, _, _ in CASES]  # type: ignore[union-attr]
+    assert ["drops" in t for t in texts] == [True] + [False] * (len(CASES) - 1)
+
+
+def test_the_newest_refusal_is_shown_and_every_refused_create_is_counted() -> None:
+    events = [failed_create(CASES[0][0], count=4, at="2026-11-24T10:00:00Z"),
+              failed_create(CASES[2][0], count=2, at="2026-11-24T10:05:00Z"),
+              {"type": "Normal", "reason": "SuccessfulCreate", "message": "Created pod: pets-0-x",
+               "count": 1}]
+    waiting = create_refused(events)
+    assert waiting is not None and "spec.serviceAccountName" in waiting.message
+    assert waiting.message.startswith("6 pod create(s) refused")
+
+
+def test_no_failed_create_means_no_refusal_and_a_refusal_is_the_worst_wait() -> None:
+    assert create_refused([]) is None
+    assert create_refused([{"reason": "SuccessfulCreate", "message": "Created pod: x"}]) is None
+    assert SEVERITY[0] == "PodCreateRefused"
