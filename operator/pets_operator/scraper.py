@@ -5,12 +5,20 @@ A pass reads each target's `http://<pod IP>:<port>/metrics` (docs/contract.md) a
 reading per training. Only a reading that differs from the one before (other gauges, or readable
 turned unreadable, or another pod) wakes that training's reconciliation, so 1000 trainings whose
 numbers stand still cost 1000 GETs to the pods per pass and nothing to the API server.
+
+Nothing a pod sends can hurt the operator: a read follows no redirect, asks for and accepts only an
+uncompressed body (no gzip bomb), takes at most `BODY_CAP` bytes within `timeout`, and keeps no cookies;
+the numbers are checked (`progress.check_progress`) before they can reach a status. A failed read's error
+names the kind of failure (`redirect refused`, `HTTP status 500`, `response over 256 KiB`,
+`value out of range: imagesPerSecond`) and never quotes what the pod sent, since it goes into the
+training's conditions and Events.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
@@ -18,9 +26,20 @@ from dataclasses import dataclass
 import aiohttp
 
 from pets_operator import metrics
-from pets_operator.progress import parse_progress
+from pets_operator.progress import ProgressError, parse_progress
 
 log = logging.getLogger(__name__)
+
+# The trainer's endpoint with every gauge set (pets_training.progress.MetricsServer, all of GAUGES) is
+# 1272 bytes, 30 lines (measured 2026-11-24): 256 KiB is 200 times that, and bounds both the memory a
+# read takes and the parse (which runs on the event loop; see progress.py).
+BODY_CAP = 256 * 1024
+OVER_CAP = f"response over {BODY_CAP // 1024} KiB"
+REQUEST_HEADERS = {"Accept-Encoding": "identity", "Accept": "text/plain"}
+
+
+class Refused(Exception):
+    """A response the scraper does not read on; the message is the kind of refusal."""
 
 
 @dataclass(frozen=True)
@@ -57,9 +76,7 @@ class Scraper:
         self.readings.pop(key, None)
 
     async def run(self) -> None:
-        timeout = aiohttp.ClientTimeout(total=self.timeout)
-        connector = aiohttp.TCPConnector(limit=self.concurrency, force_close=True)
-        async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+        async with client_session(self.timeout, self.concurrency) as session:
             while True:
                 started = time.monotonic()
                 await self.one_pass(session)
@@ -78,11 +95,12 @@ class Scraper:
         url = f"http://{target.ip}:{self.port}/metrics"
         async with gate:
             try:
-                async with session.get(url) as resp:
-                    resp.raise_for_status()
-                    text = await resp.text(errors="replace")
-                reading = Reading(target.pod_uid, parse_progress(text) or None, None)
-            except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
+                body = await fetch(session, url, self.timeout)
+                # Parsed here, on the loop: the body is at most BODY_CAP, and only its pets_* lines (at
+                # most 16 KiB) reach the Prometheus parser, a few ms at worst (progress.py).
+                progress = parse_progress(body.decode("utf-8", "replace"))
+                reading = Reading(target.pod_uid, progress or None, None)
+            except Exception as exc:  # any failure is this training's reading, never the whole pass's
                 reading = Reading(target.pod_uid, None, f"{url}: {_describe(exc)}")
         metrics.SCRAPES.labels(result="ok" if reading.error is None else "error").inc()
         before = self.readings.get(target.key)
@@ -91,7 +109,57 @@ class Scraper:
             self.changed(target.key)
 
 
+def client_session(timeout: float, concurrency: int) -> aiohttp.ClientSession:
+    """The scraper's session: no cookie jar (a pod cannot grow the operator's memory with cookies), no
+    decompression, no proxy from the environment; `fetch` sets the per-read bounds again itself."""
+    return aiohttp.ClientSession(
+        timeout=aiohttp.ClientTimeout(total=timeout),
+        connector=aiohttp.TCPConnector(limit=concurrency, force_close=True),
+        auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar(), trust_env=False)
+
+
+async def fetch(session: aiohttp.ClientSession, url: str, timeout: float) -> bytes:
+    """The body of one GET of `url`, within `timeout` seconds: 200 only, no redirect followed, no
+    Content-Encoding but identity, at most `BODY_CAP` bytes. Anything else raises `Refused`."""
+    async with session.get(url, allow_redirects=False, auto_decompress=False, headers=REQUEST_HEADERS,
+                           timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+        if 300 <= resp.status < 400:
+            raise Refused("redirect refused")
+        if resp.status != 200:
+            raise Refused(f"HTTP status {resp.status}")
+        encodings = resp.headers.getall("Content-Encoding", [])
+        codings = {c.strip().lower() for value in encodings for c in value.split(",")}
+        if codings - {"", "identity"}:
+            raise Refused("compressed response refused")
+        if resp.content_length is not None and resp.content_length > BODY_CAP:
+            raise Refused(OVER_CAP)
+        body = bytearray()
+        while chunk := await resp.content.read(BODY_CAP + 1 - len(body)):
+            body += chunk
+            if len(body) > BODY_CAP:
+                raise Refused(OVER_CAP)  # leaving the block closes the connection: the rest is never read
+        return bytes(body)
+
+
 def _describe(exc: BaseException) -> str:
-    if isinstance(exc, TimeoutError):
+    """The kind of failure, in the operator's own words: aiohttp's and the parser's messages can quote the
+    response (a bad status line, a bad header, a bad line), and this text goes into status and Events."""
+    if isinstance(exc, Refused | ProgressError):
+        return str(exc)
+    if isinstance(exc, TimeoutError):  # aiohttp's timeouts are TimeoutErrors too
         return "timed out"
-    return str(exc) or type(exc).__name__
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return f"cannot connect: {_os_reason(exc)}"
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return "server disconnected"
+    if isinstance(exc, aiohttp.ClientPayloadError):
+        return "malformed response body"
+    if isinstance(exc, aiohttp.ClientResponseError):
+        return "malformed HTTP response"
+    if isinstance(exc, OSError):
+        return f"connection error: {_os_reason(exc)}"
+    return f"read failed ({type(exc).__name__})"
+
+
+def _os_reason(exc: OSError) -> str:
+    return os.strerror(exc.errno) if exc.errno else type(exc).__name__

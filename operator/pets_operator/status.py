@@ -91,23 +91,26 @@ def _ref(obj: dict[str, Any]) -> dict[str, Any]:
             "namespace": meta.get("namespace")}
 
 
+# metric -> (status field, type, top): a scraped value outside 0..top is refused (progress.check_progress);
+# 2**53 keeps an integer exact as a JSON number, an accuracy is a fraction.
+PROGRESS_TOP = 2**53
 PROGRESS_FIELDS = {
-    "pets_epoch": ("epoch", int),
-    "pets_total_epochs": ("totalEpochs", int),
-    "pets_train_loss": ("trainLoss", float),
-    "pets_eval_accuracy": ("evalAccuracy", float),
-    "pets_images_per_second": ("imagesPerSecond", float),
-    "pets_elapsed_seconds": ("elapsedSeconds", float),
-    "pets_eta_seconds": ("etaSeconds", float),
-    "pets_step": ("step", int),
-    "pets_steps_total": ("stepsTotal", int),
-    "pets_checkpoint_epoch": ("lastCheckpoint", int),  # becomes lastCheckpoint: {epoch, time}
+    "pets_epoch": ("epoch", int, PROGRESS_TOP),
+    "pets_total_epochs": ("totalEpochs", int, PROGRESS_TOP),
+    "pets_train_loss": ("trainLoss", float, PROGRESS_TOP),
+    "pets_eval_accuracy": ("evalAccuracy", float, 1),
+    "pets_images_per_second": ("imagesPerSecond", float, PROGRESS_TOP),
+    "pets_elapsed_seconds": ("elapsedSeconds", float, PROGRESS_TOP),
+    "pets_eta_seconds": ("etaSeconds", float, PROGRESS_TOP),
+    "pets_step": ("step", int, PROGRESS_TOP),
+    "pets_steps_total": ("stepsTotal", int, PROGRESS_TOP),
+    "pets_checkpoint_epoch": ("lastCheckpoint", int, PROGRESS_TOP),  # becomes lastCheckpoint: {epoch, time}
 }
 
 
 def _mirror_progress(status: dict[str, Any], progress: dict[str, float], now: datetime) -> None:
     changed = False
-    for metric, (key, kind) in PROGRESS_FIELDS.items():
+    for metric, (key, kind, _top) in PROGRESS_FIELDS.items():
         if metric not in progress:
             continue
         value = kind(round(progress[metric], 6))
