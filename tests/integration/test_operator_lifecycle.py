@@ -203,7 +203,15 @@ def test_failure_restarts_the_gang_up_to_max_restarts(admin: client.ApiClient, o
     assert second.metadata.uid != first.metadata.uid
     st = get_training(admin, namespace, "pets")["status"]  # type: ignore[index]
     assert st["restarts"] == 1 and st["children"]["job"] == "pets-r1"
-    assert st["phase"] in (api.RESTARTING, api.PENDING)
+    assert st["phase"] == api.RESTARTING  # every round from the failure to Running says so (no pod runs here)
+
+    def attempt_1_seen() -> dict[str, Any] | None:  # a round after the one that created pets-r1
+        got = (get_training(admin, namespace, "pets") or {}).get("status") or {}
+        progressing = next((c for c in got.get("conditions") or [] if c["type"] == "Progressing"), {})
+        return got if progressing.get("reason") == "WaitingForPods" else None
+
+    st = wait_for("the operator to see pets-r1 waiting for its pods", attempt_1_seen)
+    assert st["phase"] == api.RESTARTING
     env = {e.name: e.value for e in second.spec.template.spec.containers[0].env}
     assert env["PETS_MAIN_ADDR"].startswith("pets-r1-0.pets.")
     # Out of restarts: Failed, and nothing new is created.
