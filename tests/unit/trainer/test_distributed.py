@@ -57,7 +57,7 @@ def test_two_process_accelerate_launch_learns_the_easy_set(tmp_path: Path) -> No
     output, seconds = run(cmd, timeout=280)
     summary = read_json(out / "summary.json")
     print(f"\n2-process accelerate launch: accuracy {summary['final_accuracy']:.4f} in {seconds:.1f} s wall")
-    assert seconds < 180
+    # No wall-clock assertion: on a busy machine it fails a correct run; timeout(300) bounds a hang.
     assert summary["status"] == "succeeded" and summary["world_size"] == 2
     assert summary["final_accuracy"] >= 0.90, output[-3000:]
     assert read_json(tmp_path / "termination-log") == summary

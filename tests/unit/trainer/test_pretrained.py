@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -39,16 +38,12 @@ def _hub_env(tmp_path: Path, endpoint: str) -> dict[str, str]:
     return {**env, "HF_ENDPOINT": endpoint, "HF_HUB_CACHE": str(tmp_path / "empty-hub-cache")}
 
 
-def _pets_train(
-    args: list[str], tmp_path: Path, env: dict[str, str]
-) -> tuple[subprocess.CompletedProcess[str], float]:
-    start = time.monotonic()
-    proc = subprocess.run(
+def _pets_train(args: list[str], tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
         [str(BIN / "pets-train"), *args, "--output-dir", str(tmp_path / "out"),
          "--summary-path", str(tmp_path / "termination-log")],
         env=env, capture_output=True, text=True, timeout=240,
     )  # fmt: skip
-    return proc, time.monotonic() - start
 
 
 def test_the_recipe_model_loads_timm_resnet50d_ra2_in1k_model_safetensors() -> None:
@@ -58,13 +53,12 @@ def test_the_recipe_model_loads_timm_resnet50d_ra2_in1k_model_safetensors() -> N
     )
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(120)  # the bound on a hang; "no retries" is asserted below, not timed
 def test_an_unreachable_hub_fails_at_once_saying_what_to_do(tmp_path: Path) -> None:
-    """The defaults (pretrained resnet50d from the hub) where the hub cannot be reached: exit 78 in
-    seconds, not after minutes of retries, with the three ways out in the termination summary."""
-    proc, seconds = _pets_train(TINY_DATA, tmp_path, _hub_env(tmp_path, f"http://127.0.0.1:{closed_port()}"))
+    """The defaults (pretrained resnet50d from the hub) where the hub cannot be reached: exit 78 after one
+    request, not after minutes of retries, with the three ways out in the termination summary."""
+    proc = _pets_train(TINY_DATA, tmp_path, _hub_env(tmp_path, f"http://127.0.0.1:{closed_port()}"))
     assert proc.returncode == 78, proc.stderr[-3000:]
-    assert seconds < 30, f"took {seconds:.1f} s"
     error = read_json(tmp_path / "termination-log")["error"]
     assert "\n" not in error
     assert error.startswith("pretrained: cannot reach the Hugging Face hub (http://127.0.0.1:")
@@ -108,7 +102,7 @@ def test_a_hub_cache_loads_its_exact_weights_without_a_network_call(
     try:
         args = [*TINY_DATA, "--pretrained-cache", str(cache), "--image-size", "32", "--max-train-steps", "1",
                 "--no-checkpoints", "--mixed-precision", "no"]  # fmt: skip
-        proc, _ = _pets_train(args, tmp_path, _hub_env(tmp_path, tripwire.url))
+        proc = _pets_train(args, tmp_path, _hub_env(tmp_path, tripwire.url))
         assert proc.returncode == 0, proc.stderr[-4000:]
         assert tripwire.connections() == 0
     finally:
