@@ -178,12 +178,19 @@ BUILD_CASES = {
 
 @pytest.mark.parametrize("case", sorted(BUILD_CASES))
 def test_built_manifests_pass_server_side_dry_run(admin: client.ApiClient, namespace: str, case: str) -> None:
+    kinds = []
     for manifest in _children(BUILD_CASES[case], namespace, "job"):
         manifest = copy.deepcopy(manifest)
+        # Strict: a field the server does not know (a typo, a misplaced key) is an error, not dropped.
         if manifest["kind"] == "Service":
-            client.CoreV1Api(admin).create_namespaced_service(namespace, manifest, dry_run="All")
+            got = client.CoreV1Api(admin).create_namespaced_service(namespace, manifest, dry_run="All",
+                                                                   field_validation="Strict")
         else:
-            client.BatchV1Api(admin).create_namespaced_job(namespace, manifest, dry_run="All")
+            got = client.BatchV1Api(admin).create_namespaced_job(namespace, manifest, dry_run="All",
+                                                                field_validation="Strict")
+        assert got.metadata.name == manifest["metadata"]["name"]
+        kinds.append(manifest["kind"])
+    assert sorted(kinds) == ["Job", "Service"], kinds
 
 
 @pytest.mark.parametrize("case", sorted(BUILD_CASES))

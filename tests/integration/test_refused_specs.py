@@ -10,7 +10,6 @@ now (a ResourceQuota) keeps it Pending with the reason until the quota allows it
 from __future__ import annotations
 
 import copy
-import json
 import subprocess
 import time
 from collections.abc import Iterator
@@ -74,9 +73,10 @@ def test_kubectl_apply_refuses_naming_the_field(crd: dict[str, Any], namespace: 
 
 
 def create_job_dry_run(admin: client.ApiClient, ns: str, job: dict[str, Any]) -> None:
-    """As the operator creates it (a plain JSON body: quantities may be integers)."""
-    client.CustomObjectsApi(admin).create_namespaced_custom_object("batch", "v1", ns, "jobs", job,
-                                                                   dry_run="All")
+    """As the operator creates it (a plain JSON body: quantities may be integers); raises if refused."""
+    got = client.CustomObjectsApi(admin).create_namespaced_custom_object("batch", "v1", ns, "jobs", job,
+                                                                         dry_run="All")
+    assert got["kind"] == "Job" and got["metadata"]["name"] == job["metadata"]["name"], got
 
 
 # Every quantity the rules admit is one the Job API accepts (server-side dry-run of the built Job).
@@ -92,6 +92,8 @@ def test_admitted_quantities_make_jobs_the_server_accepts(admin: client.ApiClien
         stored = custom.create_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL,
                                                         training("q", spec), dry_run="All",
                                                         field_validation="Strict")
+        resources = stored["spec"]["resources"]
+        assert (resources["cpu"], resources["memory"]) == (value, value), resources  # stored as written
         job = builders.build_job(api.resolve_spec(stored["spec"]), builders.Target("q", namespace))
         create_job_dry_run(admin, namespace, job)
 
@@ -256,4 +258,5 @@ def test_a_full_quota_keeps_the_training_pending_until_it_allows_the_job(
                      lambda s: condition(s, "Progressing").get("reason") not in
                      (None, "ChildCreateRetrying"))
     assert st["phase"] == api.PENDING and "exceeded quota" not in st["message"], st  # (named "quota")
-    assert json.dumps(st)  # the status stays JSON (no stray objects)
+    # The refusal's traces are gone: the Job is the training's, and active.
+    assert st["children"]["job"] == builders.job_name("quota", 0) and st["workloadActive"] is True, st
