@@ -137,6 +137,22 @@ class Cluster:
                 out.setdefault(obj.name, []).append({"reason": ev.reason, "message": ev.message})
         return out
 
+    def workload_refusals(self, kind: str, name: str) -> list[dict[str, Any]]:
+        """The FailedCreate Events of one workload: pods the API server refused to create (a quota, Pod
+        Security, a missing ServiceAccount...) leave no other trace, as they never exist."""
+        found = self.core.list_namespaced_event(
+            self.namespace, resource_version="0",
+            field_selector=f"involvedObject.kind={kind},involvedObject.name={name},type=Warning")
+        out = []
+        for ev in found.items:
+            if ev.reason not in pods.CREATE_REFUSED_REASONS:
+                continue
+            series = ev.series.count if ev.series is not None else None
+            last = ev.last_timestamp or ev.event_time or ev.metadata.creation_timestamp
+            out.append({"reason": ev.reason, "message": ev.message, "count": series or ev.count or 1,
+                        "lastTimestamp": last.isoformat() if last is not None else ""})
+        return out
+
     def create(self, manifest: dict[str, Any]) -> dict[str, Any] | None:
         """Create a child and return it as created; None when it already exists (an earlier reconcile or
         operator made it)."""

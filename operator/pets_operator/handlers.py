@@ -315,6 +315,7 @@ def reconcile_once(ctx: Context, snap: Snapshot, logger: Logger) -> float | None
     rank0 = Rank0()
     pod_list: list[dict[str, Any]] | None = None
     warnings: dict[str, list[dict[str, Any]]] = {}
+    refusals: list[dict[str, Any]] = []
     queue_served, queue_workload = True, None
     if current is not None:
         if target.queued:
@@ -324,12 +325,15 @@ def reconcile_once(ctx: Context, snap: Snapshot, logger: Logger) -> float | None
         rank0 = _observe_rank0(_newest_rank0(backend, pod_list), state.phase, ctx.scraper, key)
         if state.phase not in api.FINISHED_PHASES:
             warnings = cl.pod_warnings([p["metadata"]["name"] for p in pod_list if _creating_long(p, now)])
+            if _pods_missing_long(current, pod_list, spec["replicas"], backend, now):
+                refusals = cl.workload_refusals(current["kind"], current["metadata"]["name"])
 
     candidates = _lost_candidates([*(pod_list or []), *(p for w in deleting for p in pods_of(w))])
     lost_pods, lost_nodes = _lost_pods(cl, candidates)
     observed = status.Observed(backend=backend, backend_reason=backend_reason, workload=current, stale=stale,
                                service=service, progress=rank0.progress, summary=rank0.summary, state=state,
-                               pods=pod_list, pod_events=warnings, progress_error=rank0.progress_error,
+                               pods=pod_list, pod_events=warnings, workload_refusals=refusals,
+                               progress_error=rank0.progress_error,
                                rank0_running_since=rank0.running_since, queue_workload=queue_workload,
                                queue_served=queue_served, lost_pods=lost_pods, lost_nodes=lost_nodes)
     result = status.plan(body, spec, observed, target, now)
@@ -338,6 +342,16 @@ def reconcile_once(ctx: Context, snap: Snapshot, logger: Logger) -> float | None
     if delay is not None and len(candidates) > len(lost_pods):
         delay = min(delay, ctx.poll_active)  # a pod stuck terminating: is its node lost by now?
     return delay
+
+
+def _pods_missing_long(workload: dict[str, Any], pod_list: list[dict[str, Any]], replicas: int,
+                       backend: backends.Backend, now: datetime) -> bool:
+    """Fewer pods than ranks, CREATING_LONG seconds after the (unsuspended) workload was made: only then
+    are its Events read, for pods the API server refused to create."""
+    if len(pod_list) >= replicas or backend.is_suspended(workload):
+        return False
+    made = workload["metadata"].get("creationTimestamp")
+    return made is not None and (now - backends.parse_timestamp(made)).total_seconds() >= CREATING_LONG
 
 
 def _creating_long(pod: dict[str, Any], now: datetime) -> bool:

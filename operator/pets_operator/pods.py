@@ -132,7 +132,7 @@ def waiting_reason(pod: dict[str, Any], events: list[dict[str, Any]] | None = No
 # Why the API server refuses a pod the Job controller creates (its FailedCreate Event's message), and
 # whether time can fix it: (pattern, what it is, what to do).
 _REFUSALS: list[tuple[re.Pattern[str], str, str]] = [
-    (re.compile(r"exceeded quota"), "a ResourceQuota of the namespace is exhausted",
+    (re.compile(r"exceeded quota|status unknown for quota"), "a ResourceQuota of the namespace is exhausted",
      "the Job controller retries, and the pods start once the quota's usage drops or the quota is raised"),
     (re.compile(r"violates PodSecurity"), "the namespace's Pod Security level forbids the pod",
      "a person must change the training (for example its dataset volume) or the namespace's level"),
@@ -150,11 +150,15 @@ _REFUSALS: list[tuple[re.Pattern[str], str, str]] = [
 ]
 
 
+# The Job controller's reason, and the Kubeflow training-operator's for its PyTorchJobs.
+CREATE_REFUSED_REASONS = ("FailedCreate", "FailedCreatePod")
+
+
 def create_refused(workload_events: list[dict[str, Any]]) -> Waiting | None:
     """Why the API server refuses the workload's pods, from its newest FailedCreate Event (the Job
     controller's; the pods never exist, so nothing else says it), or None. The message says how many
     creates were refused, what the server said, and whether waiting can fix it."""
-    refused = [ev for ev in workload_events if ev.get("reason") == "FailedCreate"]
+    refused = [ev for ev in workload_events if ev.get("reason") in CREATE_REFUSED_REASONS]
     if not refused:
         return None
     newest = max(refused, key=lambda ev: str(ev.get("lastTimestamp") or ev.get("eventTime")

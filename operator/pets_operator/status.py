@@ -29,6 +29,8 @@ class Observed:
     state: WorkloadState | None = None  # `backend.state(workload)`, read once by the observer
     pods: list[dict[str, Any]] | None = None  # the current attempt's pods (None: not observed)
     pod_events: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # Warning Events by pod
+    # The workload's FailedCreate Events (read only while some of its pods do not exist)
+    workload_refusals: list[dict[str, Any]] = field(default_factory=list)
     progress_error: str | None = None  # why rank 0's progress endpoint could not be read
     rank0_running_since: str | None = None  # when rank 0's trainer container started
     queue_workload: dict[str, Any] | None = None  # Kueue's Workload for the current workload (queued ones)
@@ -411,8 +413,8 @@ def _while_active(result: Plan, spec: dict[str, Any], observed: Observed, ws: Wo
         status.pop("pendingSince", None)
         return phase, reason, message
     # The workload's count says pods exist; only the pods say whether they run. With no pod visible
-    # yet (just created), the workload's own view stands.
-    if observed.pods:
+    # yet (just created), the workload's own view stands, unless the API server refused to create them.
+    if observed.pods or observed.workload_refusals:
         phase, reason, message = _from_pods(result, spec, observed)
     if phase == api.RUNNING:
         status.pop("pendingSince", None)
@@ -515,6 +517,9 @@ def _from_pods(result: Plan, spec: dict[str, Any], observed: Observed) -> tuple[
     if running >= replicas:
         return api.RUNNING, "PodsRunning", f"{running}/{replicas} pods running"
     waiting = pods.worst_waiting(pod_list, observed.pod_events)
+    refused = pods.create_refused(observed.workload_refusals) if len(pod_list) < replicas else None
+    if refused is not None:
+        waiting = refused, replicas - len(pod_list)
     if waiting is None:
         return api.PENDING, "WaitingForPods", f"{running}/{replicas} pods running, waiting for the rest"
     why, count = waiting

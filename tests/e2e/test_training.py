@@ -225,6 +225,53 @@ def test_waiting_training_says_why(trainings: Trainings, row: str) -> None:
     assert len(events) == 1, f"one Event per new reason, got {events}"
 
 
+# Pods the API server refuses to create (issue 21): the Job exists, its pods never do, and the only trace
+# is the Job's FailedCreate Events. Each row: what the namespace or spec does, and the server's words.
+REFUSED_WITHIN_S = 30
+
+
+def _tiny_quota(trainings: Trainings) -> None:
+    kubectl("-n", trainings.namespace, "create", "quota", "tiny", "--hard=requests.cpu=200m")
+    # Until the quota controller has counted the namespace, a pod is refused as "status unknown".
+    wait_for("quota tiny counted", lambda: kubectl("-n", trainings.namespace, "get", "quota", "tiny", "-o",
+                                                   "jsonpath={.status.hard}").stdout.strip(), 30, POLL_S)
+
+
+def _restricted(trainings: Trainings) -> None:
+    kubectl("label", "namespace", trainings.namespace, "pod-security.kubernetes.io/enforce=restricted")
+
+
+REFUSED_ROWS: dict[str, tuple[Callable[[Trainings], None] | None, dict[str, Any], str]] = {
+    "quota": (_tiny_quota, {}, "exceeded quota: tiny"),
+    "pod-security": (_restricted, {"dataset": {"hostPath": {"path": "/srv/pets"}}}, "violates PodSecurity"),
+    "service-account": (None, {"serviceAccountName": "nope"}, 'serviceaccount "nope" not found'),
+    "priority-class": (None, {"priorityClassName": "nope"}, "no PriorityClass with name nope"),
+}
+
+
+@pytest.mark.parametrize("row", list(REFUSED_ROWS))
+def test_pods_the_api_server_refuses_say_why_within_30_s(trainings: Trainings, row: str) -> None:
+    prepare, overrides, words = REFUSED_ROWS[row]
+    if prepare is not None:
+        prepare(trainings)
+    trainings.create(row, {**SMALL_SPEC, **overrides})
+
+    def says_why() -> dict[str, Any] | None:
+        status = trainings.status(row)
+        return status if status.get("phase") == "Pending" and words in (status.get("message") or "") else None
+
+    try:
+        status = wait_for(f"{row}: Pending with {words!r} in the message", says_why, REFUSED_WITHIN_S, POLL_S)
+    except pytest.fail.Exception as timed_out:
+        pytest.fail(f"{timed_out}\n{trainings.status(row)}\n{trainings.describe(row)}")
+    progressing = next(c for c in status["conditions"] if c["type"] == "Progressing")
+    assert progressing["reason"] == "PodCreateRefused", status
+    assert ("quota's usage drops" in status["message"]) == (row == "quota"), status["message"]
+    events = kubectl("-n", trainings.namespace, "get", "events", "--field-selector",
+                     f"involvedObject.name={row},reason=PodCreateRefused", "-o", "name").stdout.split()
+    assert len(events) == 1, f"one Event per new reason, got {events}"
+
+
 def test_bad_model_fails_at_once_without_restarts(trainings: Trainings) -> None:
     trainings.create("bad-model", {**SMALL_SPEC, "model": "resnet9000"})
     status = trainings.wait_phase("bad-model", "Failed", REASON_WITHIN_S)

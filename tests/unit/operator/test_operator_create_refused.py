@@ -3,10 +3,14 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import pytest
+from pets_operator import api, backends, builders, status
 from pets_operator.pods import SEVERITY, create_refused
 
 pytestmark = pytest.mark.unit
+NOW = datetime(2026, 11, 24, 10, 10, tzinfo=UTC)
 
 POD = 'pods "pets-0-abcde" is forbidden: '
 CASES = [
@@ -58,3 +62,39 @@ def test_no_failed_create_means_no_refusal_and_a_refusal_is_the_worst_wait() -> 
     assert create_refused([]) is None
     assert create_refused([{"reason": "SuccessfulCreate", "message": "Created pod: x"}]) is None
     assert SEVERITY[0] == "PodCreateRefused"
+
+
+# ----------------------------------------------------------------- through status.plan
+
+def _plan(pods_now: list[dict[str, object]], refusals: list[dict[str, object]],
+          old: dict[str, object] | None = None) -> status.Plan:
+    spec = api.resolve_spec({"replicas": 2})
+    target = builders.Target("pets", "ns")
+    job = builders.build_job(spec, target)
+    job["metadata"]["annotations"][api.ANNOTATION_SPEC_DIGEST] = builders.spec_digest(spec)
+    job["status"] = {}
+    body = {"metadata": {"name": "pets", "namespace": "ns", "generation": 1, "uid": "u1"},
+            "spec": {"replicas": 2}, "status": old or {}}
+    observed = status.Observed(backend=backends.JOB, workload=job, pods=pods_now, workload_refusals=refusals,
+                               service=backends.JOB.build_service(spec, target))
+    return status.plan(body, spec, observed, target, NOW)
+
+
+def test_status_says_pod_create_refused_with_the_server_message_and_one_event_per_new_reason() -> None:
+    quota = failed_create(CASES[0][0], count=5)
+    plan = _plan([], [quota])
+    assert plan.status["phase"] == api.PENDING
+    progressing = next(c for c in plan.status["conditions"] if c["type"] == "Progressing")
+    assert progressing["reason"] == "PodCreateRefused"
+    assert plan.status["message"].startswith("2/2 pod(s) waiting: 5 pod create(s) refused: a ResourceQuota")
+    assert "exceeded quota: tiny" in plan.status["message"]
+    assert [e.reason for e in plan.events] == ["PodCreateRefused"]
+    again = _plan([], [quota], old=plan.status)
+    assert again.status["message"] == plan.status["message"] and again.events == []
+
+
+def test_refusals_are_not_read_into_status_once_every_pod_exists() -> None:
+    plan = _plan([{"metadata": {"name": f"pets-0-{i}", "labels": {}}, "status": {"phase": "Pending"}}
+                  for i in range(2)], [failed_create(CASES[0][0])])
+    progressing = next(c for c in plan.status["conditions"] if c["type"] == "Progressing")
+    assert progressing["reason"] != "PodCreateRefused"
