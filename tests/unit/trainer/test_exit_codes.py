@@ -173,12 +173,10 @@ def test_the_launcher_forwards_sigterm_to_accelerate() -> None:
     try:
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == "ready"
-        start = time.monotonic()
         proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=30)
+        _, err = proc.communicate(timeout=30)  # (the bound on a launcher that kept waiting: no timing)
     finally:
         proc.kill()
-    assert time.monotonic() - start < 10
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert f"got signal {int(signal.SIGTERM)}: passing it to accelerate launch" in err
 
