@@ -569,8 +569,11 @@ SPEC_SCHEMA: dict[str, Any] = _obj(
                            default=29500, minimum=1024, maximum=65535),
         "maxRestarts": _int("Gang restarts after a failure before the training is Failed.",
                             default=3, minimum=0, maximum=100),
-        "activeDeadlineSeconds": _int("Seconds an attempt may run before it is failed.",
-                                      minimum=1, maximum=2592000),
+        "activeDeadlineSeconds": _int(
+            "Seconds the training may run, counted from its start without the time it spent Suspended, "
+            "Queued or Preempted (as in JobSet and Kubeflow's TrainJob). When they run out the training "
+            "ends Failed (DeadlineExceeded), with no restart; each attempt's workload gets what is left.",
+            minimum=1, maximum=2592000),
         "ttlSecondsAfterFinished": _int(
             "Delete the PetsTraining (and so every child) this many seconds after it finished.",
             minimum=0, maximum=31536000),
@@ -697,6 +700,12 @@ STATUS_SCHEMA: dict[str, Any] = _obj("Observed state, written by the operator.",
         "message": _str("The trainer's own reason, or the cluster's."),
         "logTail": _str("The last lines of that container's log."),
         "time": {"type": "string", "format": "date-time", "description": "When it failed."},
+    }),
+    "deadline": _obj("Bookkeeping of spec.activeDeadlineSeconds: the time that does not count.", {
+        "pausedSeconds": {"type": "number", "description": "Seconds Suspended, Queued or Preempted since "
+                                                            "the start, closed pauses only."},
+        "pausedSince": {"type": "string", "format": "date-time", "description": "When the current pause "
+                                                                                  "began."},
     }),
     "lastCheckpoint": _obj("The newest checkpoint a restart would resume from (with a claim output).", {
         "epoch": {"type": "integer", "description": "Epoch of the checkpoint."},

@@ -187,8 +187,8 @@ class PyTorchJobBackend(Backend):
                                        "template": copy.deepcopy(template)}
         run_policy: dict[str, Any] = {"cleanPodPolicy": "None", "backoffLimit": 0,
                                       "suspend": builders.created_suspended(spec, target)}
-        if spec.get("activeDeadlineSeconds"):
-            run_policy["activeDeadlineSeconds"] = spec["activeDeadlineSeconds"]
+        if (deadline := builders.attempt_deadline(spec, target)) is not None:
+            run_policy["activeDeadlineSeconds"] = deadline
         return {
             "apiVersion": self.api_version,
             "kind": self.kind,

@@ -32,6 +32,9 @@ class Target:
     cluster_domain: str = api.DEFAULT_CLUSTER_DOMAIN
     # The training's own labels that its workload carries too (Kueue's queue and priority class).
     queue_labels: Mapping[str, str] = field(default_factory=dict)
+    # What is left of spec.activeDeadlineSeconds for this attempt (status.plan's bookkeeping; None: all
+    # of it, as for a first attempt or `pets-operator render`).
+    deadline_left: int | None = None
 
     @property
     def queued(self) -> bool:
@@ -335,6 +338,14 @@ def workload_metadata(spec: dict[str, Any], target: Target) -> dict[str, Any]:
     }
 
 
+def attempt_deadline(spec: dict[str, Any], target: Target) -> int | None:
+    """The workload's own activeDeadlineSeconds: what is left of the training's (a backstop; the operator
+    ends the training itself when it runs out)."""
+    if not spec.get("activeDeadlineSeconds"):
+        return None
+    return target.deadline_left if target.deadline_left is not None else int(spec["activeDeadlineSeconds"])
+
+
 def created_suspended(spec: dict[str, Any], target: Target) -> bool:
     return bool(spec["suspend"]) or target.queued
 
@@ -390,6 +401,6 @@ def build_job(spec: dict[str, Any], target: Target) -> dict[str, Any]:
             "template": pod_template(spec, target),
         },
     }
-    if spec.get("activeDeadlineSeconds"):
-        job["spec"]["activeDeadlineSeconds"] = spec["activeDeadlineSeconds"]
+    if (deadline := attempt_deadline(spec, target)) is not None:
+        job["spec"]["activeDeadlineSeconds"] = deadline
     return job

@@ -8,7 +8,8 @@ nothing itself. Everything here is deterministic given its inputs (time is passe
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -192,8 +193,13 @@ def plan(
             phase = (api.RESTARTING if old_phase == api.RESTARTING else api.SUSPENDED if spec["suspend"]
                      else api.QUEUED if target.queued else api.PENDING)
             reason, message = "WaitingForOldAttempt", "waiting for the previous attempt's workload to go away"
+        elif (left := deadline_left(spec, status, now)) is not None and left <= 0:
+            phase, reason, message = _deadline_exceeded(result, spec, None, now)
+            _apply_phase(result, old_phase, phase, reason, message, now, generation)
+            return result
         else:
-            workload = backend.build_workload(spec, target)
+            built_for = target if left is None else replace(target, deadline_left=max(1, math.ceil(left)))
+            workload = backend.build_workload(spec, built_for)
             result.create.append(workload)
             status["workloadActive"] = not builders.created_suspended(spec, target)
             reason = "Created"
@@ -227,6 +233,7 @@ def plan(
         _mirror_progress(status, observed.progress, now)
 
     phase, reason, message = ws.phase, ws.reason, ws.message
+    left = deadline_left(spec, status, now)
     if phase == api.SUCCEEDED:
         status.pop("pendingSince", None)
         status["completionTime"] = ws.completion_time or timestamp(now)
@@ -237,6 +244,10 @@ def plan(
         if target.queued:  # it ran, so Kueue admitted it (perhaps between two polls)
             status["queue"] = {**(status.get("queue") or {}), "name": _queue_name(target), "admitted": True,
                                "message": ""}
+    elif phase == api.FAILED and left is not None and left <= DEADLINE_SLACK_SECONDS:
+        # The workload's own deadline (what was left of the training's) ended it: no restart.
+        status.pop("pendingSince", None)
+        phase, reason, message = _deadline_exceeded(result, spec, None, now)
     elif phase == api.FAILED or (_lost_current(observed) and not backend.is_suspended(observed.workload)):
         # A pod on a lost node never ends, so the workload never fails by itself: the attempt has.
         status.pop("pendingSince", None)
@@ -245,6 +256,8 @@ def plan(
         phase, reason, message = _while_queued(result, spec, observed, ws, target, restarts, now)
     else:
         phase, reason, message = _while_active(result, spec, observed, ws, restarts, now)
+    if left is not None and phase not in api.FINISHED_PHASES:
+        phase, reason, message = _watch_deadline(result, spec, observed, (phase, reason, message), now)
     _apply_phase(result, old_phase, phase, reason, message, now, generation)
     _progress_reported(result, observed, now, generation)
     _stalled(result, spec, now, generation)
@@ -381,6 +394,66 @@ def _after_failure(result: Plan, spec: dict[str, Any], observed: Observed, ws: W
     if spec["maxRestarts"]:
         return api.FAILED, "MaxRestartsExceeded", f"failed after {counted} counted restart(s): {detail}"
     return api.FAILED, ws.reason, f"failed: {detail}"
+
+
+# Phases whose time does not count against spec.activeDeadlineSeconds.
+PAUSED_PHASES = (api.SUSPENDED, api.QUEUED, api.PREEMPTED)
+# A workload that failed this close to the training's deadline was ended by it (its own deadline is what
+# was left, rounded up to whole seconds).
+DEADLINE_SLACK_SECONDS = 2.0
+
+
+def deadline_left(spec: dict[str, Any], status: dict[str, Any], now: datetime) -> float | None:
+    """Seconds left of spec.activeDeadlineSeconds, counted from status.startTime without the time paused
+    (status.deadline); None without a deadline. Before the training has started, all of it."""
+    limit = spec.get("activeDeadlineSeconds")
+    if not limit:
+        return None
+    start = status.get("startTime")
+    if not start:
+        return float(limit)
+    book = status.get("deadline") or {}
+    paused = float(book.get("pausedSeconds") or 0.0)
+    if book.get("pausedSince"):
+        paused += max(0.0, (now - parse_timestamp(book["pausedSince"])).total_seconds())
+    return float(limit) - ((now - parse_timestamp(start)).total_seconds() - paused)
+
+
+def _watch_deadline(result: Plan, spec: dict[str, Any], observed: Observed, decided: tuple[str, str, str],
+                    now: datetime) -> tuple[str, str, str]:
+    """Book this round's pause (Suspended, Queued, Preempted) and end the training once its deadline has
+    run out while it was not paused; else wake it when the deadline comes."""
+    status, phase = result.status, decided[0]
+    book = status.setdefault("deadline", {})
+    if phase in PAUSED_PHASES:
+        book.setdefault("pausedSince", timestamp(now))
+        return decided
+    if book.get("pausedSince"):
+        pause = max(0.0, (now - parse_timestamp(book.pop("pausedSince"))).total_seconds())
+        book["pausedSeconds"] = round(float(book.get("pausedSeconds") or 0.0) + pause, 3)
+    left = deadline_left(spec, status, now)
+    if left is None:
+        return decided
+    if left <= 0 and status.get("startTime"):
+        return _deadline_exceeded(result, spec, observed.workload, now)
+    result.requeue_after = left if result.requeue_after is None else min(result.requeue_after, left)
+    return decided
+
+
+def _deadline_exceeded(result: Plan, spec: dict[str, Any], workload: dict[str, Any] | None,
+                       now: datetime) -> tuple[str, str, str]:
+    """The training's deadline ran out: Failed, no restart, no new workload; the running one goes."""
+    status = result.status
+    status.pop("pendingSince", None)
+    status["completionTime"] = timestamp(now)
+    if workload is not None:
+        result.delete.append(_ref(workload))
+    paused = float((status.get("deadline") or {}).get("pausedSeconds") or 0.0)
+    message = (f"spec.activeDeadlineSeconds={spec['activeDeadlineSeconds']} ran out (counted from "
+               f"{status.get('startTime')}, {paused:.0f} s Suspended, Queued or Preempted not counted); "
+               "not restarted")
+    result.events.append(Event("Warning", "DeadlineExceeded", message))
+    return api.FAILED, "DeadlineExceeded", message
 
 
 def _resume_point(spec: dict[str, Any], status: dict[str, Any]) -> str:
