@@ -629,6 +629,17 @@ def _stalled(result: Plan, spec: dict[str, Any], now: datetime, generation: int 
 PROGRESS_GRACE_SECONDS = 30.0  # the trainer serves its gauges a few seconds after it starts
 
 
+# The scraper's words for a rank 0 it could not reach (scraper._describe). Any other error means rank 0
+# answered with something the operator refused: a redirect, a compressed or oversized body, a bad value.
+UNREACHABLE_ERRORS = ("timed out", "cannot connect", "server disconnected", "connection error")
+
+
+def unreachable(progress_error: str) -> bool:
+    """Whether a scrape's error says rank 0 could not be reached (the error is "<url>: <kind>")."""
+    kind = progress_error.rsplit("/metrics: ", 1)[-1]
+    return kind.startswith(UNREACHABLE_ERRORS)
+
+
 def _progress_reported(result: Plan, observed: Observed, now: datetime, generation: int | None) -> None:
     """ProgressReported: False, with the reason, when a running rank 0's gauges cannot be read (a
     NetworkPolicy, a crashed metrics server, a wrong port); one Warning Event when that starts."""
@@ -645,11 +656,16 @@ def _progress_reported(result: Plan, observed: Observed, now: datetime, generati
     if left > 0:  # too early to say; look again when the grace is over (no event may come by then)
         result.requeue_after = left if result.requeue_after is None else min(result.requeue_after, left)
         return
-    message = (f"rank 0's progress cannot be read: {observed.progress_error}; the operator must reach the "
-               f"trainer's metrics port (NetworkPolicy: the chart's networkPolicy.enabled)")
+    if unreachable(observed.progress_error):
+        reason = "EndpointUnreachable"
+        message = (f"rank 0's progress cannot be read: {observed.progress_error}; the operator must reach "
+                   f"the trainer's metrics port (NetworkPolicy: the chart's networkPolicy.enabled)")
+    else:
+        reason = "ProgressRefused"
+        message = (f"rank 0's progress was refused: {observed.progress_error}; its metrics endpoint must "
+                   "serve the pets_* gauges as the trainer does (docs/contract.md)")
     was = next((c for c in status["conditions"] if c["type"] == "ProgressReported"), None)
-    _set_condition(status["conditions"], "ProgressReported", False, "EndpointUnreachable", message, now,
-                   generation)
+    _set_condition(status["conditions"], "ProgressReported", False, reason, message, now, generation)
     if not was or was.get("status") != "False":
         result.events.append(Event("Warning", "ProgressUnreadable", message))
 

@@ -16,11 +16,21 @@ from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp import web
 from pets_operator import api, backends, builders, status
 from pets_operator.progress import PETS_TEXT_CAP, ProgressError, check_progress, parse_progress
-from pets_operator.scraper import BODY_CAP, Reading, Scraper, Target, client_session
+from pets_operator.scraper import (
+    BODY_CAP,
+    OVER_CAP,
+    Reading,
+    Refused,
+    Scraper,
+    Target,
+    _describe,
+    client_session,
+)
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
 pytestmark = pytest.mark.unit
@@ -395,3 +405,25 @@ def test_fuzz_the_parser_and_checks_never_raise_else_and_never_pass_a_bad_value(
         status._mirror_progress(mirrored, values, datetime(2026, 1, 2, tzinfo=UTC))
         json.dumps(mirrored, allow_nan=False)
     assert outcomes["ok"] > 100 and outcomes["error"] > 100, outcomes  # both paths were exercised
+
+
+@pytest.mark.parametrize("exc, unreachable", [
+    (TimeoutError(), True),
+    (ConnectionRefusedError(111, "Connection refused"), True),
+    (aiohttp.ServerDisconnectedError(), True),
+    (Refused("redirect refused"), False),
+    (Refused("compressed response refused"), False),
+    (Refused(OVER_CAP), False),
+    (ProgressError("value out of range: imagesPerSecond"), False),
+    (aiohttp.ClientPayloadError("x"), False),
+])
+def test_status_tells_an_unreachable_rank_0_from_a_refused_answer(exc: BaseException,
+                                                                  unreachable: bool) -> None:
+    """EndpointUnreachable (with the NetworkPolicy hint) only when rank 0 could not be reached; a refused
+    answer is ProgressRefused: a NetworkPolicy is not what to look at then."""
+    error = f"http://10.0.0.5:9090/metrics: {_describe(exc)}"
+    assert status.unreachable(error) is unreachable
+    planned = _plan(None, error)
+    reported = next(c for c in planned.status["conditions"] if c["type"] == "ProgressReported")
+    assert reported["reason"] == ("EndpointUnreachable" if unreachable else "ProgressRefused")
+    assert ("networkPolicy" in reported["message"]) is unreachable
