@@ -78,7 +78,8 @@ def test_metrics_server_serves_no_gauge_before_its_first_value() -> None:
         server.close()
     assert "pets_step 7.0" in body and "pets_steps_total 40.0" in body
     # No epoch has ended: a loss, an accuracy or an epoch of 0 would be read as measurements.
-    for name in ("pets_epoch", "pets_total_epochs", "pets_train_loss", "pets_eval_accuracy", "pets_eta_seconds"):
+    for name in ("pets_epoch", "pets_total_epochs", "pets_train_loss", "pets_eval_accuracy",
+                 "pets_eta_seconds"):
         assert f"\n{name} " not in body, name
 
 
