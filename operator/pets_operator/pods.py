@@ -11,6 +11,7 @@ Nothing here talks to the API server.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections import Counter
 from collections.abc import Callable
@@ -60,13 +61,35 @@ class Failure:
         return self.cause == "PermanentError"
 
 
+def _no_constant(token: str) -> Any:
+    raise ValueError(f"{token} is not a JSON number a status can hold")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e400
+        raise ValueError("a number beyond float range")
+    return value
+
+
+def _bounded_int(text: str) -> int:
+    value = int(text)
+    if abs(value) > 2**53:  # beyond what a status (JSON, int64, a float in most clients) holds exactly
+        raise ValueError("an integer beyond 2**53")
+    return value
+
+
 def parse_summary(message: str | None) -> dict[str, Any] | None:
-    """The trainer's termination message (docs/contract.md) -> summary dict, or None if not JSON."""
+    """The trainer's termination message (docs/contract.md) -> summary dict, or None if it is not a JSON
+    object a status can hold: the pod wrote it, and the whole summary goes into status, so NaN, Infinity,
+    1e400 or an integer beyond 2**53 (which the API server would refuse in the patch, jamming the
+    training's reconciliation) make it unreadable."""
     if not message:
         return None
     try:
-        value = json.loads(message)
-    except ValueError:
+        value = json.loads(message, parse_constant=_no_constant, parse_float=_finite_float,
+                           parse_int=_bounded_int)
+    except ValueError:  # JSONDecodeError, our refusals, and int()'s digit limit
         return None
     return value if isinstance(value, dict) else None
 

@@ -130,14 +130,19 @@ def _mirror_progress(status: dict[str, Any], progress: dict[str, float], now: da
 
 
 def _mirror_summary(status: dict[str, Any], summary: dict[str, Any], total_epochs: int) -> None:
-    status["summary"] = summary
-    if isinstance(summary.get("final_accuracy"), int | float):
-        status["evalAccuracy"] = float(summary["final_accuracy"])
-    if isinstance(summary.get("final_train_loss"), int | float):
-        status["trainLoss"] = float(summary["final_train_loss"])
-    if isinstance(summary.get("images_per_second"), int | float):
-        status["imagesPerSecond"] = float(summary["images_per_second"])
-    if isinstance(summary.get("epochs"), int):
+    status["summary"] = summary  # pods.parse_summary let only numbers a status can hold through
+
+    def number(key: str, top: float) -> float | None:
+        value = summary.get(key)
+        ok = isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value <= top
+        return float(value) if ok else None  # type: ignore[arg-type]
+
+    for key, field_name, top in (("final_accuracy", "evalAccuracy", 1.0), ("final_train_loss", "trainLoss",
+                                 PROGRESS_TOP), ("images_per_second", "imagesPerSecond", PROGRESS_TOP)):
+        if (value := number(key, top)) is not None:
+            status[field_name] = value
+    if isinstance(summary.get("epochs"), int) and not isinstance(summary["epochs"], bool) and \
+            0 <= summary["epochs"] <= PROGRESS_TOP:
         status["epoch"] = summary["epochs"]
         status["totalEpochs"] = total_epochs
         status["progress"] = f"{summary['epochs']}/{total_epochs}"
