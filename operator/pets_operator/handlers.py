@@ -217,6 +217,7 @@ class Rank0:
     summary: dict[str, Any] | None = None
     progress_error: str | None = None
     running_since: str | None = None  # when its trainer container started
+    progress_failing_since: datetime | None = None  # since when its reads fail (scraper.Reading)
 
 
 def _observe_rank0(pod: dict[str, Any] | None, phase_hint: str, scraper: Scraper | None, key: Key) -> Rank0:
@@ -236,7 +237,7 @@ def _observe_rank0(pod: dict[str, Any] | None, phase_hint: str, scraper: Scraper
     reading = scraper.reading(key, str(pod["metadata"].get("uid") or "")) if scraper is not None else None
     if reading is None:
         return Rank0(None, summary, None, running_since)
-    return Rank0(reading.progress, summary, reading.error, running_since)
+    return Rank0(reading.progress, summary, reading.error, running_since, reading.failing_since)
 
 
 def _resolve_backend(ctx: Context, spec: dict[str, Any], old_status: dict[str, Any]
@@ -334,6 +335,7 @@ def reconcile_once(ctx: Context, snap: Snapshot, logger: Logger) -> float | None
                                service=service, progress=rank0.progress, summary=rank0.summary, state=state,
                                pods=pod_list, pod_events=warnings, workload_refusals=refusals,
                                progress_error=rank0.progress_error,
+                               progress_failing_since=rank0.progress_failing_since,
                                rank0_running_since=rank0.running_since, queue_workload=queue_workload,
                                queue_served=queue_served, lost_pods=lost_pods, lost_nodes=lost_nodes)
     result = status.plan(body, spec, observed, target, now)

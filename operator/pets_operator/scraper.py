@@ -21,7 +21,8 @@ import logging
 import os
 import time
 from collections.abc import Callable, Hashable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 
 import aiohttp
 
@@ -54,6 +55,9 @@ class Reading:
     pod_uid: str
     progress: dict[str, float] | None  # None: could not be read (see error)
     error: str | None
+    # Since when this pod's reads have failed without a success between (a pod shutting down fails one
+    # read; status waits for a second before it says so).
+    failing_since: datetime | None = None
 
     def same_as(self, other: Reading | None) -> bool:
         return other is not None and (self.pod_uid, self.progress, self.error is None) == \
@@ -104,6 +108,10 @@ class Scraper:
                 reading = Reading(target.pod_uid, None, f"{url}: {_describe(exc)}")
         metrics.SCRAPES.labels(result="ok" if reading.error is None else "error").inc()
         before = self.readings.get(target.key)
+        if reading.error is not None:
+            still = before is not None and before.error is not None and before.pod_uid == reading.pod_uid
+            since = before.failing_since if still and before is not None else None
+            reading = replace(reading, failing_since=since or datetime.now(UTC))
         self.readings[target.key] = reading
         if not reading.same_as(before):
             self.changed(target.key)

@@ -33,6 +33,7 @@ class Observed:
     # The workload's FailedCreate Events (read only while some of its pods do not exist)
     workload_refusals: list[dict[str, Any]] = field(default_factory=list)
     progress_error: str | None = None  # why rank 0's progress endpoint could not be read
+    progress_failing_since: datetime | None = None  # since when (None: taken as confirmed)
     rank0_running_since: str | None = None  # when rank 0's trainer container started
     queue_workload: dict[str, Any] | None = None  # Kueue's Workload for the current workload (queued ones)
     queue_served: bool = True  # whether Kueue's Workload API is served at all
@@ -632,6 +633,8 @@ def _stalled(result: Plan, spec: dict[str, Any], now: datetime, generation: int 
 
 
 PROGRESS_GRACE_SECONDS = 30.0  # the trainer serves its gauges a few seconds after it starts
+# Reads must have failed this long (a second scrape, 10 s after the first) before status says so.
+PROGRESS_CONFIRM_SECONDS = 15.0
 
 
 # The scraper's words for a rank 0 it could not reach (scraper._describe). Any other error means rank 0
@@ -658,6 +661,10 @@ def _progress_reported(result: Plan, observed: Observed, now: datetime, generati
     if not observed.progress_error or not since:
         return
     left = PROGRESS_GRACE_SECONDS - (now - parse_timestamp(since)).total_seconds()
+    if observed.progress_failing_since is not None:
+        # One failed read is not enough: a rank 0 that has just finished its last step closes its
+        # endpoint a few seconds before the pod ends, and that is no reason to say anything.
+        left = max(left, PROGRESS_CONFIRM_SECONDS - (now - observed.progress_failing_since).total_seconds())
     if left > 0:  # too early to say; look again when the grace is over (no event may come by then)
         result.requeue_after = left if result.requeue_after is None else min(result.requeue_after, left)
         return

@@ -1,0 +1,91 @@
+"""One failed read of rank 0's gauges says nothing: a rank 0 that has just finished closes its endpoint a
+few seconds before its pod ends, and a short training must not end with ProgressReported=False (issue 21).
+Status speaks once reads have failed for PROGRESS_CONFIRM_SECONDS (a second scrape)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from aiohttp import web
+from pets_operator import api, backends, builders, status
+from pets_operator.scraper import Scraper, Target, client_session
+
+pytestmark = pytest.mark.unit
+
+NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+ERROR = "http://10.0.0.5:9090/metrics: cannot connect: Connection refused"
+
+
+def plan(failing_for: float | None) -> status.Plan:
+    spec = api.resolve_spec({})
+    target = builders.Target("pets", "ns")
+    workload = builders.build_job(spec, target)
+    workload["metadata"]["annotations"][api.ANNOTATION_SPEC_DIGEST] = builders.spec_digest(spec)
+    workload["status"] = {"active": 1, "ready": 1, "startTime": "2026-01-02T03:00:00Z"}
+    job = backends.get("job")
+    observed = status.Observed(
+        backend=job, workload=workload, service=job.build_service(spec, target), progress=None,
+        progress_error=ERROR,
+        rank0_running_since=(NOW - timedelta(seconds=120)).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        progress_failing_since=None if failing_for is None else NOW - timedelta(seconds=failing_for))
+    body = {"metadata": {"name": "pets", "namespace": "ns", "generation": 1, "uid": "u1"}, "spec": {},
+            "status": {"phase": api.RUNNING}}
+    return status.plan(body, spec, observed, target, NOW)
+
+
+def reported(p: status.Plan) -> dict[str, object] | None:
+    return next((c for c in p.status["conditions"] if c["type"] == "ProgressReported"), None)
+
+
+def test_a_first_failed_read_says_nothing_and_looks_again_after_the_next_scrape() -> None:
+    p = plan(failing_for=3.0)
+    assert reported(p) is None and p.events == []
+    assert p.requeue_after == pytest.approx(status.PROGRESS_CONFIRM_SECONDS - 3.0)
+
+
+def test_reads_failing_past_the_confirmation_are_said() -> None:
+    p = plan(failing_for=status.PROGRESS_CONFIRM_SECONDS + 1)
+    cond = reported(p)
+    assert cond is not None and cond["status"] == "False" and cond["reason"] == "EndpointUnreachable"
+    assert [e.reason for e in p.events] == ["ProgressUnreadable"]
+
+
+def test_the_scraper_keeps_when_a_pods_reads_began_to_fail_until_one_succeeds() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens here once closed: connections are refused
+
+    async def main() -> list[datetime | None]:
+        seen: list[datetime | None] = []
+        scraper = Scraper(port, 10.0, 4, 2.0, lambda: [Target("k", "uid", "127.0.0.1")], lambda _k: None)
+        async with client_session(2.0, 4) as session:
+            for _ in range(2):
+                await scraper.one_pass(session)
+                reading = scraper.reading("k", "uid")
+                assert reading is not None and reading.error is not None
+                seen.append(reading.failing_since)
+                await asyncio.sleep(0.05)
+
+            async def metrics(_request: web.Request) -> web.Response:
+                return web.Response(text="pets_step 3\n")
+
+            app = web.Application()
+            app.router.add_get("/metrics", metrics)
+            runner = web.AppRunner(app, handle_signals=False)
+            await runner.setup()
+            await web.TCPSite(runner, "127.0.0.1", port).start()
+            try:
+                await scraper.one_pass(session)
+            finally:
+                await runner.cleanup()
+            ok = scraper.reading("k", "uid")
+            assert ok is not None and ok.error is None
+            seen.append(ok.failing_since)
+        return seen
+
+    first, second, after_success = asyncio.run(asyncio.wait_for(main(), 30))
+    assert first is not None and second == first  # the second failure keeps the first's time
+    assert after_success is None
