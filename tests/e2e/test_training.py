@@ -272,6 +272,21 @@ def test_pods_the_api_server_refuses_say_why_within_30_s(trainings: Trainings, r
     assert len(events) == 1, f"one Event per new reason, got {events}"
 
 
+def test_the_deadline_ends_the_training_without_a_restart_or_a_second_job(trainings: Trainings) -> None:
+    """activeDeadlineSeconds is the training's (issue 21): a 30 s deadline on a long training ends it
+    Failed/DeadlineExceeded, restarts 0, attempt 0: the Job was never made again."""
+    name = "deadline"
+    trainings.create(name, {**LONGER_SPEC, "epochs": 50, "activeDeadlineSeconds": 30})
+    status = trainings.wait_phase(name, "Failed", 240)
+    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "DeadlineExceeded", status
+    assert status["restarts"] == 0 and status["attempt"] == 0, status
+    assert "spec.activeDeadlineSeconds=30 ran out" in status["message"], status
+    created = kubectl("-n", trainings.namespace, "get", "events", "--field-selector",
+                      f"involvedObject.name={name},reason=Created", "-o", "name").stdout.split()
+    assert len(created) == 1, f"one workload created, got Events {created}"
+
+
 def test_bad_model_fails_at_once_without_restarts(trainings: Trainings) -> None:
     trainings.create("bad-model", {**SMALL_SPEC, "model": "resnet9000"})
     status = trainings.wait_phase("bad-model", "Failed", REASON_WITHIN_S)
