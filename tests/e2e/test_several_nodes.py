@@ -118,13 +118,11 @@ def test_node_lost_mid_run_restarts_on_the_other_node_and_resumes(trainings: Tra
     lose_node(lost)
     status = wait_for(f"{name}: a gang restart for the lost node {lost}",
                       lambda: (s := trainings.status(name)).get("restarts", 0) >= 1 and s,
-                      NODE_LOST_BOUND_S + 60, POLL_S)
-    took = time.monotonic() - started
-    print(f"node {lost} lost -> gang restart in {took:.0f} s")
+                      NODE_LOST_BOUND_S, POLL_S)  # the promise is the wait's own bound, not a timing
+    print(f"node {lost} lost -> gang restart in {time.monotonic() - started:.0f} s")
     failure = status["lastFailure"]
     assert failure["cause"] == "NodeLost" and failure["node"] == lost, failure
     assert (failure["rank"], failure["pod"]) == (1, rank1.metadata.name), failure
-    assert took <= NODE_LOST_BOUND_S, f"the lost node took {took:.0f} s to restart the gang: {status}"
 
     status = trainings.wait_phase(name, "Succeeded")
     assert status["epoch"] == 4 and status["restarts"] == 1 and status["disruptions"] == 1, status
