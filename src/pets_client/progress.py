@@ -115,7 +115,8 @@ def live_line(status: dict[str, Any]) -> str | None:
     parts: list[str] = []
     epoch, total_epochs = _int(status.get("epoch")), _int(status.get("totalEpochs"))
     if phase == "Running":
-        parts.append(f"{_int(status.get('readyReplicas')) or 0}/{_int(status.get('replicas')) or '?'} pods")
+        up = max(_int(status.get("readyReplicas")) or 0, _int(status.get("activeReplicas")) or 0)
+        parts.append(f"{up}/{_int(status.get('replicas')) or '?'} pods")
         step, steps_total = _int(status.get("step")), _int(status.get("stepsTotal"))
         parts.append(f"step {step}/{steps_total or '?'}" if step else "waiting for the first step")
     if epoch and phase in ("Running", "Succeeded"):

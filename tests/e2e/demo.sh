@@ -29,7 +29,11 @@ tests/cluster/build.sh control-plane >/dev/null
 "$PETS_CACHE/bin/helm" upgrade --install pets charts/pets-training \
   --namespace "$OPERATOR_NAMESPACE" --create-namespace --wait --timeout 5m
 
-step "a claim for the results on the cluster's shared storage (examples/results-claim.yaml)"
+step "a new claim for the results on the cluster's shared storage (examples/results-claim.yaml)"
+# An earlier demo's training and results go first: its checkpoints would make this one resume at its end
+# instead of training.
+kubectl -n "$NAMESPACE" delete -f petstraining.yaml --ignore-not-found --wait
+kubectl -n "$NAMESPACE" delete -f examples/results-claim.yaml --ignore-not-found --wait
 kubectl -n "$NAMESPACE" apply -f examples/results-claim.yaml
 claim=$(kubectl create --dry-run=client -f examples/results-claim.yaml -o jsonpath='{.metadata.name}')
 # (A class that binds on first use, like kind's `standard`, binds when the pods come.)
@@ -39,7 +43,6 @@ binding=$(kubectl get sc -o jsonpath='{range .items[?(@.metadata.annotations.sto
   { kubectl -n "$NAMESPACE" describe "pvc/$claim" >&2; die "claim $claim is not bound: is there a default StorageClass (kubectl get sc)?"; }
 
 step "kubectl apply -f petstraining.yaml, its output on claim $claim (the sample's commented lines)"
-kubectl -n "$NAMESPACE" delete -f petstraining.yaml --ignore-not-found --wait
 # The sample stays portable (its claim lines are commented); here they are filled in, by kubectl
 # alone: the demo needs no venv (`make test` makes that).
 kubectl patch --local -f petstraining.yaml --type merge -o yaml \

@@ -53,3 +53,8 @@ def test_the_file_runs_on_the_standard_library_alone(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-I", "-S", str(PROGRESS_PY)], input=json.dumps(training),
                          capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout == "Running: 0/1 pods, waiting for the first step\n"
+
+
+def test_pods_count_the_active_ones_while_the_ready_count_lags() -> None:
+    status = {"phase": "Running", "replicas": 2, "readyReplicas": 0, "activeReplicas": 2}
+    assert live_line(status) == "Running: 2/2 pods, waiting for the first step"
