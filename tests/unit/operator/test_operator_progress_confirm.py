@@ -10,30 +10,19 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from aiohttp import web
-from pets_operator import api, backends, builders, status
+from pets_operator import status
 from pets_operator.scraper import Scraper, Target, client_session
+from test_operator_scraper_hostile import _plan
 
 pytestmark = pytest.mark.unit
 
-NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)  # _plan's now
 ERROR = "http://10.0.0.5:9090/metrics: cannot connect: Connection refused"
 
 
-def plan(failing_for: float | None) -> status.Plan:
-    spec = api.resolve_spec({})
-    target = builders.Target("pets", "ns")
-    workload = builders.build_job(spec, target)
-    workload["metadata"]["annotations"][api.ANNOTATION_SPEC_DIGEST] = builders.spec_digest(spec)
-    workload["status"] = {"active": 1, "ready": 1, "startTime": "2026-01-02T03:00:00Z"}
-    job = backends.get("job")
-    observed = status.Observed(
-        backend=job, workload=workload, service=job.build_service(spec, target), progress=None,
-        progress_error=ERROR,
-        rank0_running_since=(NOW - timedelta(seconds=120)).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        progress_failing_since=None if failing_for is None else NOW - timedelta(seconds=failing_for))
-    body = {"metadata": {"name": "pets", "namespace": "ns", "generation": 1, "uid": "u1"}, "spec": {},
-            "status": {"phase": api.RUNNING}}
-    return status.plan(body, spec, observed, target, NOW)
+def plan(failing_for: float) -> status.Plan:
+    """A running training's plan 60 s after rank 0 started (past the grace), its reads failing so long."""
+    return _plan(None, ERROR, failing_since=NOW - timedelta(seconds=failing_for))
 
 
 def reported(p: status.Plan) -> dict[str, object] | None:

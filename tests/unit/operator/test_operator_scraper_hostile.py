@@ -330,7 +330,8 @@ def test_check_progress_is_pure_and_bounds_every_field() -> None:
             check_progress(raw)
 
 
-def _plan(progress: dict[str, float] | None, error: str | None) -> status.Plan:
+def _plan(progress: dict[str, float] | None, error: str | None,
+          failing_since: datetime | None = None) -> status.Plan:
     """A running training's plan fed a reading, 60 s after rank 0 started (past the grace)."""
     now = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
     spec = api.resolve_spec({})
@@ -341,7 +342,8 @@ def _plan(progress: dict[str, float] | None, error: str | None) -> status.Plan:
     job = backends.get("job")
     started = (now - timedelta(seconds=60)).strftime("%Y-%m-%dT%H:%M:%SZ")
     observed = status.Observed(backend=job, workload=workload, service=job.build_service(spec, target),
-                               progress=progress, progress_error=error, rank0_running_since=started)
+                               progress=progress, progress_error=error, rank0_running_since=started,
+                               progress_failing_since=failing_since)
     body = {"metadata": {"name": "pets", "namespace": "ns", "generation": 1, "uid": "u1"}, "spec": {},
             "status": {"phase": api.RUNNING}}
     return status.plan(body, spec, observed, target, now)
