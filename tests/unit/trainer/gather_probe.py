@@ -5,6 +5,8 @@ Evaluates one model on an eval set of odd size with the tutorial's plain ``gathe
 """
 
 import json
+import os
+import sys
 
 from accelerate import Accelerator
 from torch.utils.data import DataLoader
@@ -31,4 +33,10 @@ if accelerator.is_main_process:
     }
     print("RESULT " + json.dumps(result), flush=True)
 accelerator.wait_for_everyone()
-accelerator.end_training()  # leave the gloo group cleanly, or a rank may abort at exit
+# The probe's result is printed; what follows is teardown. Rank 0 hosts the gloo group's TCP store, and
+# even after end_training() it aborted once at exit in CI ("terminate called without an active
+# exception", SIGABRT, after RESULT was printed: 2026-11-24). os._exit skips the C++ destructors where
+# that race lives; this measures gather semantics, not teardown.
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(0)
