@@ -139,6 +139,11 @@ def _dataloaders(
 ) -> tuple[DataLoader, DataLoader, EpochShuffleSampler]:
     sampler = EpochShuffleSampler(len(data.train), cfg.seed)
     common: dict[str, Any] = {"num_workers": workers, "pin_memory": pin, "persistent_workers": workers > 0}
+    if workers > 0:
+        # Workers start from a forkserver, not a fork of this process: by the first batch the process
+        # has gloo's and the metrics server's threads, and a fork copies whatever lock one of them
+        # holds. A rank's worker once hung that way for good (2026-11-24), and its peer with it.
+        common["multiprocessing_context"] = "forkserver"
     train = DataLoader(data.train, batch_size=cfg.batch_size, sampler=sampler, **common)
     evals = DataLoader(data.eval, batch_size=cfg.eval_batch_size, shuffle=False, **common)
     return train, evals, sampler
