@@ -184,10 +184,10 @@ def create_refused(workload_events: list[dict[str, Any]]) -> Waiting | None:
     refused = [ev for ev in workload_events if ev.get("reason") in CREATE_REFUSED_REASONS]
     if not refused:
         return None
-    newest = max(refused, key=lambda ev: str(ev.get("lastTimestamp") or ev.get("eventTime")
-                                               or (ev.get("metadata") or {}).get("creationTimestamp") or ""))
+    # Cluster.workload_refusals has already folded an Event's series and timestamps into these two keys.
+    newest = max(refused, key=lambda ev: str(ev.get("lastTimestamp") or ""))
     said = str(newest.get("message") or "").removeprefix("Error creating: ")
-    count = sum(int((ev.get("series") or {}).get("count") or ev.get("count") or 1) for ev in refused)
+    count = sum(int(ev.get("count") or 1) for ev in refused)
     what, todo = next(((w, t) for pattern, w, t in _REFUSALS if pattern.search(said)),
                       ("the API server refuses the pod", "read the message: a person may need to act"))
     return Waiting("PodCreateRefused",

@@ -252,7 +252,6 @@ def plan(
                                "message": ""}
     elif phase == api.FAILED and left is not None and left <= DEADLINE_SLACK_SECONDS:
         # The workload's own deadline (what was left of the training's) ended it: no restart.
-        status.pop("pendingSince", None)
         phase, reason, message = _deadline_exceeded(result, spec, None, now)
     elif phase == api.FAILED or (_lost_current(observed) and not backend.is_suspended(observed.workload)):
         # A pod on a lost node never ends, so the workload never fails by itself: the attempt has.
