@@ -18,7 +18,18 @@ from pets_operator import api, pods
 CONTAINER = "trainer"
 PORT_NAME = "rendezvous"
 TERMINATION_LOG = "/dev/termination-log"
-RUN_AS = 1000
+# The pods' uid and gid, and the images' user (image/Dockerfile): non-root and above any host user's
+# (checkov's CKV_K8S_40 asks for >= 10000; hosts give users 1000-60000), distroless's "nonroot".
+RUN_AS = 65532
+# The trainer image's HOME (image/Dockerfile).
+HOME = "/home/pets"
+# The root filesystem is read-only; these are where the trainer writes besides /output, /dev/shm and
+# the termination log (found by tracing a 2-process training: docs/operator.md, "Security checks").
+# /tmp: Python's tempfile, the launcher's exit-code file, torchrun's log directories, multiprocessing's
+# forkserver sockets, torch's /tmp/torchinductor_<user>. HOME: the caches under ~/.cache and ~/.config
+# (matplotlib's; the Hugging Face hub's and torch's for pretrained weights from the hub; triton's and
+# CUDA's on GPUs).
+SCRATCH_DIRS = {"tmp": "/tmp", "home": HOME}
 
 
 @dataclass(frozen=True)
@@ -165,6 +176,9 @@ def _data_dir(spec: dict[str, Any], source: str) -> str:
 def _volumes(spec: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     volumes: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": {"medium": "Memory"}}]
     mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    for name, path in SCRATCH_DIRS.items():
+        volumes.append({"name": name, "emptyDir": {}})
+        mounts.append({"name": name, "mountPath": path})
     output = spec["output"]
     if "persistentVolumeClaim" in output:
         claim = output["persistentVolumeClaim"]
@@ -253,6 +267,7 @@ def pod_template(spec: dict[str, Any], target: Target, *, container_name: str = 
             "privileged": False,
             "capabilities": {"drop": ["ALL"]},
             "runAsNonRoot": True,
+            "readOnlyRootFilesystem": True,
         },
     }
     pod: dict[str, Any] = {

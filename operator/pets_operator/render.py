@@ -40,9 +40,10 @@ def render_object(
         cluster_domain=cluster_domain,
         queue_labels=builders.queue_labels(meta.get("labels")),
     )
-    # No cluster to ask: an explicit spec.backend wins, and 'auto' becomes --backend (default job).
+    # No cluster to ask: an explicit spec.backend wins, and 'auto' becomes --backend (default job), as
+    # on a cluster that serves that backend to an operator whose --auto-backend names it.
     served = {name for name in (backend, spec["backend"]) if name and name != "auto"}
-    return backends.resolve(spec, served).children(spec, target)
+    return backends.resolve(spec, served, auto=backend or backends.DEFAULT_AUTO).children(spec, target)
 
 
 def render_file(filename: str, **kwargs: Any) -> str:

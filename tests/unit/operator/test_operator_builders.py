@@ -50,13 +50,30 @@ def test_indexed_job_shape() -> None:
 
 def test_pod_security_context() -> None:
     pod = builders.build_job(spec(), TARGET)["spec"]["template"]["spec"]
-    assert pod["securityContext"]["runAsNonRoot"] is True
-    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    # The images' user (image/Dockerfile): above every host user's uid, as checkov's CKV_K8S_40 asks.
+    assert pod["securityContext"] == {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532,
+                                      "fsGroup": 65532, "seccompProfile": {"type": "RuntimeDefault"}}
     assert pod["automountServiceAccountToken"] is False
     (c,) = pod["containers"]
-    assert c["securityContext"]["allowPrivilegeEscalation"] is False
-    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert c["securityContext"] == {"allowPrivilegeEscalation": False, "privileged": False,
+                                    "capabilities": {"drop": ["ALL"]}, "runAsNonRoot": True,
+                                    "readOnlyRootFilesystem": True}
     assert c["terminationMessagePath"] == "/dev/termination-log"
+
+
+@pytest.mark.parametrize("output", [{"emptyDir": {}}, {"persistentVolumeClaim": {"claimName": "out"}}])
+def test_the_read_only_root_has_a_volume_wherever_the_trainer_writes(output: dict[str, Any]) -> None:
+    """The writable places a 2-process training needs (traced: docs/operator.md, "Security checks"):
+    /tmp, the image's HOME (/home/pets: ~/.cache, ~/.config), /dev/shm and /output."""
+    pod = builders.build_job(spec(output=output), TARGET)["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    vols = {v["name"]: v for v in pod["volumes"]}
+    writable = {m["mountPath"]: vols[m["name"]] for m in c["volumeMounts"] if not m.get("readOnly")}
+    assert writable["/tmp"] == {"name": "tmp", "emptyDir": {}}
+    assert writable["/home/pets"] == {"name": "home", "emptyDir": {}}
+    assert writable["/dev/shm"] == {"name": "dshm", "emptyDir": {"medium": "Memory"}}
+    assert set(writable) == {"/tmp", "/home/pets", "/dev/shm", "/output"}
+    assert ("emptyDir" in writable["/output"]) == ("emptyDir" in output)
 
 
 def test_pod_contract_env_and_args() -> None:

@@ -212,3 +212,39 @@ def test_cli_render_prints_the_rules_message(tmp_path: Path, capsys: pytest.Capt
     assert cli.main(["render", "-f", str(path)]) == 2
     err = capsys.readouterr().err
     assert 'spec.masterPort: Invalid value: "object": spec.masterPort must not be 9090' in err
+
+
+# ---------------------------------------------------------------- what render prints: the pods' lock-down
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def _pod_specs(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+    if manifest["kind"] == "Job":
+        return [manifest["spec"]["template"]["spec"]]
+    if manifest["kind"] == "PyTorchJob":
+        return [r["template"]["spec"] for r in manifest["spec"]["pytorchReplicaSpecs"].values()]
+    return []
+
+
+@pytest.mark.parametrize("backend", ["job", "pytorchjob"])
+def test_render_backend_decides_auto_and_every_pod_is_locked_down(backend: str,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """`render --backend pytorchjob` renders the sample (backend auto) as a PyTorchJob, as an operator with
+    --auto-backend=pytorchjob does; on either backend every trainer pod runs as uid/gid 65532 on a
+    read-only root with emptyDirs at /tmp and HOME (what `make lint-k8s` checks with checkov)."""
+    assert cli.main(["render", "-f", str(REPO / "petstraining.yaml"), "--backend", backend]) == 0
+    manifests = list(yaml.safe_load_all(capsys.readouterr().out))
+    kinds = {m["kind"] for m in manifests}
+    assert kinds == ({"Service", "Job"} if backend == "job" else {"PyTorchJob"})
+    pods = [p for m in manifests for p in _pod_specs(m)]
+    assert len(pods) == (1 if backend == "job" else 2)  # PyTorchJob: Master and Worker
+    for pod in pods:
+        assert pod["securityContext"]["runAsUser"] == pod["securityContext"]["runAsGroup"] == 65532
+        assert pod["securityContext"]["fsGroup"] == 65532
+        (c,) = pod["containers"]
+        assert c["securityContext"]["readOnlyRootFilesystem"] is True
+        mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+        assert mounts["/tmp"] == "tmp" and mounts["/home/pets"] == "home"
+        assert {"name": "tmp", "emptyDir": {}} in pod["volumes"]
+        assert {"name": "home", "emptyDir": {}} in pod["volumes"]
