@@ -109,6 +109,9 @@ def pod_selector(children: dict[str, Any], rank: int) -> str:
                     "not created its Job; is the operator running?")
 
 
+FETCH_UID = 65532
+
+
 def fetch_pod(training: dict[str, Any], image: str, files: list[str]) -> dict[str, Any]:
     """A short-lived pod that mounts the training's output claim read-only, for `fetch`."""
     name = training["metadata"]["name"]
@@ -123,7 +126,9 @@ def fetch_pod(training: dict[str, Any], image: str, files: list[str]) -> dict[st
         "activeDeadlineSeconds": 900,  # goes away by itself if the client dies before deleting it
         "terminationGracePeriodSeconds": 0,
         "automountServiceAccountToken": False,
-        "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000,
+        # The trainer's uid and gid (the operator's builders.RUN_AS, the images' user): the trainer writes
+        # model.safetensors 0600, so only its own uid can read it back.
+        "securityContext": {"runAsNonRoot": True, "runAsUser": FETCH_UID, "runAsGroup": FETCH_UID,
                             "seccompProfile": {"type": "RuntimeDefault"}},
         "containers": [{
             "name": "fetch",

@@ -152,7 +152,12 @@ def test_the_fetch_pod_mounts_the_claim_read_only() -> None:
     assert spec["volumes"] == [{"name": "output", "persistentVolumeClaim": {"claimName": "out",
                                                                            "readOnly": True}}]
     assert spec["restartPolicy"] == "Never" and spec["activeDeadlineSeconds"] > 0
-    assert spec["automountServiceAccountToken"] is False and spec["securityContext"]["runAsNonRoot"]
+    assert spec["automountServiceAccountToken"] is False
+    # The trainer's uid (it writes model.safetensors 0600), above every host user's (checkov CKV_K8S_40).
+    assert spec["securityContext"] == {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532,
+                                       "seccompProfile": {"type": "RuntimeDefault"}}
+    assert c["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                                    "capabilities": {"drop": ["ALL"]}}
     assert spec["nodeSelector"] == {"pool": "cpu"} and spec["tolerations"] == [{"operator": "Exists"}]
     assert pod["metadata"]["generateName"] == "pets-fetch-"
     assert "training.pets.dev/training" not in pod["metadata"]["labels"], "the operator's children label"
