@@ -196,6 +196,7 @@ def test_deployment_defaults(helm: str) -> None:
         assert c[probe]["httpGet"] == {"path": "/healthz", "port": "http-health"}
     assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"http-health": 8080, "http-metrics": 8000}
     assert c["resources"]["requests"] and c["resources"]["limits"]["memory"]
+    assert c["resources"]["limits"]["cpu"] == "2"  # checkov CKV_K8S_11; docs/chart.md says why 2
     assert pod["serviceAccountName"] == one(manifest, "ServiceAccount")["metadata"]["name"]
     labels = deployment["spec"]["selector"]["matchLabels"]
     assert labels.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
@@ -208,7 +209,8 @@ def test_security_context_is_restricted(helm: str, variant: str | None) -> None:
     manifest = render(helm, *([variant] if variant else []))
     pod = one(manifest, "Deployment")["spec"]["template"]["spec"]
     psc = pod["securityContext"]
-    assert psc["runAsNonRoot"] is True and psc["runAsUser"] == 1000
+    # The operator image's user: above every host user's uid (checkov CKV_K8S_40).
+    assert psc["runAsNonRoot"] is True and psc["runAsUser"] == psc["runAsGroup"] == psc["fsGroup"] == 65532
     assert psc["seccompProfile"] == {"type": "RuntimeDefault"}
     sc = container(manifest)["securityContext"]
     assert sc["allowPrivilegeEscalation"] is False
@@ -305,6 +307,12 @@ def test_helm_test_pod(helm: str) -> None:
     selector = one(manifest, "Service")["spec"]["selector"]
     assert not selector.items() <= pod["metadata"]["labels"].items()
     assert not of_kind(render(helm, set_values=("tests.enabled=false",)), "Pod")
+    # Locked down like the operator: its uid, a read-only root, no token, CPU and memory limits.
+    assert pod["spec"]["securityContext"]["runAsUser"] == 65532
+    assert pod["spec"]["automountServiceAccountToken"] is False
+    (check,) = pod["spec"]["containers"]
+    assert check["securityContext"]["readOnlyRootFilesystem"] is True
+    assert set(check["resources"]["limits"]) == {"cpu", "memory"}
 
 
 def test_names_are_release_scoped(helm: str) -> None:
