@@ -31,6 +31,11 @@ DISRUPTION_REASONS = {"Evicted", "Preempted", "NodeLost", "Shutdown", "Terminate
 SEVERITY = ["PodCreateRefused", "ImagePullFailed", "ContainerConfigError", "VolumeNotReady", "Unschedulable",
             "ContainerCreating", "WaitingForPods"]
 LOG_TAIL_LINES = 20
+# The trainer's summary is one flat object (docs/contract.md). A 4 KiB termination message can nest 4000
+# deep: past the interpreter's recursion limit json.loads raises RecursionError (found by the property
+# tests, issue 28), and a summary a few hundred deep still breaks the recursive deepcopy and JSON encoding
+# of the status patch on every round. So a summary nested deeper than this is unreadable.
+SUMMARY_MAX_DEPTH = 32
 _CLAIM = re.compile(r'persistentvolumeclaim "([^"]+)"')
 
 
@@ -79,19 +84,30 @@ def _bounded_int(text: str) -> int:
     return value
 
 
+def _nesting(value: Any) -> int:
+    """How deep JSON containers nest in ``value`` (0: a scalar, 1: a flat object), without recursing."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, depth + 1)
+            stack.extend((v, depth + 1) for v in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
 def parse_summary(message: str | None) -> dict[str, Any] | None:
     """The trainer's termination message (docs/contract.md) -> summary dict, or None if it is not a JSON
     object a status can hold: the pod wrote it, and the whole summary goes into status, so NaN, Infinity,
-    1e400 or an integer beyond 2**53 (which the API server would refuse in the patch, jamming the
-    training's reconciliation) make it unreadable."""
+    1e400, an integer beyond 2**53 (which the API server would refuse in the patch, jamming the
+    training's reconciliation) or containers nested deeper than SUMMARY_MAX_DEPTH make it unreadable."""
     if not message:
         return None
     try:
         value = json.loads(message, parse_constant=_no_constant, parse_float=_finite_float,
                            parse_int=_bounded_int)
-    except ValueError:  # JSONDecodeError, our refusals, and int()'s digit limit
+    except (ValueError, RecursionError):  # JSONDecodeError, our refusals, int()'s digit limit, "[[[[..."
         return None
-    return value if isinstance(value, dict) else None
+    return value if isinstance(value, dict) and _nesting(value) <= SUMMARY_MAX_DEPTH else None
 
 
 def _status(pod: dict[str, Any]) -> dict[str, Any]:
