@@ -3,11 +3,16 @@ test_operator_backends.py)."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from operator_specs import TARGET, env_of, spec  # tests/unit/operator/operator_specs.py
 from pets_operator import api, builders
+
+from pets_client import client
 
 pytestmark = pytest.mark.unit
 
@@ -198,3 +203,17 @@ def test_pretrained_cache_is_mounted_read_only_and_passed_as_a_flag() -> None:
     weights = builders.build_job(spec(weights="/data/w.safetensors"), TARGET)["spec"]["template"]["spec"]
     assert "--pretrained-cache" not in weights["containers"][0]["args"]
     assert all(v["name"] != "pretrained-cache" for v in weights["volumes"])
+
+
+def test_one_uid_in_the_images_the_pods_and_the_chart() -> None:
+    """The images' USER, the trainer pods', the fetch pod's and the chart's operator pod's uid agree, so
+    `docker run` and the pods write files the other can read (model.safetensors is 0600)."""
+    repo = Path(__file__).resolve().parents[3]
+    run_as = builders.RUN_AS
+    assert run_as >= 10000  # checkov CKV_K8S_40: above the host's users
+    users = re.findall(r"^USER (\S+)$", (repo / "image" / "Dockerfile").read_text(), re.M)
+    assert users == [f"{run_as}:{run_as}"] * 2  # operator and trainer stages
+    values = yaml.safe_load((repo / "charts" / "pets-training" / "values.yaml").read_text())
+    assert values["podSecurityContext"]["runAsUser"] == values["securityContext"]["runAsUser"] == run_as
+    assert values["podSecurityContext"]["runAsGroup"] == values["podSecurityContext"]["fsGroup"] == run_as
+    assert client.FETCH_UID == run_as
