@@ -244,3 +244,8 @@ def test_init_container_template_waits_with_getent() -> None:
     assert init["command"][:2] == ["sh", "-c"]
     assert "getent hosts job-master-0" in script and "nslookup" not in script
     assert "$(seq 100)" in script
+    # Pod Security `restricted` (and checkov's container checks) hold for the worker pods with it too.
+    assert init["securityContext"] == {
+        "runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532, "allowPrivilegeEscalation": False,
+        "privileged": False, "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"}}
