@@ -124,3 +124,7 @@ clean: ## remove build and test outputs (not the cache)
 .PHONY: bench-scale
 bench-scale: install ## COUNT trainings (default 1000) on 50 kwok nodes vs a raw client: latency, status lag, idle requests, RSS -> bench-output/scale.json
 	PY=$(abspath $(PY)) tests/scale/run.sh --count $(or $(COUNT),1000) $(SCALE_ARGS)
+
+.PHONY: bench-scrape
+bench-scrape: install ## one progress-scrape pass over 1000 local endpoints, then 950 + 50 slow/hostile: pass time, slot hold, loop lag, RSS -> output/bench-scrape.json (BENCH_SCRAPE_ARGS)
+	$(PY) tests/scale/bench_scrape.py $(BENCH_SCRAPE_ARGS)
