@@ -29,10 +29,31 @@ $(VENV)/.installed: pyproject.toml
 .PHONY: install
 install: $(VENV)/.installed ## create .venv with the trainer, the operator and the dev tools
 
+# checkov (PyPI), for lint-k8s, in a venv of its own: it pins many packages that must not meet the
+# project's. Kept in the cache like helm, so a fresh clone's lint reuses it.
+CHECKOV_VERSION := 3.3.30
+CHECKOV_VENV ?= $(PETS_CACHE)/checkov-venv
+HELM := $(PETS_CACHE)/bin/helm
+
+$(CHECKOV_VENV)/.installed-$(CHECKOV_VERSION):
+	rm -rf "$(CHECKOV_VENV)"
+	$(PYTHON) -m venv "$(CHECKOV_VENV)"
+	"$(CHECKOV_VENV)/bin/pip" install -q --upgrade pip
+	"$(CHECKOV_VENV)/bin/pip" install -q --no-cache-dir checkov==$(CHECKOV_VERSION)
+	touch $@
+
+$(HELM):
+	tests/cluster/build.sh control-plane
+
 .PHONY: lint
-lint: install ## ruff and mypy
+lint: install ## ruff, mypy, and checkov over the chart and the pods we create (lint-k8s)
 	$(VENV)/bin/ruff check src operator tests
 	$(VENV)/bin/mypy src/pets_training src/pets_client operator/pets_operator
+	$(MAKE) lint-k8s
+
+.PHONY: lint-k8s
+lint-k8s: install $(CHECKOV_VENV)/.installed-$(CHECKOV_VERSION) $(HELM) ## checkov's Kubernetes checks over the rendered chart, operator and client pods; fails on any not in tests/lint_k8s_skips.yaml
+	$(PY) tests/lint_k8s.py --checkov "$(CHECKOV_VENV)/bin/checkov" --helm "$(HELM)"
 
 # ---------------------------------------------------------------- tests
 .PHONY: test
