@@ -101,7 +101,7 @@ def make_hub_cache(cache_dir: str | Path, model_name: str, seed: int = 0) -> Pat
     blob = blobs / digest
     tmp.replace(blob)
     # safetensors writes 0600; the hub's own download applies the umask (0644 here), and a cache on a
-    # volume is read by the trainer's uid 1000, not by whoever filled it
+    # volume is read by the trainer's uid 65532, not by whoever filled it
     umask = os.umask(0)
     os.umask(umask)
     blob.chmod(0o666 & ~umask)

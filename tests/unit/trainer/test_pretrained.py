@@ -87,7 +87,7 @@ def test_make_hub_cache_writes_the_hub_layout(resnet50d_cache: tuple[Path, Path]
     commit = (repo / "refs" / "main").read_text()
     assert len(commit) == 40 and snapshot == repo / "snapshots" / commit / "model.safetensors"
     assert snapshot.is_symlink() and snapshot.resolve().parent == repo / "blobs"
-    # readable by others, as `hf download` leaves it: a cache volume is read by the trainer's uid 1000
+    # readable by others, as `hf download` leaves it: a cache volume is read by the trainer's uid 65532
     assert snapshot.resolve().stat().st_mode & 0o004, oct(snapshot.resolve().stat().st_mode)
     source = HubFile("timm/resnet50d.ra2_in1k", "model.safetensors")
     assert hubcache.cached_file(source, cache) == str(snapshot)
