@@ -7,6 +7,7 @@ it never skips.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import time
@@ -126,21 +127,34 @@ def operator_release(kube_api: Any) -> Iterator[str]:
                    env=env, check=False)
 
 
-@pytest.fixture
-def trainings(kube_api: Any, operator_release: str) -> Iterator[Trainings]:
+@contextlib.contextmanager
+def _tenant_namespace(kube_api: Any, prefix: str) -> Iterator[Trainings]:
+    """A fresh namespace, ready for pods, and the PetsTrainings in it; deleted afterwards."""
     from kubernetes import client
 
     core = client.CoreV1Api(kube_api)
-    name = f"e2e-{uuid.uuid4().hex[:6]}"
+    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
     wait_for(f"namespace {name} default ServiceAccount",
              lambda: core.list_namespaced_service_account(
                  name, field_selector="metadata.name=default").items, 60, 0.5)
-    trainings = Trainings(kube_api, name)
     try:
-        yield trainings
+        yield Trainings(kube_api, name)
     finally:
         core.delete_namespace(name, propagation_policy="Foreground")
+
+
+@pytest.fixture
+def trainings(kube_api: Any, operator_release: str) -> Iterator[Trainings]:
+    with _tenant_namespace(kube_api, "e2e") as tenant:
+        yield tenant
+
+
+@pytest.fixture
+def other_tenant(kube_api: Any, operator_release: str) -> Iterator[Trainings]:
+    """A second tenant's namespace, beside `trainings`'."""
+    with _tenant_namespace(kube_api, "e2e-other") as tenant:
+        yield tenant
 
 
 SHARED_CLASS = "pets-shared"  # the local cluster's shared StorageClass (tests/cluster/storage.sh)
@@ -168,7 +182,7 @@ def shared_volume(trainings: Trainings, claim: str) -> Path:
 def shared_output(kube_api: Any, trainings: Trainings) -> str:
     """A ReadWriteMany claim on the shared storage: checkpoints outlive the pods."""
     claim = "pets-output"
-    shared_volume(trainings, claim)  # mode 0777: the trainer (uid 1000) writes there
+    shared_volume(trainings, claim)  # mode 0777: the trainer (uid 65532) writes there
     return claim
 
 
@@ -180,5 +194,5 @@ def hub_cache(kube_api: Any, trainings: Trainings) -> str:
     from pets_training.hubcache import make_hub_cache
 
     claim = "hub-cache"
-    make_hub_cache(shared_volume(trainings, claim), "resnet50d")  # world-readable: read-only as uid 1000
+    make_hub_cache(shared_volume(trainings, claim), "resnet50d")  # world-readable: read-only as uid 65532
     return claim

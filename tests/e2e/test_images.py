@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from pets_operator.builders import RUN_AS
 
 pytestmark = pytest.mark.e2e
 
@@ -132,7 +133,8 @@ def test_image_is_labelled_non_root_and_has_no_build_tools(
     assert labels.get("org.opencontainers.image.version") == VERSION, labels
     for key in ("source", "revision"):
         assert labels.get(f"org.opencontainers.image.{key}"), f"{tag}: OCI label {key} is missing: {labels}"
-    assert config["Config"]["User"] == "1000:1000", config["Config"]["User"]
+    # The pods' uid (builders.RUN_AS): above every host user's, so a container escape is nobody's account.
+    assert config["Config"]["User"] == f"{RUN_AS}:{RUN_AS}", config["Config"]["User"]
     # What the container really runs as, and what the build must not leave behind.
     probe = (
         "import importlib.util, os, shutil; "
@@ -144,7 +146,7 @@ def test_image_is_labelled_non_root_and_has_no_build_tools(
     )
     proc = docker("run", "--rm", "--entrypoint", "python3", tag, "-c", probe)
     uid_line, modules, tools, leftovers = proc.stdout.strip().splitlines()
-    assert uid_line == "1000 1000", f"{tag} runs as uid/gid {uid_line}, not 1000 1000"
+    assert uid_line == f"{RUN_AS} {RUN_AS}", f"{tag} runs as uid/gid {uid_line}, not {RUN_AS} {RUN_AS}"
     assert modules == "[]", f"{tag} still has installers: {modules}"
     assert tools == "[]", f"{tag} still has build tools: {tools}"
     assert leftovers == "[]", f"{tag} still has build leftovers: {leftovers}"
