@@ -29,6 +29,10 @@ SHORT_NAMES = ["pt"]
 CRD_NAME = f"{PLURAL}.{GROUP}"
 
 DEFAULT_IMAGE = "pets-training/trainer:0.1.0"
+# spec.output.managedClaim: the claim the operator makes is named <training>-output, of this size unless
+# the spec says otherwise (a resnet50d run keeps about 0.7 GB: two checkpoints and the model).
+OUTPUT_CLAIM_SUFFIX = "-output"
+DEFAULT_OUTPUT_CLAIM_SIZE = "5Gi"
 DEFAULT_CLUSTER_DOMAIN = "cluster.local"
 # The operator's own defaults (`pets-operator run --help`, the chart's `operator.*` values).
 DEFAULT_WORKERS = 48  # concurrent reconciliations
@@ -61,6 +65,9 @@ LABEL_COMPONENT = "app.kubernetes.io/component"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_PART_OF = "app.kubernetes.io/part-of"
 LABEL_TRAINING = f"{GROUP}/training"
+# On a claim of spec.output.managedClaim: its retentionPolicy (Delete or Retain), so retained claims are
+# found with `kubectl get pvc -l training.pets.dev/output-retention=Retain`.
+LABEL_OUTPUT_RETENTION = f"{GROUP}/output-retention"
 MANAGED_BY = "pets-operator"
 ANNOTATION_ATTEMPT = f"{GROUP}/attempt"
 # On the trainer pods: the attempt they belong to, so a selector (spec.placement's spread) can pick
@@ -209,7 +216,7 @@ class Rule:
 
 NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 _DATASET_SOURCES = ["synthetic", "persistentVolumeClaim", "hostPath"]
-_OUTPUT_VOLUMES = ["persistentVolumeClaim", "emptyDir"]
+_OUTPUT_VOLUMES = ["managedClaim", "persistentVolumeClaim", "emptyDir"]
 
 
 def _exactly_one(keys: list[str]) -> str:
@@ -354,6 +361,8 @@ RULES: list[Rule] = [
     _quantity_rule("memory-quantity", "spec.resources", "memory", {"resources": {"memory": "-4Gi"}}),
     _quantity_rule("size-limit-quantity", "spec.output.emptyDir", "sizeLimit",
                    {"output": {"emptyDir": {"sizeLimit": "-1Gi"}}}),
+    _quantity_rule("output-claim-size-quantity", "spec.output.managedClaim", "size",
+                   {"output": {"managedClaim": {"size": "5 Gi"}}}),
 ]
 
 
@@ -504,9 +513,32 @@ SPEC_SCHEMA: dict[str, Any] = _obj(
             rules=_validations("spec.dataset")),
         "output": _obj(
             "Where the trainer writes progress, checkpoints and the final model (mounted at /output). "
-            "With emptyDir a gang restart starts from scratch; use a claim to resume from the newest "
-            "checkpoint. Immutable while running.",
+            "With emptyDir a gang restart starts from scratch; with a claim (managedClaim: {} has the "
+            "operator make one) it resumes from the newest checkpoint. Immutable while running.",
             {
+                "managedClaim": _obj(
+                    f"A PersistentVolumeClaim the operator makes for this training before its pods, "
+                    f"named <training>{OUTPUT_CLAIM_SUFFIX}: checkpoints and results outlive the pods, so "
+                    "a restart resumes and `kubectl pets fetch` works. An existing claim of that name is "
+                    "used as it is (a Retain claim of an earlier training of the same name: its work "
+                    "resumes).",
+                    {
+                        "size": _quantity(f"Storage requested; unset: {DEFAULT_OUTPUT_CLAIM_SIZE}."),
+                        "storageClassName": _str("StorageClass of the claim; unset: the cluster's default.",
+                                                 pattern=DNS_SUBDOMAIN, min_length=1, max_length=253),
+                        "accessModes": {
+                            "type": "array", "maxItems": 2,
+                            "description": "Access modes of the claim; unset: ReadWriteMany when replicas "
+                                           "> 1 (every pod mounts it, on any node), else ReadWriteOnce.",
+                            "items": _str("An access mode.", enum=["ReadWriteOnce", "ReadWriteMany"]),
+                        },
+                        "retentionPolicy": _str(
+                            "What deleting the training does to the claim: Delete (it goes with the "
+                            "training, through its owner reference) or Retain (it stays, and keeps the "
+                            "work).",
+                            default="Delete", enum=["Delete", "Retain"]),
+                    },
+                    rules=_validations("spec.output.managedClaim")),
                 "persistentVolumeClaim": _claim("A PersistentVolumeClaim (ReadWriteMany for replicas > 1)."),
                 "emptyDir": _obj("A scratch volume that lives as long as the pod.",
                                  {"sizeLimit": _quantity("Size limit of the emptyDir.")},

@@ -173,14 +173,18 @@ def _data_dir(spec: dict[str, Any], source: str) -> str:
     return f"{api.DATA_DIR}/{sub}" if sub else api.DATA_DIR
 
 
-def _volumes(spec: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _volumes(spec: dict[str, Any], training: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     volumes: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": {"medium": "Memory"}}]
     mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}]
     for name, path in SCRATCH_DIRS.items():
         volumes.append({"name": name, "emptyDir": {}})
         mounts.append({"name": name, "mountPath": path})
     output = spec["output"]
-    if "persistentVolumeClaim" in output:
+    if "managedClaim" in output:
+        claim_name = output_claim_name(training)
+        volumes.append({"name": "output", "persistentVolumeClaim": {"claimName": claim_name}})
+        mounts.append({"name": "output", "mountPath": api.OUTPUT_DIR})
+    elif "persistentVolumeClaim" in output:
         claim = output["persistentVolumeClaim"]
         volumes.append({"name": "output", "persistentVolumeClaim": {"claimName": claim["claimName"]}})
         mount: dict[str, Any] = {"name": "output", "mountPath": api.OUTPUT_DIR}
@@ -247,7 +251,7 @@ def pod_template(spec: dict[str, Any], target: Target, *, container_name: str = 
                  port_name: str = PORT_NAME, headless_service: bool = True) -> dict[str, Any]:
     """The trainer pod, the same for every backend. A backend whose controller looks for its own
     container and port names passes them; `headless_service` puts the pod behind our Service."""
-    volumes, mounts = _volumes(spec)
+    volumes, mounts = _volumes(spec, target.name)
     container: dict[str, Any] = {
         "name": container_name,
         "image": spec.get("image") or target.default_image,
@@ -363,6 +367,50 @@ def attempt_deadline(spec: dict[str, Any], target: Target) -> int | None:
 
 def created_suspended(spec: dict[str, Any], target: Target) -> bool:
     return bool(spec["suspend"]) or target.queued
+
+
+def output_claim_name(name: str) -> str:
+    """The claim spec.output.managedClaim makes for the training `name`."""
+    return f"{name}{api.OUTPUT_CLAIM_SUFFIX}"
+
+
+def output_access_modes(spec: dict[str, Any]) -> list[str]:
+    """spec.output.managedClaim's access modes; unset: ReadWriteMany when several pods mount the claim
+    (they may run on several nodes), else ReadWriteOnce. docs/operator.md ("Output") says why."""
+    claim = spec["output"]["managedClaim"]
+    several = spec["replicas"] > 1
+    return list(claim.get("accessModes") or (["ReadWriteMany"] if several else ["ReadWriteOnce"]))
+
+
+def build_output_claim(spec: dict[str, Any], target: Target) -> dict[str, Any] | None:
+    """The PersistentVolumeClaim of spec.output.managedClaim, or None for another output. With
+    retentionPolicy Retain it carries the output-retention label, and the operator gives it no owner
+    reference, so deleting the training leaves it."""
+    claim = spec["output"].get("managedClaim")
+    if claim is None:
+        return None
+    retention = claim.get("retentionPolicy") or "Delete"
+    pvc: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {
+            "name": output_claim_name(target.name),
+            "namespace": target.namespace,
+            "labels": labels(target.name, "output") | {api.LABEL_OUTPUT_RETENTION: retention},
+        },
+        "spec": {
+            "accessModes": output_access_modes(spec),
+            "resources": {"requests": {"storage": str(claim.get("size") or api.DEFAULT_OUTPUT_CLAIM_SIZE)}},
+        },
+    }
+    if claim.get("storageClassName"):
+        pvc["spec"]["storageClassName"] = claim["storageClassName"]
+    return pvc
+
+
+def owned(manifest: dict[str, Any]) -> bool:
+    """Whether a child goes with its training (an owner reference): all but a Retain output claim."""
+    return (manifest["metadata"].get("labels") or {}).get(api.LABEL_OUTPUT_RETENTION) != "Retain"
 
 
 def build_service(spec: dict[str, Any], target: Target) -> dict[str, Any]:

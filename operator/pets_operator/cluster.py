@@ -165,6 +165,10 @@ class Cluster:
             elif manifest["kind"] == "Service":
                 service = self.core.create_namespaced_service(ns, cast(client.V1Service, manifest))
                 created = self._dict(service)
+            elif manifest["kind"] == "PersistentVolumeClaim":
+                claim = self.core.create_namespaced_persistent_volume_claim(
+                    ns, cast(client.V1PersistentVolumeClaim, manifest))
+                created = self._dict(claim)
             else:
                 raise ValueError(f"no API known for {manifest['apiVersion']} {manifest['kind']}")
         except ApiException as exc:

@@ -419,7 +419,8 @@ def _carry_out(ctx: Context, cl: Cluster, body: dict[str, Any], result: status.P
     refused: status.Plan | None = None
     made: list[dict[str, Any]] = []
     for manifest in result.create:
-        kopf.adopt(manifest, owner=kbody)
+        if builders.owned(manifest):
+            kopf.adopt(manifest, owner=kbody)
         try:
             created = cl.create(manifest)
         except ApiException as exc:  # refused: the training ends (Failed) or waits, saying why

@@ -19,6 +19,9 @@ NAMESPACED: list[tuple[str, str, tuple[str, ...]]] = [
     # delete: only pods of our trainings, and only those stuck on a node the node controller marked
     # lost (Ready Unknown, or the Node gone), force-deleted (docs/operator.md, "Nodes lost...").
     ("", "pods", ("get", "list", "watch", "delete")),
+    # spec.output.managedClaim: the claim is created once, before the first workload; it goes with the
+    # training through its owner reference (the garbage collector deletes it, not the operator).
+    ("", "persistentvolumeclaims", ("create",)),
     # Events are written on the training, and read for pods that wait on a volume mount (FailedMount
     # is reported nowhere else).
     ("", "events", ("create", "patch", "list")),

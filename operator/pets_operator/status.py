@@ -206,6 +206,9 @@ def plan(
         else:
             built_for = target if left is None else replace(target, deadline_left=max(1, math.ceil(left)))
             workload = backend.build_workload(spec, built_for)
+            # The managed output claim before the pods that mount it; made once (an existing one is kept).
+            if (claim := builders.build_output_claim(spec, target)) is not None:
+                result.create.append(claim)
             result.create.append(workload)
             status["workloadActive"] = not builders.created_suspended(spec, target)
             reason = "Created"

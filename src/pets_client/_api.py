@@ -13,6 +13,7 @@ KIND = "PetsTraining"
 PLURAL = "petstrainings"
 DEFAULT_IMAGE = "pets-training/trainer:0.1.0"
 OUTPUT_DIR = "/output"
+OUTPUT_CLAIM_SUFFIX = "-output"  # spec.output.managedClaim's claim: <training>-output (the operator's api)
 GENERATE_NAME = "pets-"
 
 SUCCEEDED = "Succeeded"

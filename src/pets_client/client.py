@@ -112,11 +112,20 @@ def pod_selector(children: dict[str, Any], rank: int) -> str:
 FETCH_UID = 65532
 
 
+def output_claim(training: dict[str, Any]) -> dict[str, Any] | None:
+    """The claim a training writes its outputs to ({claimName, path?}), or None for an emptyDir:
+    spec.output.persistentVolumeClaim, or the claim the operator makes for spec.output.managedClaim."""
+    output = (training.get("spec") or {}).get("output") or {}
+    if output.get("managedClaim") is not None:
+        return {"claimName": f"{training['metadata']['name']}{_api.OUTPUT_CLAIM_SUFFIX}"}
+    return output.get("persistentVolumeClaim") or None
+
+
 def fetch_pod(training: dict[str, Any], image: str, files: list[str]) -> dict[str, Any]:
     """A short-lived pod that mounts the training's output claim read-only, for `fetch`."""
     name = training["metadata"]["name"]
     spec = training.get("spec") or {}
-    claim = ((spec.get("output") or {}).get("persistentVolumeClaim")) or {}
+    claim = output_claim(training) or {}
     mount: dict[str, Any] = {"name": "output", "mountPath": _api.OUTPUT_DIR, "readOnly": True}
     sub = str(claim.get("path") or "/").strip("/")
     if sub:
@@ -678,22 +687,23 @@ class PetsTrainingClient:
         """Copy the training's outputs (summary.json, progress.jsonl, metrics.png, model.safetensors,
         config.yaml, or ``files``) into ``dest`` and return the paths copied.
 
-        Works when the training writes to spec.output.persistentVolumeClaim: a short-lived pod with the
-        training's image mounts the claim read-only, the files come back through the exec API in checked
-        chunks (sizes and sha256 first: the client's exec stream can drop frames of a large output), and
-        the pod is deleted. With the default emptyDir output the files went with the pods: FetchError.
+        Works when the training writes to a claim (spec.output.managedClaim or persistentVolumeClaim): a
+        short-lived pod with the training's image mounts the claim read-only, the files come back through
+        the exec API in checked chunks (sizes and sha256 first: the client's exec stream can drop frames of
+        a large output), and the pod is deleted. With an emptyDir output the files went with the pods:
+        FetchError.
         ``timeout`` bounds the wait for that pod to start. The pod runs the training's image, so what it
         sends is checked before anything is written (collect): only the names asked for, each once,
         each resolved inside ``dest``, no more bytes than listed; FetchError names a refused entry.
         """
         training = self.get(name)
-        output = (training.get("spec") or {}).get("output") or {"emptyDir": {}}
-        if not output.get("persistentVolumeClaim"):
+        if output_claim(training) is None:
             raise FetchError(
                 f"{name} writes its outputs to an emptyDir (spec.output), which lived and went with its "
-                "pods: there is nothing left to fetch. Train with spec.output.persistentVolumeClaim "
-                "(claimName: a claim in this namespace) to keep summary.json, progress.jsonl, metrics.png, "
-                "model.safetensors and config.yaml; the final summary is in status.summary meanwhile.")
+                "pods: there is nothing left to fetch. Train with spec.output.managedClaim ({} is enough: "
+                "the operator makes the claim) or spec.output.persistentVolumeClaim (claimName: a claim in "
+                "this namespace) to keep summary.json, progress.jsonl, metrics.png, model.safetensors and "
+                "config.yaml; the final summary is in status.summary meanwhile.")
         wanted = builtins.list(files or _api.OUTPUT_FILES)
         _check_names(wanted)
         manifest = fetch_pod(training, self._trainer_image(training), wanted)

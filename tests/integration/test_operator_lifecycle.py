@@ -261,6 +261,35 @@ def test_deletion_removes_every_child(admin: client.ApiClient, operator: Operato
              lambda: not jobs(admin, namespace) and not services(admin, namespace))
 
 
+def claims(admin: client.ApiClient, ns: str) -> dict[str, Any]:
+    found = client.CoreV1Api(admin).list_namespaced_persistent_volume_claim(ns).items
+    return {c.metadata.name: c for c in found}
+
+
+def test_a_managed_output_claim_is_made_before_the_job_and_follows_its_retention_policy(
+        admin: client.ApiClient, operator: OperatorThread, namespace: str) -> None:
+    create_training(admin, namespace, "kept", replicas=2,
+                    output={"managedClaim": {"size": "1Gi", "retentionPolicy": "Retain"}})
+    create_training(admin, namespace, "gone", replicas=1, output={"managedClaim": {}})
+    for name in ("kept", "gone"):
+        job = the_job(admin, namespace, name)
+        (volume,) = [v for v in job.spec.template.spec.volumes if v.name == "output"]
+        assert volume.persistent_volume_claim.claim_name == f"{name}-output"
+    made = claims(admin, namespace)
+    kept, gone = made["kept-output"], made["gone-output"]
+    assert kept.spec.access_modes == ["ReadWriteMany"] and kept.spec.resources.requests == {"storage": "1Gi"}
+    assert gone.spec.access_modes == ["ReadWriteOnce"] and gone.spec.resources.requests == {"storage": "5Gi"}
+    assert kept.metadata.owner_references is None, "a Retain claim must outlive its training"
+    assert owner_of(gone) == (api.KIND, "gone", True)
+    for name in ("kept", "gone"):
+        client.CustomObjectsApi(admin).delete_namespaced_custom_object(
+            api.GROUP, api.VERSION, namespace, api.PLURAL, name)
+    wait_for("the garbage collector to remove the Delete claim", lambda: "gone-output" not in claims(
+        admin, namespace) or claims(admin, namespace)["gone-output"].metadata.deletion_timestamp)
+    assert "kept-output" in claims(admin, namespace)
+    assert claims(admin, namespace)["kept-output"].metadata.deletion_timestamp is None
+
+
 def test_a_training_is_deleted_even_while_no_operator_runs(admin: client.ApiClient, operator: OperatorThread,
                                                           namespace: str) -> None:
     """No finalizer: deleting waits for no operator, and the garbage collector takes the children (their

@@ -106,6 +106,11 @@ Every verb and resource is named: no wildcards. Keep in step with operator/pets_
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch", "delete"]
+# spec.output.managedClaim: the output claim is created once; the garbage collector deletes it with
+# its training (owner reference), so no delete here.
+- apiGroups: [""]
+  resources: ["persistentvolumeclaims"]
+  verbs: ["create"]
 # Events: written on the training; listed for pods that wait on a mount (FailedMount is in no status).
 - apiGroups: [""]
   resources: ["events"]

@@ -23,6 +23,7 @@ from pets_client.client import (
     decode_chunk,
     fetch_pod,
     list_command,
+    output_claim,
     parse_listing,
     pod_selector,
     save,
@@ -164,6 +165,15 @@ def test_the_fetch_pod_mounts_the_claim_read_only() -> None:
     root = fetch_pod({"metadata": {"name": "p"}, "spec": {"output": {"persistentVolumeClaim": {
         "claimName": "out"}}}}, "img", [])
     assert "subPath" not in root["spec"]["containers"][0]["volumeMounts"][0]
+
+
+def test_the_fetch_pod_mounts_the_claim_the_operator_made_for_a_managed_output() -> None:
+    training = {"metadata": {"name": "pets"}, "spec": {"output": {"managedClaim": {"size": "1Gi"}}}}
+    assert output_claim(training) == {"claimName": "pets-output"}
+    pod = fetch_pod(training, "img:1", ["summary.json"])
+    assert pod["spec"]["volumes"] == [{"name": "output", "persistentVolumeClaim": {"claimName": "pets-output",
+                                                                                  "readOnly": True}}]
+    assert output_claim({"metadata": {"name": "pets"}, "spec": {"output": {"emptyDir": {}}}}) is None
 
 
 def test_fetch_commands_refuse_paths_outside_the_output() -> None:

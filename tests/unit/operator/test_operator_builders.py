@@ -217,3 +217,59 @@ def test_one_uid_in_the_images_the_pods_and_the_chart() -> None:
     assert values["podSecurityContext"]["runAsUser"] == values["securityContext"]["runAsUser"] == run_as
     assert values["podSecurityContext"]["runAsGroup"] == values["podSecurityContext"]["fsGroup"] == run_as
     assert client.FETCH_UID == run_as
+
+
+# ----------------------------------------------------------------------------- spec.output.managedClaim
+
+
+def test_managed_output_claim_is_named_after_the_training_and_mounted() -> None:
+    s = spec(replicas=2, output={"managedClaim": {}})
+    claim = builders.build_output_claim(s, TARGET)
+    assert claim is not None
+    assert claim["metadata"]["name"] == "pets-output" and claim["metadata"]["namespace"] == "team-a"
+    assert claim["metadata"]["labels"][api.LABEL_TRAINING] == "pets"
+    assert claim["metadata"]["labels"][api.LABEL_OUTPUT_RETENTION] == "Delete"
+    # Two pods mount it, maybe on two nodes; 5Gi holds a resnet50d run's two checkpoints and model.
+    assert claim["spec"] == {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "5Gi"}}}
+    assert builders.owned(claim)
+    pod = builders.build_job(s, TARGET)["spec"]["template"]["spec"]
+    vols = {v["name"]: v for v in pod["volumes"]}
+    assert vols["output"] == {"name": "output", "persistentVolumeClaim": {"claimName": "pets-output"}}
+    mounts = {m["name"]: m for m in pod["containers"][0]["volumeMounts"]}
+    assert mounts["output"] == {"name": "output", "mountPath": api.OUTPUT_DIR}
+
+
+def test_render_shows_the_managed_claim_before_the_job() -> None:
+    from pets_operator import backends
+
+    kinds = [m["kind"] for m in backends.JOB.children(spec(output={"managedClaim": {}}), TARGET)]
+    assert kinds == ["Service", "PersistentVolumeClaim", "Job"]
+
+
+@pytest.mark.parametrize(("replicas", "managed", "modes"), [
+    (1, {}, ["ReadWriteOnce"]),  # one pod: one node
+    (3, {}, ["ReadWriteMany"]),
+    (3, {"accessModes": ["ReadWriteOnce"]}, ["ReadWriteOnce"]),  # the user's choice wins
+])
+def test_managed_output_claim_access_modes(replicas: int, managed: dict[str, Any], modes: list[str]) -> None:
+    claim = builders.build_output_claim(spec(replicas=replicas, output={"managedClaim": managed}), TARGET)
+    assert claim is not None and claim["spec"]["accessModes"] == modes
+
+
+def test_managed_output_claim_size_class_and_retain() -> None:
+    s = spec(output={"managedClaim": {"size": "20Gi", "storageClassName": "fast",
+                                      "retentionPolicy": "Retain"}})
+    claim = builders.build_output_claim(s, TARGET)
+    assert claim is not None
+    assert claim["spec"]["resources"] == {"requests": {"storage": "20Gi"}}
+    assert claim["spec"]["storageClassName"] == "fast"
+    # Retain: no owner reference, so deleting the training leaves the claim; found by its label.
+    assert claim["metadata"]["labels"][api.LABEL_OUTPUT_RETENTION] == "Retain"
+    assert not builders.owned(claim)
+
+
+def test_no_managed_claim_for_other_outputs() -> None:
+    assert builders.build_output_claim(spec(), TARGET) is None
+    own_claim = spec(output={"persistentVolumeClaim": {"claimName": "out"}})
+    assert builders.build_output_claim(own_claim, TARGET) is None
+    assert builders.owned(builders.build_service(spec(), TARGET))

@@ -120,10 +120,13 @@ def test_every_rule_sits_on_an_object() -> None:
          "persistentVolumeClaim, hostPath"),
         ({"output": {"emptyDir": {}, "persistentVolumeClaim": {"claimName": "out"}}},
          'spec.output: Invalid value: "object": spec.output must set exactly one of '
-         "persistentVolumeClaim, emptyDir"),
+         "managedClaim, persistentVolumeClaim, emptyDir"),
         ({"output": {}},
          'spec.output: Invalid value: "object": spec.output must set exactly one of '
-         "persistentVolumeClaim, emptyDir"),
+         "managedClaim, persistentVolumeClaim, emptyDir"),
+        ({"output": {"managedClaim": {"size": "5 Gi"}}},
+         'spec.output.managedClaim.size: Invalid value: "object": spec.output.managedClaim.size must be a '
+         "non-negative quantity"),
         ({"output": {"persistentVolumeClaim": {"claimName": "out", "readOnly": True}}},
          'spec.output.persistentVolumeClaim.readOnly: Invalid value: "object": '
          "spec.output.persistentVolumeClaim.readOnly must be false: the trainer writes there"),
@@ -135,8 +138,8 @@ def test_every_rule_sits_on_an_object() -> None:
          'spec.env[0].name: Invalid value: "object": spec.env[].name must not start with PETS_'),
     ],
     ids=["master-port-9090", "weights-without-pretrained", "procs-more-than-gpus", "dataset-two",
-         "dataset-none", "output-two", "output-none", "output-claim-read-only", "env-pets-prefix",
-         "env-rank"],
+         "dataset-none", "output-two", "output-none", "output-claim-size", "output-claim-read-only",
+         "env-pets-prefix", "env-rank"],
 )
 def test_render_refuses_what_the_server_refuses(spec: dict[str, Any], expected: str) -> None:
     assert refusal(training(**spec)).startswith(expected)

@@ -66,6 +66,16 @@ def test_new_training_creates_service_and_job_once() -> None:
     assert p2.create == [] and p2.delete == []
 
 
+def test_a_managed_output_claim_is_created_before_the_first_workload_only() -> None:
+    spec = api.resolve_spec({"replicas": 2, "backend": "job", "output": {"managedClaim": {}}})
+    observed = status.Observed(backend=backends.JOB, workload=None)
+    p = status.plan(body(replicas=2, backend="job", output={"managedClaim": {}}), spec, observed, TARGET, NOW)
+    assert [m["kind"] for m in p.create] == ["Service", "PersistentVolumeClaim", "Job"]
+    assert p.create[1]["metadata"]["name"] == "pets-output"
+    p2 = run(body(p.status, replicas=2, output={"managedClaim": {}}), job())
+    assert p2.create == []
+
+
 def test_auto_says_what_it_chose_once() -> None:
     spec = api.resolve_spec({"backend": "auto"})
     why = "spec.backend is auto: --auto-backend is job"
