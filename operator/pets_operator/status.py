@@ -465,7 +465,7 @@ def _deadline_exceeded(result: Plan, spec: dict[str, Any], workload: dict[str, A
 
 
 def _resume_point(spec: dict[str, Any], status: dict[str, Any]) -> str:
-    if "persistentVolumeClaim" not in spec["output"]:
+    if "emptyDir" in spec["output"]:
         return "starting from epoch 0 (spec.output is an emptyDir, which goes with the pods)"
     checkpoint = status.get("lastCheckpoint") or {}
     if checkpoint.get("epoch"):

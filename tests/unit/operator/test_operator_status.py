@@ -278,3 +278,13 @@ def test_target_attempt_names_the_workload_after_a_restart() -> None:
     p = run(body({"phase": api.RESTARTING, "restarts": 2}), None)
     assert [m["metadata"]["name"] for m in p.create] == ["pets-r2"]
     assert p.status["children"] == {"service": "pets", "job": "pets-r2"}
+
+
+@pytest.mark.parametrize(("output", "says"), [
+    ({"emptyDir": {}}, "starting from epoch 0 (spec.output is an emptyDir, which goes with the pods)"),
+    ({"managedClaim": {}}, "resuming from the checkpoint of epoch 2"),
+    ({"persistentVolumeClaim": {"claimName": "out"}}, "resuming from the checkpoint of epoch 2"),
+])
+def test_a_restart_says_where_it_resumes_for_each_output(output: dict[str, Any], says: str) -> None:
+    spec = api.resolve_spec({"output": output})
+    assert status._resume_point(spec, {"lastCheckpoint": {"epoch": 2}}) == says
