@@ -1,8 +1,15 @@
 """Per-epoch checkpoints: ``accelerate`` ``save_state`` into a temp directory, then one rename.
 
 A crash mid-save leaves only a temp directory, which is never picked up: ``epoch_<N>`` exists only
-when complete. Every machine keeps its own copy (``save_on_each_node``), so a checkpoint directory per
-pod works; a shared one works too (each machine renames its own temp directory; the first wins).
+when complete. Who writes depends on whether the machines share the checkpoint directory (the trainer
+finds out at start with a probe file, :data:`SHARE_PROBE`):
+
+- not shared (a directory per pod, or one machine): every machine keeps its own full copy
+  (``save_on_each_node``): its main process writes the model, optimizer and scheduler, every process its
+  ``random_states_<rank>.pkl``, and the machine's main process renames its temp directory;
+- shared by every machine (one ReadWriteMany claim): one copy. Global rank 0 writes the model, optimizer
+  and scheduler, every process its own ``random_states_<rank>.pkl`` into the same temp directory (named
+  after rank 0's host), and rank 0 alone renames and prunes.
 
 The fence: under the operator every attempt (a gang restart) has a number, ``$PETS_ATTEMPT``, that only
 grows. Each node's main process claims the directory for its attempt (``claim``: the file ``attempt``)
@@ -32,6 +39,8 @@ STATE_FILE = "trainer_state.json"
 # Unset (a plain `docker run`, `make train`): no fence.
 ATTEMPT_ENV = ATTEMPT
 ATTEMPT_FILE = "attempt"  # in the checkpoint directory: the newest attempt that claimed it
+# Written by rank 0 at start as SHARE_PROBE + a random token; every machine that sees it shares the directory.
+SHARE_PROBE = ".share-probe-"
 
 
 class SupersededError(PermanentError):
@@ -87,8 +96,9 @@ def checkpoint_name(epoch: int) -> str:
     return f"epoch_{epoch}"
 
 
-def temp_name(epoch: int) -> str:
-    return f".tmp-epoch_{epoch}-{socket.gethostname()}"
+def temp_name(epoch: int, host: str | None = None) -> str:
+    """The temp directory of an epoch's save, named after the publishing machine (default: this one)."""
+    return f".tmp-epoch_{epoch}-{host or socket.gethostname()}"
 
 
 def list_checkpoints(directory: Path) -> list[tuple[int, Path]]:
@@ -104,9 +114,9 @@ def list_checkpoints(directory: Path) -> list[tuple[int, Path]]:
 
 
 def publish(temp: Path, final: Path) -> None:
-    """Rename a finished temp checkpoint to its final name. In a directory shared by several machines
-    they all rename at the same moment: the first wins and the others drop their copy. Checking for
-    ``final`` before renaming would race, so the rename itself decides."""
+    """Rename a finished temp checkpoint to its final name. Should machines that do not all share the
+    directory still rename into one (some share it, some do not), the first wins and the others drop
+    their copy. Checking for ``final`` before renaming would race, so the rename itself decides."""
     try:
         temp.rename(final)
     except OSError:
@@ -120,27 +130,31 @@ def save_atomically(
     epoch: int,
     save_state: Callable[[str], Any],
     trainer_state: dict[str, Any],
-    is_node_main: bool,
+    publishes: bool,
     wait_for_everyone: Callable[[], None],
     keep: int,
     attempt: int | None = None,
+    host: str | None = None,
 ) -> Path:
-    """Every process calls this; ``save_state`` writes into the temp directory, the node's main process
-    adds ``trainer_state.json`` and renames it to ``epoch_<N>``, then prunes old checkpoints.
+    """Every process calls this; ``save_state`` writes into the temp directory, the publishing process
+    (``publishes``: each machine's main process, or global rank 0 alone when the machines share the
+    directory) adds ``trainer_state.json`` and renames it to ``epoch_<N>``, then prunes old checkpoints.
+    ``host`` names the temp directory: in a shared directory every process passes rank 0's host, so all
+    write into one; None: this machine's.
 
     ``attempt`` (``$PETS_ATTEMPT``; None: no fence): right before the rename and again before pruning, the
-    node's main process claims the directory; superseded by a newer attempt, it removes its temp directory
+    publishing process claims the directory; superseded by a newer attempt, it removes its temp directory
     and raises :class:`SupersededError` instead."""
     final = directory / checkpoint_name(epoch)
-    temp = directory / temp_name(epoch)
-    if is_node_main:
+    temp = directory / temp_name(epoch, host)
+    if publishes:
         directory.mkdir(parents=True, exist_ok=True)
         if temp.exists():
             shutil.rmtree(temp)  # left by a crash during an earlier save
     wait_for_everyone()
     save_state(str(temp))
     wait_for_everyone()
-    if is_node_main:
+    if publishes:
         (temp / STATE_FILE).write_text(json.dumps(trainer_state, indent=1))
         if attempt is not None:
             try:

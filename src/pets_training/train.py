@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
+import socket
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -20,11 +22,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
-from accelerate.utils import ProjectConfiguration, gather_object, set_seed
+from accelerate.utils import ProjectConfiguration, broadcast_object_list, gather_object, set_seed
 from torch import nn
 from torch.utils.data import DataLoader
 
 from .checkpoint import (
+    SHARE_PROBE,
     attempt_from_env,
     check_compatible,
     claim,
@@ -134,6 +137,32 @@ def _common_checkpoint(accelerator: Accelerator, directory: Path) -> tuple[int, 
     return newest, mine[newest]
 
 
+def _shared_checkpoint_host(accelerator: Accelerator, directory: Path, local_world_size: int) -> str | None:
+    """Rank 0's hostname when every machine sees the same checkpoint directory (one claim mounted by every
+    pod), else None (a directory per pod, some machines apart, or one machine: nothing to share).
+    Rank 0 writes a probe file with a random token in its name; every process looks for it."""
+    if accelerator.num_processes <= local_world_size:
+        return None
+    token, host = broadcast_object_list([secrets.token_hex(8), socket.gethostname()])  # rank 0's
+    probe = directory / f"{SHARE_PROBE}{token}"
+    if accelerator.is_main_process:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe.touch()
+    accelerator.wait_for_everyone()
+    seen = gather_object([probe.exists()])  # every process has looked once this returns
+    if accelerator.is_main_process:
+        probe.unlink()
+    shared = all(seen)
+    log.info(
+        "checkpoints: %s is %s",
+        directory,
+        "shared by every machine: rank 0 writes one copy (each rank its random states)"
+        if shared
+        else "not shared by every machine: each machine writes its own copy",
+    )
+    return host if shared else None
+
+
 def _dataloaders(
     data: PetsData, cfg: TrainConfig, workers: int, pin: bool
 ) -> tuple[DataLoader, DataLoader, EpochShuffleSampler]:
@@ -165,6 +194,8 @@ class Training:
     output_dir: Path
     checkpoint_dir: Path
     attempt: int | None = None  # $PETS_ATTEMPT, the checkpoint fence's token (None: no fence)
+    # rank 0's hostname when every machine shares checkpoint_dir (rank 0 alone publishes), else None
+    shared_checkpoint_host: str | None = None
 
 
 @dataclass
@@ -262,8 +293,14 @@ def setup(cfg: TrainConfig, pod: PodContract, process: ProcessContext) -> Traini
         module, optimizer, train_loader, eval_loader, scheduler
     )
     checkpoint_dir = cfg.resolved_checkpoint_dir(pod.output_dir)
+    shared_host = None
+    if cfg.checkpoints:
+        shared_host = _shared_checkpoint_host(accelerator, checkpoint_dir, process.local_world_size)
+        # shared: accelerate's own mode for a shared file system, one copy of the model, optimizer and
+        # scheduler (rank 0's); every rank still writes its random_states_<rank>.pkl
+        accelerator.project_configuration.save_on_each_node = shared_host is None
     return Training(accelerator, data, module, normalise, optimizer, scheduler, train_loader, eval_loader,
-                    train_sampler, output_dir, checkpoint_dir)
+                    train_sampler, output_dir, checkpoint_dir, shared_checkpoint_host=shared_host)
 
 
 def _make_accelerator(
@@ -371,6 +408,7 @@ def run_epoch(
             record["eta_seconds"],
         )
     if cfg.checkpoints:
+        shared = t.shared_checkpoint_host is not None
         save_atomically(
             t.checkpoint_dir,
             epoch + 1,
@@ -382,10 +420,11 @@ def run_epoch(
                 "elapsed_seconds": elapsed,
                 "attempt": t.attempt,
             },
-            t.accelerator.is_local_main_process,
+            t.accelerator.is_main_process if shared else t.accelerator.is_local_main_process,
             t.accelerator.wait_for_everyone,
             cfg.keep_checkpoints,
             t.attempt,
+            t.shared_checkpoint_host,
         )
         if metrics is not None:
             metrics.set("checkpoint_epoch", epoch + 1)  # renamed into place: complete

@@ -33,7 +33,8 @@ def test_checkpoints_appear_complete_and_old_ones_are_pruned(tmp_path: Path) -> 
 
 
 def test_in_a_shared_directory_the_first_machine_to_rename_wins(tmp_path: Path) -> None:
-    # Two machines finish epoch 1 at the same moment; machine A's rename has already landed.
+    # Two machines that do not know they share the directory (not every machine does) finish epoch 1 at
+    # the same moment; machine A's rename has already landed.
     winner = _save(tmp_path, 1)
     late = tmp_path / temp_name(1).replace("epoch_1", "epoch_1-other")
     late.mkdir()

@@ -162,6 +162,7 @@ def test_two_pets_launch_machines_on_localhost_train_one_model(tmp_path: Path) -
     assert summary["world_size"] == 2 and summary["final_accuracy"] >= 0.9
     assert not (tmp_path / "machine1" / "summary.json").exists()  # rank 0 reports
     # every machine keeps its own complete checkpoints, so a restarted pod can resume from its own disk
+    assert "is not shared by every machine: each machine writes its own copy" in outputs[0]
     for index in (0, 1):
         assert (tmp_path / f"machine{index}" / "checkpoints" / "epoch_3" / "trainer_state.json").is_file()
 
