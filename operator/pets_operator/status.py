@@ -178,6 +178,7 @@ def plan(
     status["attempt"] = target.attempt
     status["totalEpochs"] = spec["epochs"]
     status["children"] = backend.children_names(target.name, target.attempt)
+    _output_durable(status, spec, target.name, now, generation)
 
     # Older attempts' workloads are always cleaned up (a restart deletes, then recreates).
     result.delete += [_ref(w) for w in observed.stale]
@@ -462,6 +463,27 @@ def _deadline_exceeded(result: Plan, spec: dict[str, Any], workload: dict[str, A
                "not restarted")
     result.events.append(Event("Warning", "DeadlineExceeded", message))
     return api.FAILED, "DeadlineExceeded", message
+
+
+def _output_durable(status: dict[str, Any], spec: dict[str, Any], name: str, now: datetime,
+                    generation: int | None) -> None:
+    """OutputDurable: whether the work outlives the pods (a restart resumes, `fetch` has files), and how
+    to get there when it does not."""
+    output = spec["output"]
+    if "managedClaim" in output:
+        retention = output["managedClaim"].get("retentionPolicy") or "Delete"
+        durable, reason = True, "ManagedClaim"
+        message = (f"checkpoints and results are on the claim {builders.output_claim_name(name)}, which the "
+                   f"operator made (retentionPolicy {retention})")
+    elif "persistentVolumeClaim" in output:
+        durable, reason = True, "Claim"
+        message = f"checkpoints and results are on the claim {output['persistentVolumeClaim']['claimName']}"
+    else:
+        durable, reason = False, "EmptyDir"
+        message = ("spec.output is an emptyDir, which goes with the pods: a restart or an eviction starts "
+                   "from epoch 0 and `kubectl pets fetch` finds nothing; set spec.output.managedClaim: {} "
+                   "(the operator makes a claim) or spec.output.persistentVolumeClaim")
+    _set_condition(status["conditions"], "OutputDurable", durable, reason, message, now, generation)
 
 
 def _resume_point(spec: dict[str, Any], status: dict[str, Any]) -> str:

@@ -288,3 +288,21 @@ def test_target_attempt_names_the_workload_after_a_restart() -> None:
 def test_a_restart_says_where_it_resumes_for_each_output(output: dict[str, Any], says: str) -> None:
     spec = api.resolve_spec({"output": output})
     assert status._resume_point(spec, {"lastCheckpoint": {"epoch": 2}}) == says
+
+
+@pytest.mark.parametrize(("output", "durable", "reason", "words"), [
+    ({"emptyDir": {}}, "False", "EmptyDir", "set spec.output.managedClaim: {}"),
+    ({"managedClaim": {"retentionPolicy": "Retain"}}, "True", "ManagedClaim",
+     "on the claim pets-output, which the operator made (retentionPolicy Retain)"),
+    ({"persistentVolumeClaim": {"claimName": "out"}}, "True", "Claim", "on the claim out"),
+])
+def test_output_durable_says_whether_the_work_outlives_the_pods(output: dict[str, Any], durable: str,
+                                                                reason: str, words: str) -> None:
+    spec = api.resolve_spec({"output": output})
+    observed = status.Observed(backend=backends.JOB, workload=None)
+    p = status.plan(body(output=output), spec, observed, TARGET, NOW)
+    c = cond(p, "OutputDurable")
+    assert (c["status"], c["reason"]) == (durable, reason) and words in c["message"], c
+    # Stable: the next round changes nothing about it (no status write for it).
+    again = status.plan(body(p.status, output=output), spec, observed, TARGET, NOW + timedelta(minutes=1))
+    assert cond(again, "OutputDurable") == c
