@@ -53,6 +53,8 @@ def test_a_managed_claim_keeps_the_work_through_an_eviction_and_goes_with_the_tr
     trainings.core.create_namespaced_pod_eviction(rank0.metadata.name, trainings.namespace, eviction)
     status = trainings.wait_phase(name, "Succeeded")
     assert (status["restarts"], status["disruptions"]) == (1, 1), status
+    durable = next(c for c in status["conditions"] if c["type"] == "OutputDurable")
+    assert (durable["status"], durable["reason"]) == ("True", "ManagedClaim"), durable
     resumed = pod_logs(trainings.namespace, pod_of_rank(trainings.pods(name), 0).metadata.name)
     assert "resume: continuing after epoch" in resumed, resumed[-3000:]
 

@@ -58,6 +58,10 @@ def test_training_succeeds_across_two_ranks(trainings: Trainings) -> None:
 
     assert status["epoch"] == spec["epochs"] and status["totalEpochs"] == spec["epochs"]
     assert 0.0 <= status["evalAccuracy"] <= 1.0
+    # The default output says that it does not outlive the pods, and what to do about it.
+    durable = next(c for c in status["conditions"] if c["type"] == "OutputDurable")
+    assert (durable["status"], durable["reason"]) == ("False", "EmptyDir"), durable
+    assert "spec.output.managedClaim" in durable["message"], durable
     # Live progress was mirrored while training, not only the final summary.
     assert seen_epochs, f"status never showed a per-epoch accuracy while running: {status}"
     summary = status["summary"]
