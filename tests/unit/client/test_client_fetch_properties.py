@@ -42,6 +42,8 @@ from pets_client.client import (
 )
 from pets_client.errors import FetchError
 
+from .tree import snapshot
+
 pytestmark = pytest.mark.unit
 
 PURE = settings(max_examples=300, deadline=None, derandomize=True, database=None,
@@ -80,24 +82,6 @@ ASKED = st.one_of(st.sampled_from([*WANTED, "sub/a.json", "new/dir/f", "inner/f"
 
 
 # ----------------------------------------------------------------------------- the destination
-
-
-def snapshot(root: Path) -> dict[str, tuple[Any, ...]]:
-    """Every path under ``root`` (links not followed): its kind, its content or link target, its mode
-    and its mtime in ns."""
-    out: dict[str, tuple[Any, ...]] = {}
-    for here, dirs, files in os.walk(root, followlinks=False):
-        for entry in [*dirs, *files]:
-            path = Path(here) / entry
-            st_ = path.lstat()
-            rel = str(path.relative_to(root))
-            if path.is_symlink():
-                out[rel] = ("link", os.readlink(path), st_.st_mtime_ns)
-            elif path.is_dir():
-                out[rel] = ("dir", st_.st_mode, st_.st_mtime_ns)
-            else:
-                out[rel] = ("file", path.read_bytes(), st_.st_mode, st_.st_mtime_ns)
-    return out
 
 
 def outside_of_dest(snap: dict[str, tuple[Any, ...]]) -> dict[str, tuple[Any, ...]]:

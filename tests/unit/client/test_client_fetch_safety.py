@@ -38,6 +38,8 @@ from pets_client.client import (
 from pets_client.errors import FetchError
 from pets_client.plot import plot_progress, read_progress
 
+from .tree import snapshot
+
 pytestmark = pytest.mark.unit
 
 WANTED = list(_api.OUTPUT_FILES)
@@ -58,24 +60,6 @@ def _chunks(files: dict[str, bytes]) -> Any:
     def read_chunk(name: str, index: int) -> bytes:
         return files[name][index * CHUNK_BYTES:(index + 1) * CHUNK_BYTES]
     return read_chunk
-
-
-def _snapshot(root: Path) -> dict[str, tuple[Any, ...]]:
-    """Every path under ``root`` (links not followed): its kind, its content or link target, its mode
-    and its mtime in ns."""
-    out: dict[str, tuple[Any, ...]] = {}
-    for here, dirs, files in os.walk(root, followlinks=False):
-        for entry in [*dirs, *files]:
-            path = Path(here) / entry
-            st = path.lstat()
-            rel = str(path.relative_to(root))
-            if path.is_symlink():
-                out[rel] = ("link", os.readlink(path), st.st_mtime_ns)
-            elif path.is_dir():
-                out[rel] = ("dir", st.st_mode, st.st_mtime_ns)
-            else:
-                out[rel] = ("file", path.read_bytes(), st.st_mode, st.st_mtime_ns)
-    return out
 
 
 @pytest.fixture
@@ -237,14 +221,14 @@ def test_save_replaces_rather_than_writes_through(tree: Path) -> None:
 
 
 def test_save_refuses_a_link_out_and_a_bad_name_whatever_the_size(tree: Path) -> None:
-    before = _snapshot(tree)
+    before = snapshot(tree)
     absolute = str(tree / "outside" / "victim")
     for name in ("escape/victim", "escape/new/file", "../outside/victim", "/abs", absolute):
         for data in (b"", b"pwned"):
             with pytest.raises(FetchError) as err:
                 save(tree / "dest", name, data)
             assert repr(name) in str(err.value)
-    assert _snapshot(tree) == before
+    assert snapshot(tree) == before
 
 
 def test_save_refuses_a_file_where_a_directory_is_needed(tree: Path) -> None:
@@ -280,20 +264,20 @@ def test_a_hostile_listing_fails_naming_the_entry_and_writes_nothing(tree: Path,
     files = {n.replace("{tree}", str(tree)): d for n, d in files.items()}
     bad = bad.replace("{tree}", str(tree))
     listing = _listing(files) + (_line("progress.jsonl", b"") if case == "a duplicate" else b"")
-    before = _snapshot(tree)
+    before = snapshot(tree)
     with pytest.raises(FetchError) as err:
         collect(tree / "dest", WANTED, listing, _chunks(files))
     assert repr(bad) in str(err.value)
-    assert _snapshot(tree) == before
+    assert snapshot(tree) == before
 
 
 def test_a_link_in_the_destination_that_leads_out_is_refused(tree: Path) -> None:
     # the user asked for a file under a directory that is, in the destination, a link out of it
     files = {"summary.json": b"{}", "escape/victim": b"pwned"}
-    before = _snapshot(tree)
+    before = snapshot(tree)
     with pytest.raises(FetchError, match="'escape/victim'.*outside"):
         collect(tree / "dest", ["summary.json", "escape/victim"], _listing(files), _chunks(files))
-    assert _snapshot(tree) == before, "checked before the first file is written"
+    assert snapshot(tree) == before, "checked before the first file is written"
 
 
 # ----------------------------------------------------------------------------- fetch and plot themselves
@@ -347,10 +331,10 @@ def test_fetch_refuses_a_hostile_listing_and_deletes_its_pod(tree: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     files = {"summary.json": b"{}", ".ssh/authorized_keys": b"evil", "../outside/victim": b""}
     pets, core = _client(monkeypatch, files)
-    before = _snapshot(tree)
+    before = snapshot(tree)
     with pytest.raises(FetchError, match="'.ssh/authorized_keys', which was not asked for"):
         pets.fetch("pets", tree / "dest")
-    assert _snapshot(tree) == before
+    assert snapshot(tree) == before
     assert core.deleted == ["pets-fetch-abcde"]
 
 
@@ -362,19 +346,19 @@ def test_fetch_reads_no_more_than_the_listing_says(tree: Path, monkeypatch: pyte
     assert pets.limits == [listing_limit(WANTED), _CHUNK_OUTPUT_BYTES]  # type: ignore[attr-defined]
     # a pod that sends more than the file it listed: refused, nothing written
     pets, _ = _client(monkeypatch, files, chunk_text=lambda n, i: base64.b64encode(b'{"a": 1}' + b" " * 99))
-    before = _snapshot(tree)
+    before = snapshot(tree)
     with pytest.raises(FetchError, match="more than the 8 the listing says"):
         pets.fetch("pets", tree / "dest")
-    assert _snapshot(tree) == before
+    assert snapshot(tree) == before
 
 
 def test_plot_goes_through_the_same_checks(tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     evil = {"progress.jsonl": b"", "../../outside/victim": b""}
     pets, core = _client(monkeypatch, evil)
-    before = _snapshot(tree)
+    before = snapshot(tree)
     with pytest.raises(FetchError, match="'../../outside/victim', which was not asked for"):
         pets.plot("pets", tree / "dest" / "curves.png")
-    assert _snapshot(tree) == before
+    assert snapshot(tree) == before
     assert core.created[0]["metadata"]["annotations"][f"{_api.GROUP}/files"] == "progress.jsonl"
     # a progress.jsonl of any bytes is read, and only numbers are plotted
     hostile = (b'{"epoch": 1, "train_loss": 1.5, "eval_accuracy": 0.5}\n\xff\xfe\x1b[2J\n'
@@ -435,7 +419,7 @@ def test_saving_random_names_changes_nothing_outside(tree: Path) -> None:
     dest = tree / "dest"
     (dest / "up").symlink_to("..")
     (dest / "inner").symlink_to(dest)
-    outside = {p: s for p, s in _snapshot(tree).items() if not p.startswith("dest")}
+    outside = {p: s for p, s in snapshot(tree).items() if not p.startswith("dest")}
     rng = random.Random(28)
     for _ in range(500):
         name = _random_name(rng)
@@ -443,4 +427,4 @@ def test_saving_random_names_changes_nothing_outside(tree: Path) -> None:
             save(dest, name, b"")
         except FetchError:
             pass
-    assert {p: s for p, s in _snapshot(tree).items() if not p.startswith("dest")} == outside
+    assert {p: s for p, s in snapshot(tree).items() if not p.startswith("dest")} == outside
