@@ -170,18 +170,13 @@ def test_pytorchjob_suspend_resume_and_delete(trainings: Trainings) -> None:
 
 def test_an_evicted_pod_restarts_the_gang_without_consuming_a_restart(trainings: Trainings,
                                                                       shared_output: str) -> None:
-    from kubernetes import client
-
     name = "evicted"
     # maxRestarts 0: if the eviction counted, the training would fail.
     spec = {**LONGER_SPEC, "epochs": 3, "maxRestarts": 0,
             "output": {"persistentVolumeClaim": {"claimName": shared_output}}}
     trainings.create(name, spec)
     trainings.wait_epoch(name, 1)
-    worker = pod_of_rank(trainings.pods(name), 1)
-    eviction = client.V1Eviction(metadata=client.V1ObjectMeta(name=worker.metadata.name,
-                                                              namespace=trainings.namespace))
-    trainings.core.create_namespaced_pod_eviction(worker.metadata.name, trainings.namespace, eviction)
+    trainings.evict(pod_of_rank(trainings.pods(name), 1))
 
     status = trainings.wait_phase(name, "Succeeded")
     assert (status["restarts"], status["disruptions"]) == (1, 1), status

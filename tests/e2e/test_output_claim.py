@@ -28,8 +28,6 @@ pytestmark = pytest.mark.e2e
 
 def test_a_managed_claim_keeps_the_work_through_an_eviction_and_goes_with_the_training(
         trainings: Trainings, tmp_path: Path) -> None:
-    from kubernetes import client
-
     from pets_client import PetsTrainingClient
 
     name = "managed"
@@ -47,10 +45,7 @@ def test_a_managed_claim_keeps_the_work_through_an_eviction_and_goes_with_the_tr
     wait_for(f"{name} status.lastCheckpoint", lambda: (trainings.status(name).get("lastCheckpoint") or {})
              .get("epoch"), 600, POLL_S)
 
-    rank0 = pod_of_rank(trainings.pods(name), 0)
-    eviction = client.V1Eviction(metadata=client.V1ObjectMeta(name=rank0.metadata.name,
-                                                              namespace=trainings.namespace))
-    trainings.core.create_namespaced_pod_eviction(rank0.metadata.name, trainings.namespace, eviction)
+    trainings.evict(pod_of_rank(trainings.pods(name), 0))
     status = trainings.wait_phase(name, "Succeeded")
     assert (status["restarts"], status["disruptions"]) == (1, 1), status
     durable = next(c for c in status["conditions"] if c["type"] == "OutputDurable")

@@ -113,6 +113,14 @@ class Trainings:
         return self.core.list_namespaced_pod(
             self.namespace, label_selector=f"{GROUP}/training={name}").items
 
+    def evict(self, pod: Any) -> None:
+        """Evict `pod` through the Eviction API, as a node drain or a Kueue preemption does."""
+        from kubernetes import client
+
+        eviction = client.V1Eviction(metadata=client.V1ObjectMeta(name=pod.metadata.name,
+                                                                  namespace=self.namespace))
+        self.core.create_namespaced_pod_eviction(pod.metadata.name, self.namespace, eviction)
+
     def describe(self, name: str) -> str:
         """What a person would look at when a test fails: the objects and the pods' logs."""
         out = [kubectl("-n", self.namespace, "get", "pt,job,svc,pod", "-o", "wide", check=False).stdout,
