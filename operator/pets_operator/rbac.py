@@ -19,9 +19,11 @@ NAMESPACED: list[tuple[str, str, tuple[str, ...]]] = [
     # delete: only pods of our trainings, and only those stuck on a node the node controller marked
     # lost (Ready Unknown, or the Node gone), force-deleted (docs/operator.md, "Nodes lost...").
     ("", "pods", ("get", "list", "watch", "delete")),
-    # spec.output.managedClaim: the claim is created once, before the first workload; it goes with the
-    # training through its owner reference (the garbage collector deletes it, not the operator).
-    ("", "persistentvolumeclaims", ("create",)),
+    # The output claim (spec.output.managedClaim, or the default output): created once, before the first
+    # workload; read (get) while the training waits, to say in status whether its claim is Pending. It
+    # goes with the training through its owner reference: deleted by the garbage collector, never by the
+    # operator.
+    ("", "persistentvolumeclaims", ("create", "get")),
     # Events are written on the training, and read for pods that wait on a volume mount (FailedMount
     # is reported nowhere else).
     ("", "events", ("create", "patch", "list")),
@@ -33,7 +35,12 @@ NAMESPACED: list[tuple[str, str, tuple[str, ...]]] = [
 ]
 
 # (API group, resource, verbs) cluster-wide, in both of the chart's modes (namespaced mode: a ClusterRole
-# with these alone). Nodes are read only to tell whether the node of a pod stuck terminating is lost.
+# with these alone).
 CLUSTER: list[tuple[str, str, tuple[str, ...]]] = [
+    # Read only to tell whether the node of a pod stuck terminating is lost (the chart's rbac.nodes).
     ("", "nodes", ("get",)),
+    # Read once per training that has no spec.output, to fall back to an emptyDir (and say so) when the
+    # cluster has no default StorageClass; where it is not granted (the chart's rbac.storageClasses) the
+    # operator assumes a default exists.
+    ("storage.k8s.io", "storageclasses", ("list",)),
 ]

@@ -218,6 +218,7 @@ NEEDED = [
     *[(v, "jobs.batch", "") for v in ("create", "get", "list", "watch", "delete", "patch")],
     *[(v, "services", "") for v in ("create", "get", "list", "watch", "delete")],
     *[(v, "pods", "") for v in ("get", "list", "watch", "delete")],
+    *[(v, "persistentvolumeclaims", "") for v in ("create", "get")],
     *[(v, "events", "") for v in ("create", "patch", "list")],
     *[(v, "events.events.k8s.io", "") for v in ("create", "patch")],
     *[(v, "pytorchjobs.kubeflow.org", "") for v in ("create", "get", "list", "watch", "delete", "patch")],
@@ -231,6 +232,9 @@ DENIED = [
     ("deletecollection", "pods", ""),
     ("create", "pods", "exec"),
     ("patch", "services", ""),
+    # The output claim goes with its training through the garbage collector, never the operator.
+    ("delete", "persistentvolumeclaims", ""),
+    ("patch", "persistentvolumeclaims", ""),
     ("get", "pods", "log"),
     ("create", "configmaps", ""),
     ("get", "configmaps", ""),
@@ -248,6 +252,8 @@ DENIED_CLUSTER = [
     ("delete", "nodes"),
     ("list", "nodes"),
     ("patch", "nodes"),
+    ("get", "storageclasses.storage.k8s.io"),
+    ("create", "storageclasses.storage.k8s.io"),
     ("create", "namespaces"),
     ("delete", "namespaces"),
     ("create", "customresourcedefinitions.apiextensions.k8s.io"),
@@ -288,6 +294,7 @@ def test_cluster_mode_rbac_allows_exactly_what_the_operator_needs(
         ("watch", "customresourcedefinitions.apiextensions.k8s.io", ""),
         *[(v, "clusterkopfpeerings.kopf.dev", "") for v in ("get", "list", "watch", "patch")],
         ("get", "nodes", ""),
+        ("list", "storageclasses.storage.k8s.io", ""),
     ]
     check_grants(sa, [None], True, cluster_scoped)
     check_grants(sa, anywhere, False, DENIED)
@@ -300,10 +307,11 @@ def test_namespaced_mode_grants_only_the_watched_namespaces(
     release, watched = namespaced_release
     label = f"app.kubernetes.io/instance={release.name}"
     cluster_objects = kubectl("get", "clusterroles,clusterrolebindings", "-l", label, "-o", "name").stdout
-    # Cluster-wide only the ClusterRole (and its binding) that reads Nodes (rbac.nodes).
-    nodes_only = {f"clusterrole.rbac.authorization.k8s.io/{release.fullname}-nodes",
-                  f"clusterrolebinding.rbac.authorization.k8s.io/{release.fullname}-nodes"}
-    assert set(cluster_objects.split()) == nodes_only, f"namespaced mode, cluster-wide: {cluster_objects}"
+    # Cluster-wide only the ClusterRole (and its binding) that reads Nodes and StorageClasses
+    # (rbac.nodes, rbac.storageClasses).
+    reads_only = {f"clusterrole.rbac.authorization.k8s.io/{release.fullname}-cluster-reads",
+                  f"clusterrolebinding.rbac.authorization.k8s.io/{release.fullname}-cluster-reads"}
+    assert set(cluster_objects.split()) == reads_only, f"namespaced mode, cluster-wide: {cluster_objects}"
     for ns in watched:
         assert exists("role", release.fullname, "--namespace", ns)
         assert exists("rolebinding", release.fullname, "--namespace", ns)
@@ -328,7 +336,8 @@ def test_namespaced_mode_grants_only_the_watched_namespaces(
             ("list", "nodes", ""),
         ],
     )
-    check_grants(sa, [None], True, [("get", "nodes", "")])
+    check_grants(sa, [None], True, [("get", "nodes", ""), ("list", "storageclasses.storage.k8s.io", "")])
+    check_grants(sa, [None], False, [(v, r, "") for v, r in DENIED_CLUSTER])
 
 
 def upgrade(release: Release, *settings: str) -> None:

@@ -148,6 +148,18 @@ def test_chart_rbac_grants_what_the_operator_uses(operator_config: client.Config
                         "which the operator uses (see pets_operator/rbac.py and docs/operator.md)")
 
 
+@pytest.mark.parametrize(("group", "resource", "verbs"), rbac.CLUSTER,
+                         ids=[f"{g or 'core'}/{r}" for g, r, _ in rbac.CLUSTER])
+def test_chart_rbac_grants_the_cluster_reads_the_operator_uses(
+        operator_config: client.Configuration, group: str, resource: str, verbs: tuple[str, ...]) -> None:
+    """The same, cluster-wide, for pets_operator.rbac.CLUSTER (nodes, storageclasses)."""
+    authz = client.AuthorizationV1Api(client.ApiClient(operator_config))
+    denied = [verb for verb in verbs if not authz.create_self_subject_access_review({"spec": {
+        "resourceAttributes": {"group": group, "resource": resource, "verb": verb}}}).status.allowed]
+    assert not denied, (f"the chart's RBAC does not grant {denied} on {group or 'core'}/{resource} "
+                        "cluster-wide, which the operator uses (see pets_operator/rbac.py)")
+
+
 def test_training_creates_one_service_and_one_job(admin: client.ApiClient, operator: OperatorThread,
                                                   namespace: str) -> None:
     pt = create_training(admin, namespace, "pets", replicas=2, epochs=2)

@@ -106,11 +106,12 @@ Every verb and resource is named: no wildcards. Keep in step with operator/pets_
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch", "delete"]
-# spec.output.managedClaim: the output claim is created once; the garbage collector deletes it with
-# its training (owner reference), so no delete here.
+# The output claim (spec.output.managedClaim, or the default output): created once before the first
+# workload; get while the training waits, to say in status whether its claim is Pending. The garbage
+# collector deletes it with its training (owner reference), so no delete here.
 - apiGroups: [""]
   resources: ["persistentvolumeclaims"]
-  verbs: ["create"]
+  verbs: ["create", "get"]
 # Events: written on the training; listed for pods that wait on a mount (FailedMount is in no status).
 - apiGroups: [""]
   resources: ["events"]
@@ -139,14 +140,23 @@ Every verb and resource is named: no wildcards. Keep in step with operator/pets_
 {{- end }}
 
 {{/*
-Cluster-scoped rules both modes need (rbac.nodes): get on the Node of a training's pod stuck terminating,
-to tell whether that node is lost. Namespaced mode grants them in a ClusterRole of their own.
+Cluster-scoped reads both modes need. Namespaced mode grants them in a ClusterRole of their own
+(<release>-cluster-reads); empty when both switches are off.
+rbac.nodes: get on the Node of a training's pod stuck terminating, to tell whether that node is lost.
+rbac.storageClasses: list StorageClasses, once per training without spec.output, to fall back to an
+emptyDir (and say so) when the cluster has no default StorageClass; without it the operator assumes
+a default exists.
 */}}
-{{- define "pets-training.nodeRules" -}}
-{{- if .Values.rbac.nodes -}}
+{{- define "pets-training.clusterScopedRules" -}}
+{{- if .Values.rbac.nodes }}
 - apiGroups: [""]
   resources: ["nodes"]
   verbs: ["get"]
+{{- end }}
+{{- if .Values.rbac.storageClasses }}
+- apiGroups: ["storage.k8s.io"]
+  resources: ["storageclasses"]
+  verbs: ["list"]
 {{- end }}
 {{- end }}
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -28,8 +29,11 @@ CLUSTER_ONLY = {("", "namespaces", v) for v in ("list", "watch")} | {
     ("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("list", "watch")
 }
 CLUSTER_PEERING = {("kopf.dev", "clusterkopfpeerings", v) for v in ("get", "list", "watch", "patch")}
-# Cluster-scoped grants both modes need (get nodes: is a stuck pod's node lost?), switched by rbac.nodes.
-NODES = {(group, resource, verb) for group, resource, verbs in rbac.CLUSTER for verb in verbs}
+# Cluster-scoped reads both modes need: get nodes (is a stuck pod's node lost?), switched by rbac.nodes,
+# and list storageclasses (has the cluster a default one?), switched by rbac.storageClasses.
+CLUSTER_READS = {(group, resource, verb) for group, resource, verbs in rbac.CLUSTER for verb in verbs}
+NODES = {grant for grant in CLUSTER_READS if grant[1] == "nodes"}
+STORAGE_CLASSES = {grant for grant in CLUSTER_READS if grant[1] == "storageclasses"}
 
 
 def grants(rules: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
@@ -94,7 +98,7 @@ def test_cluster_mode_grants_exactly_what_the_operator_needs(helm: str) -> None:
     assert not of_kind(manifest, "Role") and not of_kind(manifest, "RoleBinding")
     role = one(manifest, "ClusterRole")
     assert grants(role["rules"]) == (NEEDED_IN_NAMESPACE | PYTORCHJOBS | KUEUE | CLUSTER_ONLY
-                                     | CLUSTER_PEERING | NODES)
+                                     | CLUSTER_PEERING | CLUSTER_READS)
     binding = one(manifest, "ClusterRoleBinding")
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",
@@ -111,14 +115,20 @@ def test_namespaced_mode_renders_only_roles_in_each_watched_namespace(helm: str)
     manifest = render(helm, "ci/namespaced-values.yaml")
     watched = values_of("ci/namespaced-values.yaml")["watch"]["namespaces"]
     assert len(watched) >= 2
-    # Cluster-wide, only get on nodes (rbac.nodes), in a ClusterRole of its own.
-    nodes_role, nodes_binding = one(manifest, "ClusterRole"), one(manifest, "ClusterRoleBinding")
-    assert nodes_role["metadata"]["name"].endswith("-nodes") and grants(nodes_role["rules"]) == NODES
-    assert nodes_binding["roleRef"]["name"] == nodes_role["metadata"]["name"]
-    assert nodes_binding["subjects"] == [
+    # Cluster-wide, only get on nodes and list on storageclasses, in a ClusterRole of their own.
+    reads_role, reads_binding = one(manifest, "ClusterRole"), one(manifest, "ClusterRoleBinding")
+    assert reads_role["metadata"]["name"].endswith("-cluster-reads")
+    assert grants(reads_role["rules"]) == CLUSTER_READS
+    assert reads_binding["roleRef"]["name"] == reads_role["metadata"]["name"]
+    assert reads_binding["subjects"] == [
         {"kind": "ServiceAccount", "name": one(manifest, "ServiceAccount")["metadata"]["name"],
          "namespace": NAMESPACE}]
-    bare = render(helm, "ci/namespaced-values.yaml", set_values=("rbac.nodes=false",))
+    no_nodes = render(helm, "ci/namespaced-values.yaml", set_values=("rbac.nodes=false",))
+    assert grants(one(no_nodes, "ClusterRole")["rules"]) == STORAGE_CLASSES
+    no_classes = render(helm, "ci/namespaced-values.yaml", set_values=("rbac.storageClasses=false",))
+    assert grants(one(no_classes, "ClusterRole")["rules"]) == NODES
+    bare = render(helm, "ci/namespaced-values.yaml",
+                  set_values=("rbac.nodes=false", "rbac.storageClasses=false"))
     assert not of_kind(bare, "ClusterRole") and not of_kind(bare, "ClusterRoleBinding")
     assert not [d for d in manifest if d["kind"] == "ClusterKopfPeering"]
     roles = of_kind(manifest, "Role")
@@ -142,9 +152,9 @@ def test_chart_grants_what_the_operator_code_uses(helm: str, variant: str | None
     """pets_operator.rbac lists the permissions the operator's code uses; the chart grants them all."""
     manifest = render(helm, *([variant] if variant else []))
     roles = [r for r in of_kind(manifest, "ClusterRole") + of_kind(manifest, "Role")
-             if not r["metadata"]["name"].endswith("-nodes")]
+             if not r["metadata"]["name"].endswith("-cluster-reads")]
     assert roles
-    assert NODES <= grants([rule for r in of_kind(manifest, "ClusterRole") for rule in r["rules"]])
+    assert CLUSTER_READS <= grants([rule for r in of_kind(manifest, "ClusterRole") for rule in r["rules"]])
     for role in roles:
         missing = USED - grants(role["rules"])
         assert not missing, f"{role['kind']} {role['metadata']['name']} lacks {sorted(missing)}"
@@ -153,7 +163,7 @@ def test_chart_grants_what_the_operator_code_uses(helm: str, variant: str | None
 def test_standalone_without_pytorchjobs_drops_those_grants(helm: str) -> None:
     manifest = render(helm, "ci/standalone-values.yaml")
     role = one(manifest, "ClusterRole")
-    assert grants(role["rules"]) == NEEDED_IN_NAMESPACE | KUEUE | CLUSTER_ONLY | NODES
+    assert grants(role["rules"]) == NEEDED_IN_NAMESPACE | KUEUE | CLUSTER_ONLY | CLUSTER_READS
     assert not [d for d in manifest if d["apiVersion"].startswith("kopf.dev/")]
     assert not of_kind(manifest, "CustomResourceDefinition")
     args = container(manifest)["args"]
@@ -170,6 +180,15 @@ def test_extra_rules_are_appended(helm: str) -> None:
         ),
     )
     assert ("", "configmaps", "get") in grants(one(manifest, "ClusterRole")["rules"])
+
+
+@pytest.mark.parametrize(("switch", "left_out"),
+                         [("rbac.nodes", NODES), ("rbac.storageClasses", STORAGE_CLASSES)])
+def test_cluster_mode_cluster_reads_are_switched(helm: str, switch: str,
+                                                 left_out: set[tuple[str, str, str]]) -> None:
+    full = grants(one(render(helm), "ClusterRole")["rules"])
+    off = grants(one(render(helm, set_values=(f"{switch}=false",)), "ClusterRole")["rules"])
+    assert off == full - left_out
 
 
 def test_rbac_off_renders_no_rbac(helm: str) -> None:
@@ -237,6 +256,8 @@ def test_operator_cli_accepts_the_rendered_args(helm: str, variant: str | None) 
     assert args.liveness_port == 8080
     peering_on = values.get("peering", {}).get("enabled", True)
     assert args.standalone is (not peering_on)
+    assert args.default_output == "managedClaim"
+    assert args.default_output_claim_size == "5Gi" and args.default_output_storage_class == ""
 
 
 def test_metrics_off(helm: str) -> None:
@@ -326,6 +347,32 @@ def test_names_are_release_scoped(helm: str) -> None:
     assert one(override, "Deployment")["metadata"]["name"] == "op"
 
 
+def test_default_output_values_become_the_operator_args(helm: str) -> None:
+    from pets_operator.cli import build_parser
+
+    rendered = container(render(helm))["args"]
+    args = build_parser().parse_args(rendered)
+    assert args.default_output == "managedClaim"
+    assert args.default_output_claim_size == api.DEFAULT_OUTPUT_CLAIM_SIZE
+    assert not [a for a in rendered if a.startswith("--default-output-storage-class")]
+    c = container(render(helm, set_values=(
+        "defaultOutput.managedClaim.enabled=false",
+        "defaultOutput.managedClaim.size=20Gi",
+        "defaultOutput.managedClaim.storageClassName=fast-ssd",
+    )))
+    args = build_parser().parse_args(c["args"])
+    assert args.default_output == "emptyDir"
+    assert (args.default_output_claim_size, args.default_output_storage_class) == ("20Gi", "fast-ssd")
+
+
+def test_default_output_schema_admits_what_the_crd_admits() -> None:
+    """The chart's patterns for the default claim are the CRD's for spec.output.managedClaim."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    claim = schema["properties"]["defaultOutput"]["properties"]["managedClaim"]["properties"]
+    assert claim["size"]["pattern"] == api.QUANTITY
+    assert claim["storageClassName"]["pattern"] == f"^$|{api.DNS_SUBDOMAIN}"
+
+
 # ---------------------------------------------------------------- values.schema.json
 
 
@@ -351,6 +398,10 @@ def test_names_are_release_scoped(helm: str) -> None:
         ("unknownTopLevel=1", "unknownTopLevel"),
         ("image.digest=latest", "digest"),
         ("metrics.serviceMonitor.interval=often", "interval"),
+        ("defaultOutput.managedClaim.enabled=maybe", "enabled"),
+        ("defaultOutput.managedClaim.size=lots", "size"),
+        ("defaultOutput.managedClaim.storageClassName=Fast_SSD", "storageClassName"),
+        ("rbac.storageClasses=yes", "storageClasses"),
     ],
 )
 def test_bad_values_are_refused_naming_the_field(helm: str, setting: str, named: str) -> None:
