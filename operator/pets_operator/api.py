@@ -33,6 +33,7 @@ DEFAULT_IMAGE = "pets-training/trainer:0.1.0"
 # the spec says otherwise (a resnet50d run keeps about 0.7 GB: two checkpoints and the model).
 OUTPUT_CLAIM_SUFFIX = "-output"
 DEFAULT_OUTPUT_CLAIM_SIZE = "5Gi"
+DEFAULT_STORAGE_CLASS_ANNOTATION = "storageclass.kubernetes.io/is-default-class"
 DEFAULT_CLUSTER_DOMAIN = "cluster.local"
 # The operator's own defaults (`pets-operator run --help`, the chart's `operator.*` values).
 DEFAULT_WORKERS = 48  # concurrent reconciliations
@@ -513,8 +514,11 @@ SPEC_SCHEMA: dict[str, Any] = _obj(
             rules=_validations("spec.dataset")),
         "output": _obj(
             "Where the trainer writes progress, checkpoints and the final model (mounted at /output). "
-            "With emptyDir a gang restart starts from scratch; with a claim (managedClaim: {} has the "
-            "operator make one) it resumes from the newest checkpoint. Immutable while running.",
+            "Unset: the operator's default, a managedClaim on the cluster's default StorageClass "
+            "(recorded in status.output; an emptyDir where the cluster has no default StorageClass or "
+            "the chart turns it off, said by the OutputDurable condition). With a claim a restart "
+            "resumes from the newest checkpoint; with emptyDir it starts from scratch. Immutable while "
+            "running.",
             {
                 "managedClaim": _obj(
                     f"A PersistentVolumeClaim the operator makes for this training before its pods, "
@@ -544,7 +548,6 @@ SPEC_SCHEMA: dict[str, Any] = _obj(
                                  {"sizeLimit": _quantity("Size limit of the emptyDir.")},
                                  rules=_validations("spec.output.emptyDir")),
             },
-            default={"emptyDir": {}},
             rules=_validations("spec.output")),
         "image": _str("Trainer image; the operator's --default-image when unset. Immutable while running.",
                       pattern=IMAGE, min_length=1, max_length=512),
@@ -743,7 +746,12 @@ STATUS_SCHEMA: dict[str, Any] = _obj("Observed state, written by the operator.",
         "epoch": {"type": "integer", "description": "Epoch of the checkpoint."},
         "time": {"type": "string", "format": "date-time", "description": "When the operator saw it."},
     }),
+    "output": {"type": "object", "x-kubernetes-preserve-unknown-fields": True,
+               "description": "The output the operator chose for a training without spec.output (same "
+                              "shape as spec.output), chosen once and kept."},
+    "outputReason": _str("Why status.output: the operator's default, or why it fell back to an emptyDir."),
     "children": _obj("Objects the operator created.", {
+        "outputClaim": _str("Name of the output PersistentVolumeClaim the operator made."),
         "job": _str("Name of the Job."),
         "service": _str("Name of the headless Service."),
         "pytorchJob": _str("Name of the PyTorchJob."),
@@ -856,6 +864,33 @@ def check_name(name: Any) -> str:
         raise SpecError(f"metadata.name is required, got {name!r}")
     check_rules({"metadata": {"name": name}}, rules_at(""))
     return name
+
+
+def default_output(kind: str = "managedClaim", size: str = DEFAULT_OUTPUT_CLAIM_SIZE,
+                   storage_class: str = "") -> dict[str, Any]:
+    """The output of a training without spec.output, from the operator's flags (the chart's
+    defaultOutput values). Raises ValueError naming the flag and the value."""
+    if kind == "emptyDir":
+        return {"emptyDir": {}}
+    if kind != "managedClaim":
+        raise ValueError(f"--default-output must be managedClaim or emptyDir, got {kind!r}")
+    if not re.match(QUANTITY, size):
+        raise ValueError(f"--default-output-claim-size must be a Kubernetes quantity such as 5Gi, "
+                         f"got {size!r}")
+    if storage_class and not re.match(DNS_SUBDOMAIN, storage_class):
+        raise ValueError(f"--default-output-storage-class must be a StorageClass name, got {storage_class!r}")
+    claim = {"size": size, "retentionPolicy": "Delete"}
+    return {"managedClaim": claim | ({"storageClassName": storage_class} if storage_class else {})}
+
+
+# An unset spec.output: the operator's default (`pets-operator run --default-output`), chosen once per
+# training and kept in status.output; this is that default where nothing else chose (render, builders).
+DEFAULT_OUTPUT = default_output()
+
+
+def output_of(spec: dict[str, Any]) -> dict[str, Any]:
+    """spec.output, or (unset: the operator put none in) the default output."""
+    return spec.get("output") or DEFAULT_OUTPUT
 
 
 def resolve_spec(spec: Any) -> dict[str, Any]:

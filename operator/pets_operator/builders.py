@@ -179,7 +179,7 @@ def _volumes(spec: dict[str, Any], training: str) -> tuple[list[dict[str, Any]],
     for name, path in SCRATCH_DIRS.items():
         volumes.append({"name": name, "emptyDir": {}})
         mounts.append({"name": name, "mountPath": path})
-    output = spec["output"]
+    output = api.output_of(spec)
     if "managedClaim" in output:
         claim_name = output_claim_name(training)
         volumes.append({"name": "output", "persistentVolumeClaim": {"claimName": claim_name}})
@@ -374,10 +374,19 @@ def output_claim_name(name: str) -> str:
     return f"{name}{api.OUTPUT_CLAIM_SUFFIX}"
 
 
+def output_claim(spec: dict[str, Any], name: str) -> str | None:
+    """The claim the training `name` writes its output to (made by the operator or the user's), or None
+    for an emptyDir."""
+    output = api.output_of(spec)
+    if "managedClaim" in output:
+        return output_claim_name(name)
+    return (output.get("persistentVolumeClaim") or {}).get("claimName")
+
+
 def output_access_modes(spec: dict[str, Any]) -> list[str]:
     """spec.output.managedClaim's access modes; unset: ReadWriteMany when several pods mount the claim
     (they may run on several nodes), else ReadWriteOnce. docs/operator.md ("Output") says why."""
-    claim = spec["output"]["managedClaim"]
+    claim = api.output_of(spec)["managedClaim"]
     several = spec["replicas"] > 1
     return list(claim.get("accessModes") or (["ReadWriteMany"] if several else ["ReadWriteOnce"]))
 
@@ -386,7 +395,7 @@ def build_output_claim(spec: dict[str, Any], target: Target) -> dict[str, Any] |
     """The PersistentVolumeClaim of spec.output.managedClaim, or None for another output. With
     retentionPolicy Retain it carries the output-retention label, and the operator gives it no owner
     reference, so deleting the training leaves it."""
-    claim = spec["output"].get("managedClaim")
+    claim = api.output_of(spec).get("managedClaim")
     if claim is None:
         return None
     retention = claim.get("retentionPolicy") or "Delete"

@@ -123,6 +123,20 @@ def build_parser() -> argparse.ArgumentParser:
              f"(default {backends.DEFAULT_AUTO})",
     )
     run.add_argument(
+        "--default-output", choices=["managedClaim", "emptyDir"], default="managedClaim",
+        help="output of a PetsTraining without spec.output: a claim the operator makes (falls back to "
+             "an emptyDir, and says so, where the cluster has no default StorageClass), or an emptyDir, "
+             "which loses the work on any restart (default managedClaim)",
+    )
+    run.add_argument(
+        "--default-output-claim-size", default=api.DEFAULT_OUTPUT_CLAIM_SIZE, metavar="QUANTITY",
+        help=f"size of that claim (default {api.DEFAULT_OUTPUT_CLAIM_SIZE})",
+    )
+    run.add_argument(
+        "--default-output-storage-class", default="", metavar="NAME",
+        help="StorageClass of that claim (default: the cluster's default StorageClass)",
+    )
+    run.add_argument(
         "--workers", type=_at_least_one(int), default=api.DEFAULT_WORKERS, metavar="N",
         help=f"PetsTrainings reconciled at once, each in a thread that waits on the API server "
         f"(default {api.DEFAULT_WORKERS})",
@@ -194,6 +208,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from pets_operator.runner import NoClusterError, RunOptions, run_operator
 
     try:
+        default_output = api.default_output(args.default_output, args.default_output_claim_size,
+                                            args.default_output_storage_class)
+    except ValueError as exc:
+        print(f"pets-operator run: {exc}", file=sys.stderr)
+        return 2
+    try:
         run_operator(
             RunOptions(
                 namespaces=tuple(args.namespace),
@@ -206,6 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 default_image=args.default_image,
                 cluster_domain=args.cluster_domain,
                 auto_backend=args.auto_backend,
+                default_output=default_output,
                 workers=args.workers,
                 progress_poll_seconds=args.progress_interval,
                 scrape_concurrency=args.scrape_concurrency,

@@ -73,6 +73,21 @@ def served_backends(api_client: client.ApiClient) -> set[str]:
     return served
 
 
+def has_default_storage_class(api_client: client.ApiClient) -> bool | None:
+    """Whether a StorageClass carries the default-class annotation; None where the operator may not
+    list StorageClasses (403: the chart's rbac.storageClasses off), so it cannot tell."""
+    try:
+        classes = client.StorageV1Api(api_client).list_storage_class()
+    except ApiException as exc:
+        if exc.status != 403:
+            raise
+        log.warning(f"cannot list StorageClasses (HTTP 403: {api_message(exc)}), so cannot tell whether "
+                    "the cluster has a default one; taking it that it does")
+        return None
+    return any(((sc.metadata and sc.metadata.annotations) or {}).get(api.DEFAULT_STORAGE_CLASS_ANNOTATION)
+               == "true" for sc in classes.items)
+
+
 class Cluster:
     """Blocking Kubernetes calls for one PetsTraining."""
 
@@ -110,6 +125,15 @@ class Cluster:
                 node = None
             self._nodes[name] = pods.node_lost(node)
         return self._nodes[name]
+
+    def claim(self, name: str) -> dict[str, Any] | None:
+        """The PersistentVolumeClaim `name` of this namespace, or None when there is none."""
+        try:
+            return self._dict(self.core.read_namespaced_persistent_volume_claim(name, self.namespace))
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            return None
 
     def force_delete_pod(self, name: str, uid: str | None = None) -> None:
         """Delete a pod at once (grace period 0): for a pod on a lost node, whose kubelet will never

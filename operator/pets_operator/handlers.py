@@ -28,7 +28,14 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from pets_operator import api, backends, builders, metrics, pods, status, workqueue
-from pets_operator.cluster import Cluster, api_message, child_refusal_permanent, owned_by, served_backends
+from pets_operator.cluster import (
+    Cluster,
+    api_message,
+    child_refusal_permanent,
+    has_default_storage_class,
+    owned_by,
+    served_backends,
+)
 from pets_operator.scraper import Scraper, Target
 
 # Seconds between reconciliations when nothing triggers one.
@@ -71,6 +78,7 @@ class Context:
     cluster_domain: str = api.DEFAULT_CLUSTER_DOMAIN
     progress_port: int = api.METRICS_PORT
     auto_backend: str = backends.DEFAULT_AUTO  # what spec.backend `auto` runs as (where it is served)
+    default_output: dict[str, Any] = field(default_factory=api.default_output)  # where spec.output is unset
     poll_active: float = POLL_ACTIVE
     workers: int = WORKERS
     scrape_concurrency: int = SCRAPE_CONCURRENCY
@@ -254,6 +262,20 @@ def _resolve_backend(ctx: Context, spec: dict[str, Any], old_status: dict[str, A
     return backend, backends.why(spec, backend, ctx.auto_backend)
 
 
+def _resolve_output(ctx: Context, old_status: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """The output where spec.output is unset, and why (status.OUTPUT_REASONS): the operator's default,
+    chosen once and then kept in status.output, so a changed default never moves a training's work. A
+    default claim with no StorageClass named falls back to an emptyDir where the cluster has no default
+    StorageClass: the claim would wait for ever, and the training with it."""
+    if isinstance(old_status.get("output"), dict):
+        return old_status["output"], str(old_status.get("outputReason") or status.OPERATOR_DEFAULT)
+    chosen = ctx.default_output
+    if "managedClaim" in chosen and not chosen["managedClaim"].get("storageClassName") \
+            and has_default_storage_class(ctx.api_client) is False:
+        return {"emptyDir": {}}, status.NO_DEFAULT_STORAGE_CLASS
+    return chosen, status.OPERATOR_DEFAULT
+
+
 def reconcile_once(ctx: Context, snap: Snapshot, logger: Logger) -> float | None:
     """One observe -> plan -> act round over a snapshot. Returns seconds until the next round at the
     latest (None: none needed, the training is gone or its spec cannot run)."""
@@ -272,6 +294,9 @@ def reconcile_once(ctx: Context, snap: Snapshot, logger: Logger) -> float | None
     try:
         spec = api.resolve_spec(body.get("spec"))
         backend, backend_reason = _resolve_backend(ctx, spec, old_status)
+        output_reason = ""
+        if "output" not in spec:
+            spec["output"], output_reason = _resolve_output(ctx, old_status)
         builders.dataset_source(spec)
     except backends.BackendUnavailable as exc:  # the CRD may be installed later: look again
         delay = _carry_out(ctx, cl, body, status.plan_backend_unavailable(body, str(exc), now), logger)
@@ -318,6 +343,9 @@ def reconcile_once(ctx: Context, snap: Snapshot, logger: Logger) -> float | None
     warnings: dict[str, list[dict[str, Any]]] = {}
     refusals: list[dict[str, Any]] = []
     queue_served, queue_workload = True, None
+    output_claim: dict[str, Any] | None = None
+    if current is None and "managedClaim" in spec["output"] and not stale:
+        output_claim = cl.claim(builders.output_claim_name(name))  # about to be made: not an old one's?
     if current is not None:
         if target.queued:
             queue_served, queue_workload = cl.queue_workload(current)
@@ -328,6 +356,9 @@ def reconcile_once(ctx: Context, snap: Snapshot, logger: Logger) -> float | None
             warnings = cl.pod_warnings([p["metadata"]["name"] for p in pod_list if _creating_long(p, now)])
             if _pods_missing_long(current, pod_list, spec["replicas"], backend, now):
                 refusals = cl.workload_refusals(current["kind"], current["metadata"]["name"])
+            if (claim_name := builders.output_claim(spec, name)) and any(not pods.scheduled_at(p)
+                                                                         for p in pod_list):
+                output_claim = cl.claim(claim_name)  # a pod waits to be scheduled: on its claim?
 
     candidates = _lost_candidates([*(pod_list or []), *(p for w in deleting for p in pods_of(w))])
     lost_pods, lost_nodes = _lost_pods(cl, candidates)
@@ -337,7 +368,8 @@ def reconcile_once(ctx: Context, snap: Snapshot, logger: Logger) -> float | None
                                progress_error=rank0.progress_error,
                                progress_failing_since=rank0.progress_failing_since,
                                rank0_running_since=rank0.running_since, queue_workload=queue_workload,
-                               queue_served=queue_served, lost_pods=lost_pods, lost_nodes=lost_nodes)
+                               queue_served=queue_served, lost_pods=lost_pods, lost_nodes=lost_nodes,
+                               output_reason=output_reason, output_claim=output_claim)
     result = status.plan(body, spec, observed, target, now)
     result.delete = [r for r in result.delete if r["name"] not in deleting]
     delay = _carry_out(ctx, cl, body, result, logger, restarts=restarts, watched=watched)
@@ -394,7 +426,8 @@ def _child_refused(cl: Cluster, body: dict[str, Any], result: status.Plan, manif
                    f"{'permanent' if permanent else 'will retry'}): {message}")
     # If it fails: what this round made, our Service (maybe made by an earlier round; reconcile_once
     # checked it is ours), and what the Plan meant to delete anyway (older attempts' workloads).
-    cleanup = list(made)
+    # Not a claim it made: the operator may not delete claims; the training's owner reference takes it.
+    cleanup = [m for m in made if m["kind"] != "PersistentVolumeClaim"]
     service = (result.status.get("children") or {}).get("service")
     if service and not any(m["kind"] == "Service" for m in made) and manifest["kind"] != "Service":
         cleanup.append({"apiVersion": "v1", "kind": "Service",

@@ -7,7 +7,8 @@ import logging
 import os
 import threading
 from collections.abc import Awaitable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import kopf
 import yaml
@@ -30,6 +31,7 @@ class RunOptions:
     default_image: str = api.DEFAULT_IMAGE
     cluster_domain: str = api.DEFAULT_CLUSTER_DOMAIN
     auto_backend: str = backends.DEFAULT_AUTO
+    default_output: dict[str, Any] = field(default_factory=api.default_output)  # spec.output unset
     kubeconfig: str | None = None  # None: in-cluster, else $KUBECONFIG / ~/.kube/config
     progress_poll_seconds: float = handlers.POLL_ACTIVE
     progress_port: int = api.METRICS_PORT  # the trainer's contract port; tests point it elsewhere
@@ -92,6 +94,7 @@ def build(options: RunOptions, cfg: client.Configuration) -> tuple[kopf.Operator
         default_image=options.default_image,
         cluster_domain=options.cluster_domain,
         auto_backend=options.auto_backend,
+        default_output=options.default_output,
         poll_active=options.progress_poll_seconds,
         progress_port=options.progress_port,
         fixed_namespaces=bool(options.namespaces),

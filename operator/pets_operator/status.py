@@ -38,6 +38,9 @@ class Observed:
     queue_workload: dict[str, Any] | None = None  # Kueue's Workload for the current workload (queued ones)
     queue_served: bool = True  # whether Kueue's Workload API is served at all
     backend_reason: str = ""  # why that backend (backends.why)
+    # Why the output, where spec.output is unset (OUTPUT_REASONS; "": the spec says)
+    output_reason: str = ""
+    output_claim: dict[str, Any] | None = None  # the output claim, read while a pod waits to be scheduled
     # Pods of this training (the current workload's, or a deleting older one's) stuck on a lost node
     # (`pods.terminating_unfinished` on a node `pods.node_lost` calls lost), and why each node is lost.
     lost_pods: list[dict[str, Any]] = field(default_factory=list)
@@ -71,9 +74,9 @@ class Plan:
     requeue_after: float | None = None  # seconds until the plan should be made again at the latest
 
 
-def _set_condition(conditions: list[dict[str, Any]], ctype: str, status: bool, reason: str,
+def _set_condition(conditions: list[dict[str, Any]], ctype: str, status: bool | None, reason: str,
                    message: str, now: datetime, generation: int | None) -> None:
-    value = "True" if status else "False"
+    value = "Unknown" if status is None else "True" if status else "False"
     for cond in conditions:
         if cond["type"] == ctype:
             if cond.get("status") != value:
@@ -178,7 +181,14 @@ def plan(
     status["attempt"] = target.attempt
     status["totalEpochs"] = spec["epochs"]
     status["children"] = backend.children_names(target.name, target.attempt)
-    _output_durable(status, spec, target.name, now, generation)
+    if observed.output_reason:  # chosen by the operator: kept, so it never changes under the training
+        status["output"], status["outputReason"] = api.output_of(spec), observed.output_reason
+    else:
+        status.pop("output", None)
+        status.pop("outputReason", None)
+    if "managedClaim" in api.output_of(spec):
+        status["children"]["outputClaim"] = builders.output_claim_name(target.name)
+    _output_durable(status, spec, observed, target.name, now, generation)
 
     # Older attempts' workloads are always cleaned up (a restart deletes, then recreates).
     result.delete += [_ref(w) for w in observed.stale]
@@ -204,12 +214,25 @@ def plan(
             phase, reason, message = _deadline_exceeded(result, spec, None, now)
             _apply_phase(result, old_phase, phase, reason, message, now, generation)
             return result
+        elif _claim_of_another(observed.output_claim, meta.get("uid")):
+            # A training of the same name was deleted and the garbage collector has yet to take its
+            # claim: pods made now would mount a claim about to go (and wait for ever).
+            phase = api.RESTARTING if old_phase == api.RESTARTING else api.PENDING
+            reason = "WaitingForOldClaim"
+            message = (f"waiting for the claim {builders.output_claim_name(target.name)} of an earlier "
+                       "PetsTraining of this name to be deleted")
+            result.requeue_after = CHILD_RETRY_MIN_SECONDS
         else:
             built_for = target if left is None else replace(target, deadline_left=max(1, math.ceil(left)))
             workload = backend.build_workload(spec, built_for)
             # The managed output claim before the pods that mount it; made once (an existing one is kept).
             if (claim := builders.build_output_claim(spec, target)) is not None:
                 result.create.append(claim)
+                if not builders.owned(claim) and target.attempt == 0:  # said once, where it is seen
+                    result.events.append(Event("Normal", "OutputClaimRetained", (
+                        f"the claim {claim['metadata']['name']} has retentionPolicy Retain: it stays, with "
+                        "the work, when this PetsTraining is deleted; delete it with kubectl delete pvc -n "
+                        f"{target.namespace} {claim['metadata']['name']}")))
             result.create.append(workload)
             status["workloadActive"] = not builders.created_suspended(spec, target)
             reason = "Created"
@@ -273,6 +296,16 @@ def plan(
     if phase in api.FINISHED_PHASES:
         _ttl(result, spec, status, now)
     return result
+
+
+def _claim_of_another(claim: dict[str, Any] | None, uid: str | None) -> bool:
+    """The output claim exists and goes (being deleted, or owned by a training that is no more). A claim
+    with no owner (Retain) is kept work: it is used as it is."""
+    if claim is None:
+        return False
+    meta = claim.get("metadata") or {}
+    owners = [o.get("uid") for o in meta.get("ownerReferences") or []]
+    return bool(meta.get("deletionTimestamp")) or (bool(owners) and uid not in owners)
 
 
 def _ranks_decide_success(ws: WorkloadState | None, observed: Observed, replicas: int
@@ -465,30 +498,58 @@ def _deadline_exceeded(result: Plan, spec: dict[str, Any], workload: dict[str, A
     return api.FAILED, "DeadlineExceeded", message
 
 
-def _output_durable(status: dict[str, Any], spec: dict[str, Any], name: str, now: datetime,
-                    generation: int | None) -> None:
+# status.outputReason: why the operator chose the output of a training without spec.output.
+OPERATOR_DEFAULT = "OperatorDefault"  # `pets-operator run --default-output` (the chart's defaultOutput)
+NO_DEFAULT_STORAGE_CLASS = "NoDefaultStorageClass"  # a default claim could not be made: an emptyDir
+OUTPUT_REASONS = (OPERATOR_DEFAULT, NO_DEFAULT_STORAGE_CLASS)
+_EMPTYDIR_FIX = ("set spec.output.managedClaim.storageClassName (the operator makes a claim of that "
+                 "class), spec.output.persistentVolumeClaim, or give the cluster a default StorageClass")
+
+
+def _output_durable(status: dict[str, Any], spec: dict[str, Any], observed: Observed, name: str,
+                    now: datetime, generation: int | None) -> None:
     """OutputDurable: whether the work outlives the pods (a restart resumes, `fetch` has files), and how
-    to get there when it does not."""
-    output = spec["output"]
-    if "managedClaim" in output:
+    to get there when it does not. Unknown while the claim is Pending and a pod waits for it."""
+    output = api.output_of(spec)
+    claim = observed.output_claim
+    pending = claim is not None and (claim.get("status") or {}).get("phase") == "Pending"
+    durable: bool | None
+    if pending:
+        assert claim is not None
+        claim_name = claim["metadata"]["name"]
+        durable, reason = None, "ClaimPending"
+        message = (f"the claim {claim_name} (StorageClass {claim['spec'].get('storageClassName') or 'none'}"
+                   f", {', '.join(claim['spec'].get('accessModes') or [])}) is Pending and the pods wait "
+                   f"for it to bind: `kubectl describe pvc {claim_name}` says why")
+    elif "managedClaim" in output:
         retention = output["managedClaim"].get("retentionPolicy") or "Delete"
         durable, reason = True, "ManagedClaim"
         message = (f"checkpoints and results are on the claim {builders.output_claim_name(name)}, which the "
                    f"operator made (retentionPolicy {retention})")
+        if observed.output_reason:
+            message = "spec.output is unset, so " + message
     elif "persistentVolumeClaim" in output:
         durable, reason = True, "Claim"
         message = f"checkpoints and results are on the claim {output['persistentVolumeClaim']['claimName']}"
+    elif observed.output_reason == NO_DEFAULT_STORAGE_CLASS:
+        durable, reason = False, NO_DEFAULT_STORAGE_CLASS
+        message = ("spec.output is unset and the cluster has no default StorageClass, so the operator made "
+                   "no claim and fell back to an emptyDir, which goes with the pods: a restart or an "
+                   f"eviction starts from epoch 0 and `kubectl pets fetch` finds nothing; {_EMPTYDIR_FIX}")
     else:
         durable, reason = False, "EmptyDir"
-        message = ("spec.output is an emptyDir, which goes with the pods: a restart or an eviction starts "
-                   "from epoch 0 and `kubectl pets fetch` finds nothing; set spec.output.managedClaim: {} "
-                   "(the operator makes a claim) or spec.output.persistentVolumeClaim")
+        where = ("spec.output is unset and the operator's default output is an emptyDir (the chart's "
+                 "defaultOutput.managedClaim.enabled=false)" if observed.output_reason
+                 else "spec.output is an emptyDir")
+        message = (f"{where}, which goes with the pods: a restart or an eviction starts from epoch 0 and "
+                   "`kubectl pets fetch` finds nothing; set spec.output.managedClaim: {} (the operator makes "
+                   "a claim) or spec.output.persistentVolumeClaim")
     _set_condition(status["conditions"], "OutputDurable", durable, reason, message, now, generation)
 
 
 def _resume_point(spec: dict[str, Any], status: dict[str, Any]) -> str:
-    if "emptyDir" in spec["output"]:
-        return "starting from epoch 0 (spec.output is an emptyDir, which goes with the pods)"
+    if "emptyDir" in api.output_of(spec):
+        return "starting from epoch 0 (the output is an emptyDir, which goes with the pods)"
     checkpoint = status.get("lastCheckpoint") or {}
     if checkpoint.get("epoch"):
         return f"resuming from the checkpoint of epoch {checkpoint['epoch']}"
@@ -824,4 +885,8 @@ def plan_child_refused(body: dict[str, Any], error: str, now: datetime, permanen
         result.requeue_after = delay if timeout is None else max(0.0, min(delay, timeout - waited))
     if "workloadActive" in result.status:
         result.status["workloadActive"] = False  # its workload was not created
+    if child.startswith("PersistentVolumeClaim "):  # the output claim: the work has nowhere durable to go
+        _set_condition(result.status.setdefault("conditions", []), "OutputDurable", False, "ClaimRefused",
+                       f"the API server refused the output claim {child.split(' ', 1)[1]}: {error}", now,
+                       (body.get("metadata") or {}).get("generation"))
     return result

@@ -113,9 +113,11 @@ FETCH_UID = 65532
 
 
 def output_claim(training: dict[str, Any]) -> dict[str, Any] | None:
-    """The claim a training writes its outputs to ({claimName, path?}), or None for an emptyDir:
-    spec.output.persistentVolumeClaim, or the claim the operator makes for spec.output.managedClaim."""
-    output = (training.get("spec") or {}).get("output") or {}
+    """The claim a training writes its outputs to ({claimName, path?}), or None for an emptyDir (or a
+    training the operator has not yet seen): spec.output.persistentVolumeClaim, or the claim the operator
+    makes for spec.output.managedClaim; where spec.output is unset, what the operator chose
+    (status.output: a managed claim by default)."""
+    output = (training.get("spec") or {}).get("output") or (training.get("status") or {}).get("output") or {}
     if output.get("managedClaim") is not None:
         return {"claimName": f"{training['metadata']['name']}{_api.OUTPUT_CLAIM_SUFFIX}"}
     return output.get("persistentVolumeClaim") or None
@@ -687,7 +689,8 @@ class PetsTrainingClient:
         """Copy the training's outputs (summary.json, progress.jsonl, metrics.png, model.safetensors,
         config.yaml, or ``files``) into ``dest`` and return the paths copied.
 
-        Works when the training writes to a claim (spec.output.managedClaim or persistentVolumeClaim): a
+        Works when the training writes to a claim (the default: spec.output unset or managedClaim; or
+        spec.output.persistentVolumeClaim): a
         short-lived pod with the training's image mounts the claim read-only, the files come back through
         the exec API in checked chunks (sizes and sha256 first: the client's exec stream can drop frames of
         a large output), and the pod is deleted. With an emptyDir output the files went with the pods:
@@ -697,9 +700,15 @@ class PetsTrainingClient:
         each resolved inside ``dest``, no more bytes than listed; FetchError names a refused entry.
         """
         training = self.get(name)
+        chosen = training.get("status") or {}
+        if not (training.get("spec") or {}).get("output") and not chosen.get("output"):
+            raise FetchError(f"{name}: the operator has not yet chosen where it writes (status.output is "
+                             "unset); try again once it has seen the training")
         if output_claim(training) is None:
+            where = "spec.output" if (training.get("spec") or {}).get("output") else \
+                f"status.output, chosen by the operator: {chosen.get('outputReason')}"
             raise FetchError(
-                f"{name} writes its outputs to an emptyDir (spec.output), which lived and went with its "
+                f"{name} writes its outputs to an emptyDir ({where}), which lived and went with its "
                 "pods: there is nothing left to fetch. Train with spec.output.managedClaim ({} is enough: "
                 "the operator makes the claim) or spec.output.persistentVolumeClaim (claimName: a claim in "
                 "this namespace) to keep summary.json, progress.jsonl, metrics.png, model.safetensors and "

@@ -248,7 +248,7 @@ def test_logs_says_when_there_is_no_pod(admin: client.ApiClient, operator: Opera
 
 
 def test_fetch_refuses_an_emptydir_output(pets: PetsTrainingClient) -> None:
-    pets.train(name="scratch")
+    pets.train(name="scratch", output={"emptyDir": {}})
     with pytest.raises(FetchError, match="emptyDir") as err:
         pets.fetch("scratch", "out")
     assert "spec.output.persistentVolumeClaim" in str(err.value)
@@ -296,7 +296,8 @@ def test_kubectl_pets_commands(admin: client.ApiClient, operator_paused: None, k
 
     good = tmp_path / "good.yaml"
     good.write_text(yaml.safe_dump({"apiVersion": api.API_VERSION, "kind": api.KIND,
-                                    "metadata": {"name": "cli"}, "spec": {"epochs": 1}}))
+                                    "metadata": {"name": "cli"},
+                                    "spec": {"epochs": 1, "output": {"emptyDir": {}}}}))
     assert pets_cli.main(["run", "-f", str(good), *common]) == 0
     assert "petstraining.training.pets.dev/cli created" in capsys.readouterr().out
 

@@ -185,18 +185,23 @@ def test_built_manifests_pass_server_side_dry_run(admin: client.ApiClient, names
         if manifest["kind"] == "Service":
             got = client.CoreV1Api(admin).create_namespaced_service(namespace, manifest, dry_run="All",
                                                                    field_validation="Strict")
+        elif manifest["kind"] == "PersistentVolumeClaim":  # the default output: a claim the operator makes
+            got = client.CoreV1Api(admin).create_namespaced_persistent_volume_claim(
+                namespace, manifest, dry_run="All", field_validation="Strict")
         else:
             got = client.BatchV1Api(admin).create_namespaced_job(namespace, manifest, dry_run="All",
                                                                 field_validation="Strict")
         assert got.metadata.name == manifest["metadata"]["name"]
         kinds.append(manifest["kind"])
-    assert sorted(kinds) == ["Job", "Service"], kinds
+    output = api.output_of(api.resolve_spec(BUILD_CASES[case]))
+    claim = ["PersistentVolumeClaim"] if "managedClaim" in output else []
+    assert sorted(kinds) == sorted(["Job", "Service", *claim]), kinds
 
 
 @pytest.mark.parametrize("case", sorted(BUILD_CASES))
 def test_pytorchjob_is_accepted_by_the_real_crd(admin: client.ApiClient, pytorchjob_crd: str, namespace: str,
                                                 case: str) -> None:
-    (pj,) = _children(BUILD_CASES[case], namespace, "pytorchjob")
+    (pj,) = [m for m in _children(BUILD_CASES[case], namespace, "pytorchjob") if m["kind"] == "PyTorchJob"]
     got = client.CustomObjectsApi(admin).create_namespaced_custom_object(
         "kubeflow.org", "v1", namespace, "pytorchjobs", pj, dry_run="All", field_validation="Strict")
     # The real CRD's structural schema prunes unknown fields: nothing we set may vanish.

@@ -302,6 +302,67 @@ def test_a_managed_output_claim_is_made_before_the_job_and_follows_its_retention
     assert claims(admin, namespace)["kept-output"].metadata.deletion_timestamp is None
 
 
+@pytest.fixture
+def default_storage_class(admin: client.ApiClient) -> Iterator[str]:
+    """A default StorageClass for the duration of a test (this control plane has none of its own)."""
+    storage = client.StorageV1Api(admin)
+    name = "pets-default-for-a-test"
+    storage.create_storage_class({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+                                  "metadata": {"name": name, "annotations": {
+                                      api.DEFAULT_STORAGE_CLASS_ANNOTATION: "true"}},
+                                  "provisioner": "example.com/none"})
+    try:
+        yield name
+    finally:
+        try:
+            storage.delete_storage_class(name)
+        except ApiException as exc:
+            if exc.status != 404:  # the test may have taken it away itself
+                raise
+
+
+def chosen_output(admin: client.ApiClient, ns: str, name: str) -> dict[str, Any]:
+    """The training's status once the operator has chosen its output."""
+    def chosen() -> dict[str, Any] | None:
+        st = (get_training(admin, ns, name) or {}).get("status") or {}
+        return st if st.get("output") else None
+    return wait_for(f"{name}'s status.output", chosen)
+
+
+def test_without_spec_output_the_operator_chooses_once_and_says_so(
+        admin: client.ApiClient, operator: OperatorThread, namespace: str,
+        default_storage_class: str) -> None:
+    """No spec.output: with a default StorageClass, a claim the operator makes; without one (this control
+    plane's own state), an emptyDir, and OutputDurable says so. Each choice is kept in status.output."""
+    create_training(admin, namespace, "durable", replicas=2)
+    job = the_job(admin, namespace, "durable")
+    (volume,) = [v for v in job.spec.template.spec.volumes if v.name == "output"]
+    assert volume.persistent_volume_claim.claim_name == "durable-output"
+    made = claims(admin, namespace)["durable-output"]
+    assert made.spec.access_modes == ["ReadWriteMany"] and made.spec.resources.requests == {"storage": "5Gi"}
+    assert made.spec.storage_class_name == default_storage_class  # the API server's DefaultStorageClass
+    assert owner_of(made) == (api.KIND, "durable", True)
+    st = chosen_output(admin, namespace, "durable")
+    assert (st["output"], st["outputReason"]) == (api.default_output(), "OperatorDefault")
+    assert st["children"]["outputClaim"] == "durable-output"
+    durable = next(c for c in st["conditions"] if c["type"] == "OutputDurable")
+    assert (durable["status"], durable["reason"]) == ("True", "ManagedClaim"), durable
+
+    client.StorageV1Api(admin).delete_storage_class(default_storage_class)
+    wait_for("the StorageClass gone", lambda: not client.StorageV1Api(admin).list_storage_class(
+        field_selector=f"metadata.name={default_storage_class}").items)
+    create_training(admin, namespace, "scratch", replicas=2)
+    job = the_job(admin, namespace, "scratch")
+    (volume,) = [v for v in job.spec.template.spec.volumes if v.name == "output"]
+    assert volume.empty_dir is not None and "scratch-output" not in claims(admin, namespace)
+    st = chosen_output(admin, namespace, "scratch")
+    assert (st["output"], st["outputReason"]) == ({"emptyDir": {}}, "NoDefaultStorageClass")
+    durable = next(c for c in st["conditions"] if c["type"] == "OutputDurable")
+    assert (durable["status"], durable["reason"]) == ("False", "NoDefaultStorageClass"), durable
+    # The first training keeps its claim: its choice is not made again.
+    assert chosen_output(admin, namespace, "durable")["output"] == api.default_output()
+
+
 def test_a_training_is_deleted_even_while_no_operator_runs(admin: client.ApiClient, operator: OperatorThread,
                                                           namespace: str) -> None:
     """No finalizer: deleting waits for no operator, and the garbage collector takes the children (their

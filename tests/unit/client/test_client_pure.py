@@ -176,6 +176,18 @@ def test_the_fetch_pod_mounts_the_claim_the_operator_made_for_a_managed_output()
     assert output_claim({"metadata": {"name": "pets"}, "spec": {"output": {"emptyDir": {}}}}) is None
 
 
+def test_an_unset_output_is_what_the_operator_chose() -> None:
+    chose = {"metadata": {"name": "pets"}, "spec": {},
+             "status": {"output": {"managedClaim": {"size": "5Gi"}}, "outputReason": "OperatorDefault"}}
+    assert output_claim(chose) == {"claimName": "pets-output"}
+    fell_back = {"metadata": {"name": "pets"}, "spec": {},
+                 "status": {"output": {"emptyDir": {}}, "outputReason": "NoDefaultStorageClass"}}
+    assert output_claim(fell_back) is None
+    # The spec wins over an old choice; a training the operator has not seen has no claim yet.
+    assert output_claim(chose | {"spec": {"output": {"emptyDir": {}}}}) is None
+    assert output_claim({"metadata": {"name": "pets"}, "spec": {}}) is None
+
+
 def test_fetch_commands_refuse_paths_outside_the_output() -> None:
     cmd = list_command(["summary.json", "checkpoints/epoch_1/model.safetensors"])
     assert cmd[:2] == ["sh", "-c"] and cmd[-1] == "/output"

@@ -21,7 +21,7 @@ def test_defaults_are_the_recipe() -> None:
     assert s["replicas"] == 1 and s["epochs"] == 5 and s["model"] == "resnet50d"
     assert s["learningRate"] == 0.03 and s["imageSize"] == 224 and s["freezeBackbone"] is True
     assert s["dataset"] == {"synthetic": {"imagesPerClass": 20, "numClasses": 37}}
-    assert s["output"] == {"emptyDir": {}}
+    assert "output" not in s and api.output_of(s) == api.DEFAULT_OUTPUT  # the operator's default chooses
     assert s["resources"] == {"cpu": "1", "memory": "3Gi", "gpu": 0, "gpuResourceName": "nvidia.com/gpu"}
     assert s["backend"] == "auto" and s["masterPort"] == 29500 and s["maxRestarts"] == 3
 
@@ -269,7 +269,21 @@ def test_managed_output_claim_size_class_and_retain() -> None:
 
 
 def test_no_managed_claim_for_other_outputs() -> None:
-    assert builders.build_output_claim(spec(), TARGET) is None
+    assert builders.build_output_claim(spec(output={"emptyDir": {}}), TARGET) is None
     own_claim = spec(output={"persistentVolumeClaim": {"claimName": "out"}})
     assert builders.build_output_claim(own_claim, TARGET) is None
     assert builders.owned(builders.build_service(spec(), TARGET))
+
+
+def test_the_operators_default_output_from_its_flags() -> None:
+    assert api.default_output() == {"managedClaim": {"size": "5Gi", "retentionPolicy": "Delete"}}
+    assert api.default_output("managedClaim", "20Gi", "fast-rwx") == \
+        {"managedClaim": {"size": "20Gi", "retentionPolicy": "Delete", "storageClassName": "fast-rwx"}}
+    assert api.default_output("emptyDir", "ignored") == {"emptyDir": {}}
+    for args, words in [(("scratch",), "--default-output must be managedClaim or emptyDir, got 'scratch'"),
+                        (("managedClaim", "5 Gi"), "--default-output-claim-size must be a Kubernetes "
+                                                  "quantity such as 5Gi, got '5 Gi'"),
+                        (("managedClaim", "5Gi", "Fast_RWX"), "--default-output-storage-class must be a "
+                                                              "StorageClass name, got 'Fast_RWX'")]:
+        with pytest.raises(ValueError, match=re.escape(words)):
+            api.default_output(*args)

@@ -30,10 +30,12 @@ def test_render_every_sample(path: Path, capsys: pytest.CaptureFixture[str]) -> 
     kinds = sorted(d["kind"] for d in docs)
     trainings = [d for d in yaml.safe_load_all(path.read_text()) if d["kind"] == api.KIND]
     assert trainings, f"{path} has no PetsTraining"
+    output = trainings[0]["spec"].get("output") or {"managedClaim": {}}  # unset: the default, a claim
+    claim = ["PersistentVolumeClaim"] if "managedClaim" in output else []
     if trainings[0]["spec"].get("backend") == "pytorchjob":
-        assert kinds == ["PyTorchJob"]
+        assert kinds == sorted(["PyTorchJob", *claim])
     else:
-        assert kinds == ["Job", "Service"]
+        assert kinds == sorted(["Job", "Service", *claim])
 
 
 def test_root_sample_is_small_and_distributed() -> None:

@@ -86,8 +86,8 @@ def test_the_jobs_own_deadline_ending_it_is_not_a_gang_restart() -> None:
 def test_a_gang_restart_gives_the_next_job_what_is_left() -> None:
     after_restart = {"phase": api.RESTARTING, "startTime": ts(25), "restarts": 1, "attempt": 1}
     p = plan(body(after_restart), None)
-    assert [m["metadata"]["name"] for m in p.create] == ["pets-r1"]
-    assert p.create[0]["spec"]["activeDeadlineSeconds"] == 35
+    assert [m["metadata"]["name"] for m in p.create] == ["pets-output", "pets-r1"]  # the claim first
+    assert p.create[-1]["spec"]["activeDeadlineSeconds"] == 35
 
 
 def test_a_restart_after_the_deadline_ran_out_creates_nothing() -> None:

@@ -58,7 +58,7 @@ def test_an_edit_while_suspended_rebuilds_the_workload_from_the_new_spec() -> No
     created = status.plan(body(waiting.status, **new_spec), api.resolve_spec(new_spec),
                           status.Observed(backend=backends.JOB, workload=None, service={}),
                           builders.Target("pets", "ns", 1), NOW)
-    (new_job,) = created.create
+    (_, new_job) = created.create  # the output claim, then the Job
     assert new_job["metadata"]["name"] == "pets-r1"
     assert new_job["spec"]["parallelism"] == 3 and new_job["spec"]["suspend"] is False
     assert "9" == new_job["spec"]["template"]["spec"]["containers"][0]["args"][1]  # --epochs 9

@@ -186,12 +186,12 @@ def plan_creating_both() -> tuple[dict[str, Any], status.Plan]:
 def test_carry_out_fails_the_training_and_deletes_the_service_it_made(
         events: list[tuple[str, str, str]]) -> None:
     b, plan = plan_creating_both()
-    assert [m["kind"] for m in plan.create] == ["Service", "Job"]
+    assert [m["kind"] for m in plan.create] == ["Service", "PersistentVolumeClaim", "Job"]
     cl = FakeCluster({"Job": refusal(403, VAP)})
     delay = handlers._carry_out(handlers.Context(api_client=None), cl, b, plan,  # type: ignore[arg-type]
                                 logging.getLogger("test"))
-    assert cl.created == ["Service/pets"]
-    assert cl.deleted == ["Service/pets"]
+    assert cl.created == ["Service/pets", "PersistentVolumeClaim/pets-output"]
+    assert cl.deleted == ["Service/pets"]  # the claim goes with the training (its owner reference)
     assert cl.statuses[-1]["phase"] == api.FAILED and VAP in cl.statuses[-1]["message"]
     assert [(t, r) for t, r, _ in events] == [("Warning", "ChildRejected")]
     assert delay is None  # Failed: nothing to look at again (a new spec wakes it)
@@ -202,11 +202,31 @@ def test_carry_out_waits_on_a_quota_and_keeps_the_service(events: list[tuple[str
     cl = FakeCluster({"Job": refusal(403, QUOTA)})
     delay = handlers._carry_out(handlers.Context(api_client=None), cl, b, plan,  # type: ignore[arg-type]
                                 logging.getLogger("test"))
-    assert cl.created == ["Service/pets"] and cl.deleted == []
+    assert cl.created == ["Service/pets", "PersistentVolumeClaim/pets-output"] and cl.deleted == []
     assert cl.statuses[-1]["phase"] == api.PENDING
     assert next(c for c in cl.statuses[-1]["conditions"] if c["type"] == "Progressing")["reason"] == \
         "ChildCreateRetrying"
     assert [(t, r) for t, r, _ in events] == [("Warning", "ChildCreateRetrying")]
+    assert delay == status.CHILD_RETRY_MIN_SECONDS
+
+
+def test_a_quota_that_refuses_the_output_claim_says_the_work_is_not_durable(
+        events: list[tuple[str, str, str]]) -> None:
+    """The claim is refused (a storage quota): the training waits and retries, and OutputDurable says why
+    within that round; no workload is made that would mount a claim that is not there."""
+    b, plan = plan_creating_both()
+    quota = ('persistentvolumeclaims "pets-output" is forbidden: exceeded quota: storage, requested: '
+             'requests.storage=5Gi, used: requests.storage=8Gi, limited: requests.storage=10Gi')
+    cl = FakeCluster({"PersistentVolumeClaim": refusal(403, quota)})
+    delay = handlers._carry_out(handlers.Context(api_client=None), cl, b, plan,  # type: ignore[arg-type]
+                                logging.getLogger("test"))
+    assert cl.created == ["Service/pets"] and cl.deleted == []
+    written = cl.statuses[-1]
+    assert written["phase"] == api.PENDING and "waiting to create PersistentVolumeClaim pets-output" in \
+        written["message"]
+    durable = next(c for c in written["conditions"] if c["type"] == "OutputDurable")
+    assert (durable["status"], durable["reason"]) == ("False", "ClaimRefused")
+    assert "pets-output" in durable["message"] and "exceeded quota: storage" in durable["message"]
     assert delay == status.CHILD_RETRY_MIN_SECONDS
 
 
@@ -264,4 +284,4 @@ def test_status_writes_within_a_phase_are_at_most_one_per_interval(
     b2, both = plan_creating_both()
     both.status["phase"] = (b2.get("status") or {}).get("phase")  # same phase, but children to make
     handlers._carry_out(ctx, cl, b2, both, log)
-    assert cl.created == ["Service/pets", "Job/pets"]
+    assert cl.created == ["Service/pets", "PersistentVolumeClaim/pets-output", "Job/pets"]

@@ -52,10 +52,10 @@ def test_new_training_creates_service_and_job_once() -> None:
     spec = api.resolve_spec({"replicas": 2, "backend": "job"})
     observed = status.Observed(backend=backends.JOB, workload=None, backend_reason="spec.backend is job")
     p = status.plan(body(replicas=2, backend="job"), spec, observed, TARGET, NOW)
-    assert [m["kind"] for m in p.create] == ["Service", "Job"]
+    assert [m["kind"] for m in p.create] == ["Service", "PersistentVolumeClaim", "Job"]
     assert p.status["phase"] == api.PENDING
     assert p.status["observedGeneration"] == 3
-    assert p.status["children"] == {"service": "pets", "job": "pets"}
+    assert p.status["children"] == {"service": "pets", "job": "pets", "outputClaim": "pets-output"}
     assert p.status["workloadActive"] is True and p.status["attempt"] == 0
     assert p.status["backendReason"] == "spec.backend is job"
     assert cond(p, "Progressing")["status"] == "True"
@@ -74,6 +74,20 @@ def test_a_managed_output_claim_is_created_before_the_first_workload_only() -> N
     assert p.create[1]["metadata"]["name"] == "pets-output"
     p2 = run(body(p.status, replicas=2, output={"managedClaim": {}}), job())
     assert p2.create == []
+    assert "OutputClaimRetained" not in [e.reason for e in p.events]  # Delete: it goes with the training
+
+
+def test_a_retained_claim_is_named_in_an_event_once() -> None:
+    output = {"managedClaim": {"retentionPolicy": "Retain"}}
+    spec = api.resolve_spec({"output": output})
+    observed = status.Observed(backend=backends.JOB, workload=None)
+    p = status.plan(body(output=output), spec, observed, TARGET, NOW)
+    (retained,) = [e for e in p.events if e.reason == "OutputClaimRetained"]
+    assert "pets-output has retentionPolicy Retain" in retained.message
+    assert "kubectl delete pvc -n ns pets-output" in retained.message
+    restart = status.plan(body({"attempt": 1, "restarts": 1}, output=output), spec, observed,
+                          builders.Target("pets", "ns", 1), NOW)
+    assert "OutputClaimRetained" not in [e.reason for e in restart.events]
 
 
 def test_auto_says_what_it_chose_once() -> None:
@@ -133,7 +147,7 @@ def test_failure_restarts_the_gang_then_fails() -> None:
 
     # Old Job gone -> attempt 1 is created with its own name.
     again = run(body(p.status, maxRestarts=2), None)
-    assert [m["metadata"]["name"] for m in again.create] == ["pets-r1"]
+    assert [m["metadata"]["name"] for m in again.create] == ["pets-output", "pets-r1"]
     assert again.status["children"]["job"] == "pets-r1"
 
     # Last allowed restart used up -> Failed, nothing deleted, nothing created.
@@ -164,7 +178,7 @@ def test_the_phase_says_restarting_from_the_gang_restart_until_the_new_gang_runs
     p = run(body(p.status, replicas=2, maxRestarts=2), None, stale=[failed])  # the old Job still goes
     rounds.append((p.status["phase"], cond(p, "Progressing")["reason"]))
     p = run(body(p.status, replicas=2, maxRestarts=2), None)  # gone: attempt 1 is created
-    assert [m["metadata"]["name"] for m in p.create] == ["pets-r1"]
+    assert [m["metadata"]["name"] for m in p.create] == ["pets-output", "pets-r1"]  # the claim first
     rounds.append((p.status["phase"], cond(p, "Progressing")["reason"]))
     p = run(body(p.status, replicas=2, maxRestarts=2), job(attempt=1))  # created, no pod yet
     rounds.append((p.status["phase"], cond(p, "Progressing")["reason"]))
@@ -276,12 +290,12 @@ def test_backend_unavailable_plan_waits_pending() -> None:
 
 def test_target_attempt_names_the_workload_after_a_restart() -> None:
     p = run(body({"phase": api.RESTARTING, "restarts": 2}), None)
-    assert [m["metadata"]["name"] for m in p.create] == ["pets-r2"]
-    assert p.status["children"] == {"service": "pets", "job": "pets-r2"}
+    assert [m["metadata"]["name"] for m in p.create] == ["pets-output", "pets-r2"]
+    assert p.status["children"] == {"service": "pets", "job": "pets-r2", "outputClaim": "pets-output"}
 
 
 @pytest.mark.parametrize(("output", "says"), [
-    ({"emptyDir": {}}, "starting from epoch 0 (spec.output is an emptyDir, which goes with the pods)"),
+    ({"emptyDir": {}}, "starting from epoch 0 (the output is an emptyDir, which goes with the pods)"),
     ({"managedClaim": {}}, "resuming from the checkpoint of epoch 2"),
     ({"persistentVolumeClaim": {"claimName": "out"}}, "resuming from the checkpoint of epoch 2"),
 ])
@@ -306,3 +320,70 @@ def test_output_durable_says_whether_the_work_outlives_the_pods(output: dict[str
     # Stable: the next round changes nothing about it (no status write for it).
     again = status.plan(body(p.status, output=output), spec, observed, TARGET, NOW + timedelta(minutes=1))
     assert cond(again, "OutputDurable") == c
+
+
+@pytest.mark.parametrize(("chosen", "why", "durable", "reason", "words"), [
+    (api.default_output(), status.OPERATOR_DEFAULT, "True", "ManagedClaim",
+     "spec.output is unset, so checkpoints and results are on the claim pets-output"),
+    ({"emptyDir": {}}, status.NO_DEFAULT_STORAGE_CLASS, "False", "NoDefaultStorageClass",
+     "the cluster has no default StorageClass, so the operator made no claim and fell back to an emptyDir"),
+    ({"emptyDir": {}}, status.OPERATOR_DEFAULT, "False", "EmptyDir",
+     "the operator's default output is an emptyDir (the chart's defaultOutput.managedClaim.enabled=false)"),
+])
+def test_an_unset_output_is_the_operators_choice_kept_in_status(
+        chosen: dict[str, Any], why: str, durable: str, reason: str, words: str) -> None:
+    """handlers._resolve_output chose `chosen` for a spec without output: status.output keeps it (the next
+    round resolves from there), and OutputDurable says what it means."""
+    spec = api.resolve_spec({}) | {"output": chosen}
+    observed = status.Observed(backend=backends.JOB, workload=None, output_reason=why)
+    p = status.plan(body(), spec, observed, TARGET, NOW)
+    assert (p.status["output"], p.status["outputReason"]) == (chosen, why)
+    c = cond(p, "OutputDurable")
+    assert (c["status"], c["reason"]) == (durable, reason) and words in c["message"], c
+    claims = [m for m in p.create if m["kind"] == "PersistentVolumeClaim"]
+    assert len(claims) == (1 if "managedClaim" in chosen else 0)
+    assert ("outputClaim" in p.status["children"]) == bool(claims)
+    if "emptyDir" in chosen:
+        assert "epoch 0" in c["message"] and "set spec.output." in c["message"]  # what it costs, the fix
+
+
+def test_an_output_the_spec_names_clears_an_old_choice() -> None:
+    spec = api.resolve_spec({"output": {"emptyDir": {}}})
+    old = {"output": {"managedClaim": {}}, "outputReason": status.OPERATOR_DEFAULT}
+    observed = status.Observed(backend=backends.JOB, workload=None)
+    p = status.plan(body(old, output={"emptyDir": {}}), spec, observed, TARGET, NOW)
+    assert "output" not in p.status and "outputReason" not in p.status
+
+
+def test_a_pending_claim_makes_output_durable_unknown_until_it_binds() -> None:
+    claim = builders.build_output_claim(api.resolve_spec({}), TARGET)
+    assert claim is not None
+    claim["spec"]["storageClassName"] = "slow"
+    pending = claim | {"status": {"phase": "Pending"}}
+    running = {"phase": api.PENDING, "attempt": 0}
+    p = run(body(running), job(active=2), output_claim=pending, output_reason=status.OPERATOR_DEFAULT)
+    c = cond(p, "OutputDurable")
+    assert (c["status"], c["reason"]) == ("Unknown", "ClaimPending")
+    assert "pets-output (StorageClass slow, ReadWriteOnce) is Pending" in c["message"]
+    assert "kubectl describe pvc pets-output" in c["message"]
+    bound = run(body(p.status), job(active=2, ready=2), output_reason=status.OPERATOR_DEFAULT)
+    assert (cond(bound, "OutputDurable")["status"], cond(bound, "OutputDurable")["reason"]) == \
+        ("True", "ManagedClaim")
+
+
+def test_a_claim_left_by_a_deleted_training_of_the_same_name_is_waited_for() -> None:
+    """Deleted and applied again at once: the old training's claim is still there, on its way out (the
+    garbage collector's). Pods made now would mount it and wait for ever: the round waits instead."""
+    claim = builders.build_output_claim(api.resolve_spec({}), TARGET)
+    assert claim is not None
+    old_owner = claim | {"metadata": {**claim["metadata"], "ownerReferences": [{"uid": "old-uid"}]}}
+    deleting = claim | {"metadata": {**claim["metadata"], "deletionTimestamp": "2026-01-02T03:04:00Z"}}
+    for going in (old_owner, deleting):
+        p = run(body(), None, output_claim=going)
+        assert p.create == [] and p.status["phase"] == api.PENDING
+        assert cond(p, "Progressing")["reason"] == "WaitingForOldClaim", p.status
+        assert p.requeue_after == status.CHILD_RETRY_MIN_SECONDS
+    # Ours (a round that made it, then crashed), or kept work (Retain: no owner): used as it is.
+    ours = claim | {"metadata": {**claim["metadata"], "ownerReferences": [{"uid": "u1"}]}}
+    for usable in (ours, claim):
+        assert [m["kind"] for m in run(body(), None, output_claim=usable).create][-1] == "Job"
