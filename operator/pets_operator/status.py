@@ -518,9 +518,14 @@ def _output_durable(status: dict[str, Any], spec: dict[str, Any], observed: Obse
         assert claim is not None
         claim_name = claim["metadata"]["name"]
         durable, reason = None, "ClaimPending"
+        modes = claim["spec"].get("accessModes") or []
         message = (f"the claim {claim_name} (StorageClass {claim['spec'].get('storageClassName') or 'none'}"
-                   f", {', '.join(claim['spec'].get('accessModes') or [])}) is Pending and the pods wait "
-                   f"for it to bind: `kubectl describe pvc {claim_name}` says why")
+                   f", {', '.join(modes)}) is Pending and the pods wait for it to bind: `kubectl describe "
+                   f"pvc {claim_name}` says why")
+        if "ReadWriteMany" in modes:
+            message += (" (a class without ReadWriteMany never binds it: name one that has it in "
+                        "spec.output.managedClaim.storageClassName, or keep the pods on one node with "
+                        "accessModes [ReadWriteOnce])")
     elif "managedClaim" in output:
         retention = output["managedClaim"].get("retentionPolicy") or "Delete"
         durable, reason = True, "ManagedClaim"
@@ -552,7 +557,10 @@ def _resume_point(spec: dict[str, Any], status: dict[str, Any]) -> str:
         return "starting from epoch 0 (the output is an emptyDir, which goes with the pods)"
     checkpoint = status.get("lastCheckpoint") or {}
     if checkpoint.get("epoch"):
-        return f"resuming from the checkpoint of epoch {checkpoint['epoch']}"
+        epoch, total, steps = checkpoint["epoch"], status.get("totalEpochs"), status.get("stepsTotal")
+        # Checkpoints are taken at epoch ends, and every epoch has the same number of steps.
+        at_step = f", step {epoch * steps // total}" if total and steps and steps % total == 0 else ""
+        return f"resuming from the checkpoint of epoch {epoch}{at_step}"
     return "resuming from the newest checkpoint"
 
 

@@ -302,6 +302,9 @@ def test_target_attempt_names_the_workload_after_a_restart() -> None:
 def test_a_restart_says_where_it_resumes_for_each_output(output: dict[str, Any], says: str) -> None:
     spec = api.resolve_spec({"output": output})
     assert status._resume_point(spec, {"lastCheckpoint": {"epoch": 2}}) == says
+    # With the run's steps known (the trainer's gauges), the step too: epochs are of equal length.
+    with_steps = {"lastCheckpoint": {"epoch": 2}, "totalEpochs": 5, "stepsTotal": 60}
+    assert status._resume_point(spec, with_steps) == says + (", step 24" if "epoch 2" in says else "")
 
 
 @pytest.mark.parametrize(("output", "durable", "reason", "words"), [
@@ -366,6 +369,10 @@ def test_a_pending_claim_makes_output_durable_unknown_until_it_binds() -> None:
     assert (c["status"], c["reason"]) == ("Unknown", "ClaimPending")
     assert "pets-output (StorageClass slow, ReadWriteOnce) is Pending" in c["message"]
     assert "kubectl describe pvc pets-output" in c["message"]
+    assert "ReadWriteMany" not in c["message"]
+    several = pending | {"spec": {**pending["spec"], "accessModes": ["ReadWriteMany"]}}
+    rwx = cond(run(body(running), job(active=2), output_claim=several), "OutputDurable")
+    assert "a class without ReadWriteMany never binds it" in rwx["message"], rwx
     bound = run(body(p.status), job(active=2, ready=2), output_reason=status.OPERATOR_DEFAULT)
     assert (cond(bound, "OutputDurable")["status"], cond(bound, "OutputDurable")["reason"]) == \
         ("True", "ManagedClaim")
