@@ -1,6 +1,12 @@
-"""Per-epoch checkpoints: ``accelerate`` ``save_state`` into a temp directory, then one rename.
+"""Checkpoints: ``accelerate`` ``save_state`` into a temp directory, then one rename.
 
-A crash mid-save leaves only a temp directory, which is never picked up: ``epoch_<N>`` exists only
+Two kinds, one order: ``epoch_<N>`` after N whole epochs, and the step checkpoints of
+``--checkpoint-interval-seconds``, ``epoch_<N>_step_<B>``: after N whole epochs and B steps of the next
+(epoch N+1, counted from 1). Both name their position (:data:`Position`, ``(N, 0)`` and ``(N, B)``), which
+sorts them without knowing the steps per epoch; "newest" and the pruning (keep the newest K, both kinds
+together) use it.
+
+A crash mid-save leaves only a temp directory, which is never picked up: a checkpoint exists only
 when complete. Who writes depends on whether the machines share the checkpoint directory (the trainer
 finds out at start with a probe file, :data:`SHARE_PROBE`):
 
@@ -34,6 +40,10 @@ from .contract import ATTEMPT, PermanentError, attempt_number
 log = logging.getLogger("pets_training")
 
 CHECKPOINT_PATTERN = re.compile(r"^epoch_(\d+)$")
+# epoch checkpoints and step checkpoints: epoch_<N> or epoch_<N>_step_<B>
+POSITION_PATTERN = re.compile(r"^epoch_(\d+)(?:_step_(\d+))?$")
+# (whole epochs done, steps done in the next epoch): epoch_3 is (3, 0), epoch_3_step_40 is (3, 40)
+Position = tuple[int, int]
 STATE_FILE = "trainer_state.json"
 # Set by the operator on the trainer container: the attempt (gang restart) this pod belongs to, 0 first.
 # Unset (a plain `docker run`, `make train`): no fence.
@@ -92,13 +102,14 @@ def claim(directory: Path, attempt: int) -> None:
              "unclaimed" if owner is None else f"attempt {owner}")
 
 
-def checkpoint_name(epoch: int) -> str:
-    return f"epoch_{epoch}"
+def checkpoint_name(epoch: int, step: int = 0) -> str:
+    """``epoch_<N>`` after N epochs; ``epoch_<N>_step_<B>`` after N epochs and B steps of the next."""
+    return f"epoch_{epoch}_step_{step}" if step else f"epoch_{epoch}"
 
 
-def temp_name(epoch: int, host: str | None = None) -> str:
-    """The temp directory of an epoch's save, named after the publishing machine (default: this one)."""
-    return f".tmp-epoch_{epoch}-{host or socket.gethostname()}"
+def temp_name(epoch: int, host: str | None = None, step: int = 0) -> str:
+    """The temp directory of a save, named after the publishing machine (default: this one)."""
+    return f".tmp-{checkpoint_name(epoch, step)}-{host or socket.gethostname()}"
 
 
 def list_checkpoints(directory: Path) -> list[tuple[int, Path]]:
@@ -110,6 +121,18 @@ def list_checkpoints(directory: Path) -> list[tuple[int, Path]]:
         match = CHECKPOINT_PATTERN.match(entry.name)
         if match and entry.is_dir():
             found.append((int(match.group(1)), entry))
+    return sorted(found)
+
+
+def list_positions(directory: Path) -> list[tuple[Position, Path]]:
+    """Complete checkpoints of both kinds (epoch and step), oldest first by position."""
+    if not directory.is_dir():
+        return []
+    found = []
+    for entry in directory.iterdir():
+        match = POSITION_PATTERN.match(entry.name)
+        if match and entry.is_dir():
+            found.append(((int(match.group(1)), int(match.group(2) or 0)), entry))
     return sorted(found)
 
 
@@ -135,6 +158,7 @@ def save_atomically(
     keep: int,
     attempt: int | None = None,
     host: str | None = None,
+    step: int = 0,
 ) -> Path:
     """Every process calls this; ``save_state`` writes into the temp directory, the publishing process
     (``publishes``: each machine's main process, or global rank 0 alone when the machines share the
@@ -145,8 +169,8 @@ def save_atomically(
     ``attempt`` (``$PETS_ATTEMPT``; None: no fence): right before the rename and again before pruning, the
     publishing process claims the directory; superseded by a newer attempt, it removes its temp directory
     and raises :class:`SupersededError` instead."""
-    final = directory / checkpoint_name(epoch)
-    temp = directory / temp_name(epoch, host)
+    final = directory / checkpoint_name(epoch, step)
+    temp = directory / temp_name(epoch, host, step)
     if publishes:
         directory.mkdir(parents=True, exist_ok=True)
         if temp.exists():
@@ -165,7 +189,7 @@ def save_atomically(
         publish(temp, final)
         if attempt is not None:
             claim(directory, attempt)
-        for _, old in list_checkpoints(directory)[:-keep]:
+        for _, old in list_positions(directory)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
     wait_for_everyone()
     return final

@@ -86,7 +86,14 @@ class TrainConfig:
         None, "checkpoint directory; default <output-dir>/checkpoints"
     )
     checkpoints: bool = _f(True, "save an accelerate checkpoint every epoch")
-    keep_checkpoints: int = _f(2, "how many epoch checkpoints to keep (oldest are removed)")
+    keep_checkpoints: int = _f(
+        2, "how many checkpoints to keep, epoch and step ones together (the oldest are removed)"
+    )
+    checkpoint_interval_seconds: float = _f(
+        0.0,
+        "also save a step checkpoint mid-epoch once this many seconds have passed since the last save "
+        "(rank 0's clock); 0: only at epoch ends",
+    )
     resume: bool = _f(False, "continue from the newest complete checkpoint, if there is one")
     max_epochs_this_run: int | None = _f(None, "stop (resumably) after this many epochs in this run")
     max_train_steps: int | None = _f(None, "stop after this many training steps in total (smoke runs, bench)")
@@ -199,6 +206,10 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         raise ConfigError(f"keep_checkpoints must be at least 1, got {cfg.keep_checkpoints}")
     if cfg.metrics_port is not None and not 0 < cfg.metrics_port < 65536:
         raise ConfigError(f"metrics_port must be a TCP port (1-65535), got {cfg.metrics_port}")
+    if cfg.checkpoint_interval_seconds < 0:
+        raise ConfigError(
+            f"checkpoint_interval_seconds must be 0 (off) or more, got {cfg.checkpoint_interval_seconds}"
+        )
     if cfg.log_every <= 0:
         raise ConfigError(f"log_every must be positive, got {cfg.log_every}")
     _check_weight_source(cfg)

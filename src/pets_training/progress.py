@@ -32,6 +32,17 @@ GAUGES = {
     "pets_steps_total": ("steps_total", "optimizer steps of the whole run (steps per epoch x epochs)"),
     "pets_checkpoint_epoch": ("checkpoint_epoch", "epoch of the newest complete checkpoint (0: none yet)"),
 }
+# Served too, but the operator does not read them (not in its status.PROGRESS_FIELDS): the checkpoints' cost.
+TRAINER_GAUGES = {
+    "pets_checkpoint_seconds_total": (
+        "checkpoint_seconds_total",
+        "seconds the training loop was blocked saving checkpoints in this process's run (epoch and step)",
+    ),
+    "pets_checkpoint_last_seconds": ("checkpoint_last_seconds", "seconds the newest checkpoint's save took"),
+    "pets_checkpoint_step": (
+        "checkpoint_step", "global step of the newest complete checkpoint, epoch or step (0: none yet)"
+    ),
+}
 
 
 def epoch_record(
@@ -80,7 +91,8 @@ class MetricsServer:
         if key not in self.gauges:
             from prometheus_client import Gauge
 
-            name, doc = next((n, d) for n, (k, d) in GAUGES.items() if k == key)
+            served = {**GAUGES, **TRAINER_GAUGES}
+            name, doc = next((n, d) for n, (k, d) in served.items() if k == key)
             self.gauges[key] = Gauge(name, doc, registry=self.registry)
         self.values[key] = float(value)
         self.gauges[key].set(float(value))

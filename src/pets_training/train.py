@@ -2,7 +2,8 @@
 
 ``setup`` (accelerator, seed, data, model, optimiser and OneCycle schedule, prepare) -> ``resume`` ->
 per epoch ``run_epoch`` (``train_epoch``, evaluate with gather_for_metrics, record progress, checkpoint) ->
-weights, plot, summary.
+weights, plot, summary. With ``--checkpoint-interval-seconds`` ``train_epoch`` also saves step checkpoints
+mid-epoch (``epoch_<N>_step_<B>``), which ``resume`` continues exactly: same data order, same schedule.
 The speed tricks (channels_last, bf16 autocast, the no-grad frozen backbone, uint8 batches normalised on
 the device, CPU-quota-sized threads and workers) live in small helpers and do not change what is computed.
 """
@@ -22,16 +23,19 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
+from accelerate.data_loader import skip_first_batches
 from accelerate.utils import ProjectConfiguration, broadcast_object_list, gather_object, set_seed
 from torch import nn
 from torch.utils.data import DataLoader
 
 from .checkpoint import (
     SHARE_PROBE,
+    Position,
     attempt_from_env,
     check_compatible,
+    checkpoint_name,
     claim,
-    list_checkpoints,
+    list_positions,
     read_trainer_state,
     save_atomically,
 )
@@ -50,6 +54,7 @@ from .progress import (
     write_summary,
 )
 from .resources import cpu_limit, plan_cpu
+from .stepsave import SaveClock, StopRequest, decide
 
 if TYPE_CHECKING:
     from accelerate.data_loader import DataLoaderShard
@@ -124,17 +129,15 @@ def _fingerprint(cfg: TrainConfig, num_classes: int) -> dict[str, Any]:
     return {**{k: getattr(cfg, k) for k in keys}, "num_classes": num_classes}
 
 
-def _common_checkpoint(accelerator: Accelerator, directory: Path) -> tuple[int, Path] | None:
-    """The newest checkpoint every process can see (machines may keep their own checkpoint directories)."""
-    mine = {epoch: path for epoch, path in list_checkpoints(directory)}
+def _common_checkpoints(accelerator: Accelerator, directory: Path) -> list[tuple[Position, Path]]:
+    """The checkpoints (epoch and step) every process can see, newest first (machines may keep their own
+    checkpoint directories)."""
+    mine = {position: path for position, path in list_positions(directory)}
     everyone = gather_object([sorted(mine)])
     common = set(mine)
-    for epochs in everyone:
-        common &= set(epochs)
-    if not common:
-        return None
-    newest = max(common)
-    return newest, mine[newest]
+    for positions in everyone:
+        common &= set(positions)
+    return [(position, mine[position]) for position in sorted(common, reverse=True)]
 
 
 def _shared_checkpoint_host(accelerator: Accelerator, directory: Path, local_world_size: int) -> str | None:
@@ -203,6 +206,11 @@ class RunState:
     """What carries from epoch to epoch; a checkpoint keeps the history, epoch times and elapsed time."""
 
     start_epoch: int = 0
+    start_steps: int = 0  # steps of epoch start_epoch already done (resumed from a step checkpoint)
+    # the resumed epoch's sums so far (all processes) and its training seconds before the save
+    resumed_loss_sum: float = 0.0
+    resumed_seen: float = 0.0
+    resumed_seconds: float = 0.0
     history: list[dict[str, Any]] = field(default_factory=list)
     epoch_seconds: list[float] = field(default_factory=list)
     elapsed_before: float = 0.0  # seconds of training in earlier runs (resume)
@@ -210,6 +218,9 @@ class RunState:
     global_step: int = 0
     steps_this_run: int = 0
     epochs_this_run: int = 0
+    checkpoint_seconds: float = 0.0  # the training loop blocked in checkpoint saves, this run
+    clock: SaveClock = field(default_factory=lambda: SaveClock(0.0))
+    stopped: str = ""  # why the run stopped mid-epoch after a stop request ("" : it did not)
 
     def elapsed(self) -> float:
         return self.elapsed_before + time.perf_counter() - self.run_start
@@ -220,10 +231,12 @@ def training_function(
     step_hook: StepHook | None = None,
     pod: PodContract | None = None,
     process: ProcessContext | None = None,
+    stop: StopRequest | None = None,
 ) -> dict[str, Any] | None:
     """Train per ``config`` (a TrainConfig or a dict of settings); returns the summary on rank 0 when the run
     finished, else None. This is also the function ``accelerate.notebook_launcher`` runs. ``pod`` and
-    ``process`` are read from the environment unless the caller has read them."""
+    ``process`` are read from the environment unless the caller has read them. ``stop``, once set, ends
+    the run after the current step with a step checkpoint (every rank agrees on the step)."""
     cfg = config if isinstance(config, TrainConfig) else resolve(overrides=config or {})
     pod = PodContract.from_env(os.environ) if pod is None else pod
     process = ProcessContext.from_env(os.environ) if process is None else process
@@ -234,19 +247,28 @@ def training_function(
     t = setup(cfg, pod, process)
     t.attempt = attempt
     state = resume(t, cfg) if cfg.resume else RunState()
+    state.clock = SaveClock(cfg.checkpoint_interval_seconds if cfg.checkpoints else 0.0)
+    stop = StopRequest() if stop is None else stop
 
     metrics = MetricsServer(cfg.metrics_port) if t.accelerator.is_main_process and cfg.metrics_port else None
     state.run_start = time.perf_counter()
-    state.global_step = state.start_epoch * len(t.train_loader)
+    state.global_step = state.start_epoch * len(t.train_loader) + state.start_steps
+    state.clock.start()
     if metrics is not None:
         if state.history:
             metrics.update(state.history[-1])
         metrics.set("step", state.global_step)
         metrics.set("steps_total", len(t.train_loader) * cfg.epochs)
         metrics.set("checkpoint_epoch", state.start_epoch)  # resumed from it (0: none)
+        metrics.set("checkpoint_step", state.global_step)
+        metrics.set("checkpoint_seconds_total", 0.0)
     try:
         for epoch in range(state.start_epoch, cfg.epochs):
-            run_epoch(t, cfg, state, epoch, metrics, step_hook)
+            run_epoch(t, cfg, state, epoch, metrics, step_hook, stop)
+            if state.stopped:
+                log.info("stopped at global step %d (%s); continue with --resume", state.global_step,
+                         state.stopped)
+                return _end(t.accelerator, None)
             if _step_limit_reached(cfg, state):
                 log.info("stopping after %d training steps (--max-train-steps)", state.steps_this_run)
                 break
@@ -351,23 +373,48 @@ def _make_accelerator(
     return accelerator, cpu.workers
 
 
+def _step_checkpoint_fits(saved: dict[str, Any], t: Training) -> str:
+    """Why a step checkpoint cannot continue this run exactly ("" when it can): its position counts
+    steps of its own world size and steps per epoch."""
+    position = saved.get("position", {})
+    here = {"steps_per_epoch": len(t.train_loader), "world_size": t.accelerator.num_processes}
+    for key, value in here.items():
+        if position.get(key) != value:
+            return f"it was made with {key}={position.get(key)}, this run has {key}={value}"
+    return ""
+
+
 def resume(t: Training, cfg: TrainConfig) -> RunState:
-    """Continue from the newest checkpoint every process has (load its state, return its history)."""
-    found = _common_checkpoint(t.accelerator, t.checkpoint_dir)
-    if found is None:
-        log.info("resume: no complete checkpoint in %s; starting fresh", t.checkpoint_dir)
-        return RunState()
-    start_epoch, path = found
-    saved = read_trainer_state(path)
-    check_compatible(saved["fingerprint"], _fingerprint(cfg, t.data.num_classes), path)
-    t.accelerator.load_state(str(path))
-    log.info("resume: continuing after epoch %d from %s", start_epoch, path)
-    return RunState(
-        start_epoch=start_epoch,
-        history=saved["history"],
-        epoch_seconds=saved["epoch_seconds"],
-        elapsed_before=float(saved["elapsed_seconds"]),
-    )
+    """Continue from the newest checkpoint every process has (load its state, return its history and, for a
+    step checkpoint, its position in the epoch). A step checkpoint of another world size or steps per
+    epoch cannot continue exactly: the newest epoch checkpoint does instead (a warning says so)."""
+    for (epochs, steps), path in _common_checkpoints(t.accelerator, t.checkpoint_dir):
+        saved = read_trainer_state(path)
+        check_compatible(saved["fingerprint"], _fingerprint(cfg, t.data.num_classes), path)
+        if steps:
+            why = _step_checkpoint_fits(saved, t)
+            if why:
+                log.warning("resume: skipping step checkpoint %s: %s", path, why)
+                continue
+        t.accelerator.load_state(str(path))
+        state = RunState(
+            start_epoch=epochs,
+            history=saved["history"],
+            epoch_seconds=saved["epoch_seconds"],
+            elapsed_before=float(saved["elapsed_seconds"]),
+        )
+        if not steps:
+            log.info("resume: continuing after epoch %d from %s", epochs, path)
+            return state
+        state.start_steps = steps
+        state.resumed_loss_sum = float(saved["epoch_loss_sum"])
+        state.resumed_seen = float(saved["epoch_seen"])
+        state.resumed_seconds = float(saved["epoch_train_seconds"])
+        log.info("resume: continuing at epoch %d step %d (global step %d) from %s", epochs + 1, steps,
+                 saved["position"]["global_step"], path)
+        return state
+    log.info("resume: no complete checkpoint in %s; starting fresh", t.checkpoint_dir)
+    return RunState()
 
 
 def run_epoch(
@@ -377,10 +424,16 @@ def run_epoch(
     epoch: int,
     metrics: MetricsServer | None,
     step_hook: StepHook | None,
+    stop: StopRequest | None = None,
 ) -> None:
-    """One epoch: train, evaluate across all processes, record progress (rank 0), checkpoint."""
+    """One epoch: train, evaluate across all processes, record progress (rank 0), checkpoint. Stopped on
+    request mid-epoch (``state.stopped``): the step checkpoint is saved, and nothing else happens."""
     epoch_start = time.perf_counter()
-    train_loss, images_per_second = train_epoch(t, cfg, state, epoch, epoch_start, step_hook, metrics)
+    if epoch == state.start_epoch:
+        epoch_start -= state.resumed_seconds  # the resumed epoch's time before its step checkpoint
+    train_loss, images_per_second = train_epoch(t, cfg, state, epoch, epoch_start, step_hook, metrics, stop)
+    if state.stopped:
+        return
     correct, counted = evaluate(t.module, t.eval_loader, t.accelerator, t.normalise)
     accuracy = correct / counted
     state.epoch_seconds.append(time.perf_counter() - epoch_start)
@@ -408,26 +461,83 @@ def run_epoch(
             record["eta_seconds"],
         )
     if cfg.checkpoints:
-        shared = t.shared_checkpoint_host is not None
-        save_atomically(
-            t.checkpoint_dir,
-            epoch + 1,
-            t.accelerator.save_state,
-            {
-                "fingerprint": _fingerprint(cfg, t.data.num_classes),
-                "history": state.history,
-                "epoch_seconds": state.epoch_seconds,
-                "elapsed_seconds": elapsed,
-                "attempt": t.attempt,
-            },
-            t.accelerator.is_main_process if shared else t.accelerator.is_local_main_process,
-            t.accelerator.wait_for_everyone,
-            cfg.keep_checkpoints,
-            t.attempt,
-            t.shared_checkpoint_host,
-        )
-        if metrics is not None:
-            metrics.set("checkpoint_epoch", epoch + 1)  # renamed into place: complete
+        save_checkpoint(t, cfg, state, epoch + 1, 0, {}, metrics)
+
+
+def save_checkpoint(
+    t: Training,
+    cfg: TrainConfig,
+    state: RunState,
+    epochs: int,
+    steps: int,
+    extra: dict[str, Any],
+    metrics: MetricsServer | None,
+) -> float:
+    """Save ``epoch_<epochs>`` (``steps`` 0) or the step checkpoint ``epoch_<epochs>_step_<steps>`` (every
+    process calls this at the same step); returns the seconds the training loop was blocked, which are
+    logged and added to ``pets_checkpoint_seconds_total``."""
+    started = time.perf_counter()
+    shared = t.shared_checkpoint_host is not None
+    save_atomically(
+        t.checkpoint_dir,
+        epochs,
+        t.accelerator.save_state,
+        {
+            "fingerprint": _fingerprint(cfg, t.data.num_classes),
+            "history": state.history,
+            "epoch_seconds": state.epoch_seconds,
+            "elapsed_seconds": state.elapsed(),
+            "attempt": t.attempt,
+            **extra,
+        },
+        t.accelerator.is_main_process if shared else t.accelerator.is_local_main_process,
+        t.accelerator.wait_for_everyone,
+        cfg.keep_checkpoints,
+        t.attempt,
+        t.shared_checkpoint_host,
+        step=steps,
+    )
+    blocked = time.perf_counter() - started
+    state.checkpoint_seconds += blocked
+    log.info("checkpoint %s saved (global step %d): training blocked %.2f s (%.2f s in this run)",
+             checkpoint_name(epochs, steps), state.global_step, blocked, state.checkpoint_seconds)
+    if metrics is not None:
+        if not steps:
+            metrics.set("checkpoint_epoch", epochs)  # renamed into place: complete
+        metrics.set("checkpoint_step", state.global_step)
+        metrics.set("checkpoint_last_seconds", blocked)
+        metrics.set("checkpoint_seconds_total", state.checkpoint_seconds)
+    return blocked
+
+
+def _save_step_checkpoint(
+    t: Training,
+    cfg: TrainConfig,
+    state: RunState,
+    epoch: int,
+    steps: int,
+    sums: tuple[torch.Tensor, torch.Tensor],
+    epoch_start: float,
+    metrics: MetricsServer | None,
+) -> None:
+    """The step checkpoint after ``steps`` steps of epoch index ``epoch``: the state, plus the position and
+    the epoch's loss sums so far (summed over the processes) so that the resumed epoch reports the same
+    train loss."""
+    loss_sum = t.accelerator.reduce(sums[0], "sum")
+    seen = t.accelerator.reduce(sums[1], "sum")
+    extra = {
+        "position": {
+            "epoch": epoch,  # epochs done: this one is epoch + 1 of cfg.epochs
+            "steps": steps,
+            "global_step": state.global_step,
+            "steps_per_epoch": len(t.train_loader),
+            "world_size": t.accelerator.num_processes,
+        },
+        "epoch_loss_sum": float(loss_sum.item()),
+        "epoch_seen": float(seen.item()),
+        "epoch_train_seconds": time.perf_counter() - epoch_start,
+    }
+    save_checkpoint(t, cfg, state, epoch, steps, extra, metrics)
 
 
 def train_step(t: Training, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -450,9 +560,13 @@ def train_epoch(
     epoch_start: float,
     step_hook: StepHook | None,
     metrics: MetricsServer | None = None,
+    stop: StopRequest | None = None,
 ) -> tuple[float, float]:
     """One pass over the training set; returns the mean loss and images per second of all processes.
-    Sets the ``step`` gauge after every step (rank 0; a float write, no I/O)."""
+    Sets the ``step`` gauge after every step (rank 0; a float write, no I/O). After every step all
+    processes agree (:func:`.stepsave.decide`) whether to save a step checkpoint (rank 0's clock) and
+    whether to stop (anyone's ``stop``). The epoch a step checkpoint resumes skips the steps it had done
+    (accelerate's ``skip_first_batches``: the same order, since the sampler is seeded by the epoch)."""
     accelerator = t.accelerator
     world = accelerator.num_processes
     # the prepared loader re-sets its sampler's epoch from its own counter, which starts at 0 in a
@@ -462,9 +576,18 @@ def train_epoch(
     t.module.train()
     loss_sum = torch.zeros((), device=accelerator.device)
     seen = torch.zeros((), device=accelerator.device)
+    done = state.start_steps if epoch == state.start_epoch else 0
+    loader = t.train_loader
+    if done:
+        loader = skip_first_batches(t.train_loader, done)  # keeps the loader's epoch (its iteration)
+        if accelerator.is_main_process:  # the epoch's sums before the save, counted once
+            loss_sum += state.resumed_loss_sum
+            seen += state.resumed_seen
     bar = StepProgress(len(t.train_loader), epoch + 1, cfg.epochs, accelerator.is_main_process, cfg.log_every)
-    for images, labels in t.train_loader:
+    bar.step = done
+    for images, labels in loader:
         loss = train_step(t, images, labels)
+        done += 1
         loss_sum += loss * labels.shape[0]
         seen += labels.shape[0]
         state.global_step += 1
@@ -478,6 +601,15 @@ def train_epoch(
         bar.update(loss, labels.shape[0] * world)
         if step_hook is not None:
             step_hook(state.global_step, labels.shape[0] * world)
+        requested = stop is not None and stop.requested
+        save, stopping = decide(state.clock.due(), requested, accelerator.is_main_process, world,
+                                accelerator.device)
+        if cfg.checkpoints and (save or stopping):
+            _save_step_checkpoint(t, cfg, state, epoch, done, (loss_sum, seen), epoch_start, metrics)
+            state.clock.start()
+        if stopping:
+            state.stopped = (stop.reason if stop is not None and stop.requested else "") or "asked to stop"
+            break
         if _step_limit_reached(cfg, state):
             break
     bar.close()

@@ -1,0 +1,68 @@
+"""When to save a step checkpoint, and when to stop, decided the same way on every rank.
+
+Every rank must call ``save_state`` at the same step (it holds barriers: a rank that saves alone waits
+forever), so no rank decides from its own clock. After each step every rank contributes two flags,
+(the save is due, a stop was requested), and they are combined with one all-reduce (MAX) of a two-element
+tensor: the save flag is only ever set by rank 0, whose clock decides, and a stop asked of any rank stops
+them all (:func:`agree` is the same rule as a pure function). One process: no collective.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+def agree(flags: Sequence[tuple[bool, bool]]) -> tuple[bool, bool]:
+    """Every rank's (save due, stop requested), by rank -> what all do: rank 0's save, anyone's stop."""
+    if not flags:
+        raise ValueError("agree: no ranks")
+    return bool(flags[0][0]), any(stop for _, stop in flags)
+
+
+@dataclass
+class SaveClock:
+    """Rank 0's clock for ``--checkpoint-interval-seconds``: due once ``interval`` seconds have passed since
+    the last save (or the start of this run). ``interval`` 0: never due."""
+
+    interval: float
+    last: float = 0.0
+
+    def start(self, now: float | None = None) -> None:
+        self.last = time.monotonic() if now is None else now
+
+    def due(self, now: float | None = None) -> bool:
+        if self.interval <= 0:
+            return False
+        return (time.monotonic() if now is None else now) - self.last >= self.interval
+
+
+class StopRequest:
+    """Set (from a signal handler or a test) to stop the training after its current step, with a step
+    checkpoint. Reading and setting a bool is safe in a Python signal handler."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.reason = ""
+
+    def set(self, reason: str) -> None:
+        self.requested = True
+        self.reason = reason
+
+
+def decide(
+    save_due: bool, stop: bool, is_main: bool, num_processes: int, device: torch.device
+) -> tuple[bool, bool]:
+    """What every rank does after this step, the same on all: ``(save, stop)`` by :func:`agree`'s rule.
+    ``save_due`` counts on rank 0 only. Several processes: one all-reduce (MAX) of two small ints."""
+    if num_processes == 1:
+        return save_due, stop
+    import torch.distributed as dist
+
+    flags = torch.tensor([int(save_due and is_main), int(stop)], dtype=torch.int32, device=device)
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    save, stopping = flags.tolist()
+    return bool(save), bool(stopping)

@@ -1,0 +1,144 @@
+"""Step checkpoints (``--checkpoint-interval-seconds``): their names and order, the agreement of the ranks on
+when to save and stop, and for real (tiny runs in child processes, so each has a fresh accelerate state):
+step checkpoints appear mid-epoch, and a run stopped mid-epoch and resumed ends with the same weights,
+bit for bit, as a run never stopped."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from pets_training.checkpoint import (
+    checkpoint_name,
+    list_checkpoints,
+    list_positions,
+    read_trainer_state,
+    save_atomically,
+    temp_name,
+)
+from pets_training.config import ConfigError, resolve
+from pets_training.stepsave import SaveClock, StopRequest, agree, decide
+
+from .helpers import PYTHON, read_json, run
+
+pytestmark = pytest.mark.unit
+
+
+def _save(directory: Path, epoch: int, step: int = 0, keep: int = 3) -> Path:
+    def save_state(path: str) -> None:
+        Path(path).mkdir(parents=True, exist_ok=True)
+        (Path(path) / "model.safetensors").write_text(f"weights {epoch}.{step}")
+
+    return save_atomically(directory, epoch, save_state, {"at": [epoch, step]}, True, lambda: None, keep,
+                           step=step)
+
+
+def test_step_checkpoints_are_named_by_their_position_and_sort_with_the_epoch_ones(tmp_path: Path) -> None:
+    assert checkpoint_name(3) == "epoch_3" and checkpoint_name(3, 40) == "epoch_3_step_40"
+    assert temp_name(0, "host", 5) == ".tmp-epoch_0_step_5-host"
+    # (epochs done, steps of the next): step 10 of epoch 1 comes after step 9, and before epoch_1;
+    # names alone would sort epoch_0_step_10 before epoch_0_step_9
+    for epoch, step in [(0, 9), (0, 10), (1, 0), (1, 2)]:
+        _save(tmp_path, epoch, step, keep=10)
+    assert [p for p, _ in list_positions(tmp_path)] == [(0, 9), (0, 10), (1, 0), (1, 2)]
+    assert [e for e, _ in list_checkpoints(tmp_path)] == [1]  # the epoch ones alone, as before
+    assert read_trainer_state(tmp_path / "epoch_1_step_2") == {"at": [1, 2]}
+
+
+def test_keep_counts_both_kinds_and_keeps_the_newest(tmp_path: Path) -> None:
+    _save(tmp_path, 1)
+    _save(tmp_path, 1, 4)
+    _save(tmp_path, 1, 8)
+    _save(tmp_path, 1, 12)  # keep 3: epoch_1 is the oldest now
+    assert [p for p, _ in list_positions(tmp_path)] == [(1, 4), (1, 8), (1, 12)]
+    _save(tmp_path, 2)
+    assert [p for p, _ in list_positions(tmp_path)] == [(1, 8), (1, 12), (2, 0)]
+
+
+def test_rank_0_decides_the_save_and_anyone_the_stop() -> None:
+    assert agree([(True, False), (False, False)]) == (True, False)
+    assert agree([(False, False), (True, False)]) == (False, False)  # another rank's clock does not count
+    assert agree([(False, False), (False, True), (False, False)]) == (False, True)
+    assert agree([(True, True)]) == (True, True)
+    with pytest.raises(ValueError):
+        agree([])
+    cpu = torch.device("cpu")
+    assert decide(True, False, True, 1, cpu) == (True, False)  # one process: no collective
+
+
+def test_the_save_clock() -> None:
+    clock = SaveClock(10.0)
+    clock.start(now=100.0)
+    assert not clock.due(now=109.9) and clock.due(now=110.0)
+    off = SaveClock(0.0)
+    off.start(now=0.0)
+    assert not off.due(now=1e9)
+    stop = StopRequest()
+    assert not stop.requested
+    stop.set("SIGTERM")
+    assert stop.requested and stop.reason == "SIGTERM"
+
+
+def test_the_interval_flag() -> None:
+    assert resolve([]).checkpoint_interval_seconds == 0.0  # off by default
+    assert resolve(["--checkpoint-interval-seconds", "30"]).checkpoint_interval_seconds == 30.0
+    with pytest.raises(ConfigError, match="checkpoint_interval_seconds must be 0 \\(off\\) or more, got -1"):
+        resolve(["--checkpoint-interval-seconds", "-1"])
+
+
+# A tiny run in a child process: resnet10t at 32 px, 2 classes x 20 images -> 32 for training, batch 4:
+# 8 steps per epoch, 2 epochs. fp32, no DataLoader workers, one thread: the same arithmetic every time.
+TINY: dict[str, object] = {
+    "model": "resnet10t",
+    "image_size": 32,
+    "synthetic_classes": 2,
+    "synthetic_images_per_class": 20,
+    "epochs": 2,
+    "batch_size": 4,
+    "eval_batch_size": 8,
+    "mixed_precision": "no",
+    "num_workers": 0,
+    "threads": 1,
+    "pretrained": False,  # no internet here
+    "log_every": 1000,
+}
+
+RUNNER = """
+import json, sys
+from pets_training.stepsave import StopRequest
+from pets_training.train import training_function
+
+settings, stop_at = json.loads(sys.argv[1]), int(sys.argv[2])
+stop = StopRequest()
+
+def hook(step, images):
+    if step == stop_at:
+        stop.set("the test asked at step %d" % step)
+
+training_function(settings, step_hook=hook, stop=stop)
+"""
+
+
+def _train(settings: dict[str, object], stop_at: int = 0) -> str:
+    output, _ = run([PYTHON, "-c", RUNNER, json.dumps(settings), str(stop_at)], timeout=170)
+    return output
+
+
+@pytest.mark.timeout(200)
+def test_step_checkpoints_are_saved_by_time_mid_epoch(tmp_path: Path) -> None:
+    # an interval shorter than any step: a step checkpoint after every step, then the epoch one
+    output = _train({**TINY, "output_dir": str(tmp_path), "checkpoint_interval_seconds": 1e-6,
+                     "keep_checkpoints": 3})
+    names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert names == ["epoch_1_step_7", "epoch_1_step_8", "epoch_2"], names
+    saved = read_trainer_state(tmp_path / "checkpoints" / "epoch_1_step_7")
+    assert saved["position"] == {"epoch": 1, "steps": 7, "global_step": 15, "steps_per_epoch": 8,
+                                 "world_size": 1}
+    assert [r["epoch"] for r in saved["history"]] == [1]
+    assert "checkpoint epoch_0_step_1 saved (global step 1): training blocked" in output
+    assert "checkpoint epoch_1_step_8 saved (global step 16)" in output
+    assert "checkpoint epoch_2 saved (global step 16)" in output
+    assert read_json(tmp_path / "summary.json")["status"] == "succeeded"
