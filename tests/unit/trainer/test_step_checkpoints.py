@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from pets_training.checkpoint import (
     checkpoint_name,
@@ -22,7 +23,7 @@ from pets_training.checkpoint import (
 from pets_training.config import ConfigError, resolve
 from pets_training.stepsave import SaveClock, StopRequest, agree, decide
 
-from .helpers import PYTHON, read_json, run
+from .helpers import PYTHON, read_json, read_jsonl, run
 
 pytestmark = pytest.mark.unit
 
@@ -142,3 +143,37 @@ def test_step_checkpoints_are_saved_by_time_mid_epoch(tmp_path: Path) -> None:
     assert "checkpoint epoch_1_step_8 saved (global step 16)" in output
     assert "checkpoint epoch_2 saved (global step 16)" in output
     assert read_json(tmp_path / "summary.json")["status"] == "succeeded"
+
+
+@pytest.mark.timeout(300)
+def test_a_run_stopped_mid_epoch_resumes_to_the_same_weights_bit_for_bit(tmp_path: Path) -> None:
+    """Exact, not within a tolerance: the order of epoch 2 is seeded by the epoch (EpochShuffleSampler), its
+    crops by (seed, epoch, image), the skipped steps are skipped (skip_first_batches), and load_state
+    restores the model, Adam's moments, OneCycle's position and the random states: the resumed steps
+    compute what the uninterrupted ones did, in fp32 on one CPU thread."""
+    full = _train({**TINY, "output_dir": str(tmp_path / "full")})
+
+    resumed = {**TINY, "output_dir": str(tmp_path / "resumed"), "resume": True}
+    first = _train(resumed, stop_at=11)  # 8 steps per epoch: step 3 of epoch 2
+    assert "checkpoint epoch_1_step_3 saved (global step 11)" in first
+    assert "stopped at global step 11 (the test asked at step 11)" in first
+    assert not (tmp_path / "resumed" / "summary.json").exists()
+    assert sorted(p.name for p in (tmp_path / "resumed" / "checkpoints").iterdir()) == [
+        "epoch_1", "epoch_1_step_3"
+    ]
+    second = _train(resumed)
+    assert "resume: continuing at epoch 2 step 3 (global step 11) from " in second
+    assert "epoch_1_step_3" in second.split("resume: continuing at", 1)[1].splitlines()[0]
+
+    a = load_file(str(tmp_path / "full" / "model.safetensors"))
+    b = load_file(str(tmp_path / "resumed" / "model.safetensors"))
+    assert a.keys() == b.keys()
+    differ = [k for k in a if not torch.equal(a[k], b[k])]
+    assert not differ, f"tensors that differ after the resume: {differ}"
+    # the resumed epoch reports the whole epoch's loss (its sums before the save were kept), exactly
+    def losses(run: str) -> list[float]:
+        return [r["train_loss"] for r in read_jsonl(tmp_path / run / "progress.jsonl")]
+
+    assert losses("full") == losses("resumed")
+    assert read_json(tmp_path / "resumed" / "summary.json")["epochs"] == 2
+    assert "first training step done" in full
