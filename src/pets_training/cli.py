@@ -1,6 +1,8 @@
 """``pets-train``: train (flags = settings, see ``pets-train --help``), or ``pets-train make-synthetic``.
 
-Exit codes (docs/contract.md): 0 done (or stopped as asked); 78 (``PERMANENT_EXIT_CODE``, EX_CONFIG) a
+Exit codes (docs/contract.md): 0 done (or stopped as asked); 75 (``STOPPED_EXIT_CODE``, EX_TEMPFAIL)
+stopped by SIGTERM after a step checkpoint (every rank finishes its step, they agree, save once; ``--resume``
+continues at that step); 78 (``PERMANENT_EXIT_CODE``, EX_CONFIG) a
 failure no restart can fix (:class:`~.contract.PermanentError`: a bad flag or config value, model, weights,
 a hub that cannot be reached for pretrained weights, data, or pod environment); 1 anything else. On
 failure the summary ``{"status": "failed", "error": ...}`` goes where the success summary would, and a
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -23,6 +26,7 @@ from .contract import (
     EXIT_CODE_FILE,
     FAILURE_EXIT_CODE,
     PERMANENT_EXIT_CODE,
+    STOPPED_EXIT_CODE,
     ContractError,
     PermanentError,
     PodContract,
@@ -96,15 +100,25 @@ def main(argv: Sequence[str] | None = None, pod: PodContract | None = None) -> i
     from .checkpoint import SupersededError
     from .config import resolve
     from .progress import write_summary
+    from .stepsave import StopRequest
     from .train import setup_logging, training_function
 
     process = ProcessContext.from_env(os.environ)
     setup_logging(process.rank)
     superseded = False
+    # SIGTERM (a preemption, a pod deletion; torchrun passes it to every rank): finish the step, save a
+    # step checkpoint, exit 75. The default would die at once, losing everything since the last save.
+    stop = StopRequest()
+    previous = signal.signal(signal.SIGTERM, stop.on_signal)
     try:
         pod = PodContract.from_env(os.environ) if pod is None else pod
         cfg = resolve(argv)
-        training_function(cfg, pod=pod, process=process)
+        training_function(cfg, pod=pod, process=process, stop=stop)
+        if stop.stopped:
+            log.info("stopped (%s): exit %d; --resume continues from the checkpoint just saved",
+                     stop.reason or "another rank was asked to stop", STOPPED_EXIT_CODE)
+            report_exit_code(STOPPED_EXIT_CODE)
+            return STOPPED_EXIT_CODE
         return 0
     except (PermanentError, ContractError) as err:
         superseded = isinstance(err, SupersededError)
@@ -113,6 +127,9 @@ def main(argv: Sequence[str] | None = None, pod: PodContract | None = None) -> i
     except Exception as err:
         log.exception("training failed")
         code, message = FAILURE_EXIT_CODE, f"{type(err).__name__}: {err}"
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     if process.local_rank == 0:
         paths = _failure_paths(argv, pod.output_dir if pod else None, superseded)
         write_summary({"status": "failed", "error": message}, paths)

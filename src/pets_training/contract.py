@@ -58,6 +58,9 @@ SUCCESS_EXIT_CODE = 0
 FAILURE_EXIT_CODE = 1  # a failure a restart may fix
 LAUNCH_EXIT_CODE = 2  # the launcher's bad environment, or the main address did not resolve in time
 PERMANENT_EXIT_CODE = 78
+# Stopped by SIGTERM (a preemption, a pod deletion) after every rank finished its step and a step checkpoint
+# was saved: `--resume` continues from that step. EX_TEMPFAIL: "try again later"; not a failure of the run.
+STOPPED_EXIT_CODE = 75
 
 
 class PermanentError(ValueError):

@@ -10,7 +10,8 @@ needed). Arguments are trainer flags.
 
 Exit codes (docs/contract.md): 2 for a bad pod environment or flag, or a main address that did not resolve
 in time; 78 (``PERMANENT_EXIT_CODE``) when any local training process failed permanently (they append their
-exit codes to ``$PETS_EXIT_CODE_FILE``, which this sets: torchrun exits 1 whatever its workers did); else
+exit codes to ``$PETS_EXIT_CODE_FILE``, which this sets: torchrun exits 1 whatever its workers did); 75
+(``STOPPED_EXIT_CODE``) when every process that reported one stopped on SIGTERM after a checkpoint; else
 accelerate's own exit code (128+N for a death by signal N).
 """
 
@@ -41,6 +42,7 @@ from .contract import (
     PERMANENT_EXIT_CODE,
     RANK,
     RESOLVE_TIMEOUT,
+    STOPPED_EXIT_CODE,
     ContractError,
     PodContract,
 )
@@ -231,6 +233,11 @@ def launch_accelerate(command: Sequence[str], env: Mapping[str, str]) -> int:
             PERMANENT_EXIT_CODE,
         )
         return PERMANENT_EXIT_CODE
+    if codes and all(code == STOPPED_EXIT_CODE for code in codes):
+        # SIGTERM, passed on by torchrun: the ranks saved a step checkpoint and exited 75 (torchrun: 1)
+        log.info("the training processes stopped after a checkpoint (exit %d; accelerate exited %d): "
+                 "exiting %d", STOPPED_EXIT_CODE, status, STOPPED_EXIT_CODE)
+        return STOPPED_EXIT_CODE
     if status != 0:
         log.error("accelerate launch exited %d", status)
     return status

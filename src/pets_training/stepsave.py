@@ -9,6 +9,7 @@ them all (:func:`agree` is the same rule as a pure function). One process: no co
 
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -42,15 +43,21 @@ class SaveClock:
 
 class StopRequest:
     """Set (from a signal handler or a test) to stop the training after its current step, with a step
-    checkpoint. Reading and setting a bool is safe in a Python signal handler."""
+    checkpoint. Reading and setting a bool is safe in a Python signal handler. ``stopped``: the training
+    did stop for it (on every rank, also those that were not asked: they agree), rather than finish."""
 
     def __init__(self) -> None:
         self.requested = False
         self.reason = ""
+        self.stopped = False
 
     def set(self, reason: str) -> None:
         self.requested = True
         self.reason = reason
+
+    def on_signal(self, signum: int, _frame: object) -> None:
+        """A ``signal.signal`` handler: no logging here (the main thread may hold the log's lock)."""
+        self.set(f"{signal.Signals(signum).name} received")
 
 
 def decide(

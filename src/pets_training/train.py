@@ -265,7 +265,13 @@ def training_function(
     try:
         for epoch in range(state.start_epoch, cfg.epochs):
             run_epoch(t, cfg, state, epoch, metrics, step_hook, stop)
+            if not state.stopped and epoch + 1 < cfg.epochs:
+                # a stop asked during the eval or the epoch's save: stop here, at the epoch checkpoint
+                if decide(False, stop.requested, t.accelerator.is_main_process, t.accelerator.num_processes,
+                          t.accelerator.device)[1]:
+                    state.stopped = stop.reason or "asked to stop"
             if state.stopped:
+                stop.stopped = True
                 log.info("stopped at global step %d (%s); continue with --resume", state.global_step,
                          state.stopped)
                 return _end(t.accelerator, None)

@@ -6,6 +6,10 @@ bit for bit, as a run never stopped."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -21,9 +25,10 @@ from pets_training.checkpoint import (
     temp_name,
 )
 from pets_training.config import ConfigError, resolve
+from pets_training.contract import STOPPED_EXIT_CODE
 from pets_training.stepsave import SaveClock, StopRequest, agree, decide
 
-from .helpers import PYTHON, read_json, read_jsonl, run
+from .helpers import BIN, PYTHON, read_json, read_jsonl, run
 
 pytestmark = pytest.mark.unit
 
@@ -177,3 +182,44 @@ def test_a_run_stopped_mid_epoch_resumes_to_the_same_weights_bit_for_bit(tmp_pat
     assert losses("full") == losses("resumed")
     assert read_json(tmp_path / "resumed" / "summary.json")["epochs"] == 2
     assert "first training step done" in full
+
+
+def _flags(settings: dict[str, object]) -> list[str]:
+    out = []
+    for key, value in settings.items():
+        flag = "--" + key.replace("_", "-")
+        out += [flag] if value is True else [f"--no-{flag[2:]}"] if value is False else [flag, str(value)]
+    return out
+
+
+@pytest.mark.timeout(200)
+def test_sigterm_saves_a_step_checkpoint_and_exits_75(tmp_path: Path) -> None:
+    """The pod's entrypoint (one process: it trains in itself) gets SIGTERM mid-epoch: it finishes the
+    step, saves a step checkpoint, exits 75; the next start resumes at that step."""
+    # 2 x 200 images -> 320 for training, batch 4: 80 steps per epoch, no step checkpoints by time
+    settings = {**TINY, "synthetic_images_per_class": 200, "epochs": 3, "output_dir": str(tmp_path)}
+    log_path = tmp_path / "first.log"
+    env = {k: v for k, v in os.environ.items() if k != "PETS_EXIT_CODE_FILE"}
+    with open(log_path, "w") as log_file:
+        proc = subprocess.Popen([str(BIN / "pets-launch"), *_flags(settings)], env=env, stdout=log_file,
+                                stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 120
+            while "first training step done" not in log_path.read_text():
+                assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()[-3000:]
+                time.sleep(0.05)
+            proc.send_signal(signal.SIGTERM)
+            code = proc.wait(timeout=60)
+        finally:
+            proc.kill()
+    output = log_path.read_text()
+    assert code == STOPPED_EXIT_CODE == 75, output[-3000:]
+    assert "stopped (SIGTERM received): exit 75" in output
+    positions = [p for p, _ in list_positions(tmp_path / "checkpoints")]
+    assert len(positions) == 1 and positions[0][0] == 0 and 0 < positions[0][1] < 80, positions
+    steps = positions[0][1]
+    assert not (tmp_path / "summary.json").exists()
+
+    second, _ = run([str(BIN / "pets-launch"), *_flags(settings), "--max-train-steps", "1"], timeout=120,
+                    env={"PETS_EXIT_CODE_FILE": ""})
+    assert f"resume: continuing at epoch 1 step {steps} (global step {steps}) from " in second
