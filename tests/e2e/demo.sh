@@ -29,25 +29,11 @@ tests/cluster/build.sh control-plane >/dev/null
 "$PETS_CACHE/bin/helm" upgrade --install pets charts/pets-training \
   --namespace "$OPERATOR_NAMESPACE" --create-namespace --wait --timeout 5m
 
-step "a new claim for the results on the cluster's shared storage (examples/results-claim.yaml)"
-# An earlier demo's training and results go first: its checkpoints would make this one resume at its end
-# instead of training.
-kubectl -n "$NAMESPACE" delete -f petstraining.yaml --ignore-not-found --wait
-kubectl -n "$NAMESPACE" delete -f examples/results-claim.yaml --ignore-not-found --wait
-kubectl -n "$NAMESPACE" apply -f examples/results-claim.yaml
-claim=$(kubectl create --dry-run=client -f examples/results-claim.yaml -o jsonpath='{.metadata.name}')
-# (A class that binds on first use, like kind's `standard`, binds when the pods come.)
-binding=$(kubectl get sc -o jsonpath='{range .items[?(@.metadata.annotations.storageclass\.kubernetes\.io/is-default-class=="true")]}{.volumeBindingMode}{end}')
-[[ $binding == WaitForFirstConsumer ]] ||
-  kubectl -n "$NAMESPACE" wait "pvc/$claim" --for=jsonpath='{.status.phase}'=Bound --timeout=120s >/dev/null ||
-  { kubectl -n "$NAMESPACE" describe "pvc/$claim" >&2; die "claim $claim is not bound: is there a default StorageClass (kubectl get sc)?"; }
-
-step "kubectl apply -f petstraining.yaml, its output on claim $claim (the sample's commented lines)"
-# The sample stays portable (its claim lines are commented); here they are filled in, by kubectl
-# alone: the demo needs no venv (`make test` makes that).
-kubectl patch --local -f petstraining.yaml --type merge -o yaml \
-  -p "{\"spec\": {\"output\": {\"persistentVolumeClaim\": {\"claimName\": \"$claim\"}}}}" |
-  kubectl -n "$NAMESPACE" apply -f -
+step "kubectl apply -f petstraining.yaml (as it is: its results go to a claim the operator makes)"
+# An earlier demo's training goes first, and its claim with it (foreground: the claim is gone when this
+# returns): its checkpoints would make this one resume at its end instead of training.
+kubectl -n "$NAMESPACE" delete -f petstraining.yaml --ignore-not-found --cascade=foreground --wait
+kubectl -n "$NAMESPACE" apply -f petstraining.yaml
 name=$(kubectl create --dry-run=client -f petstraining.yaml -o jsonpath='{.metadata.name}')
 
 step "training (kubectl get pt $name -w shows the same); Ctrl-C stops watching, not training"
@@ -78,7 +64,12 @@ done
 step "done"
 accuracy=$(kubectl -n "$NAMESPACE" get pt "$name" -o jsonpath='{.status.evalAccuracy}')
 echo "PetsTraining $NAMESPACE/$name Succeeded: eval accuracy $accuracy"
-# Where the claim's files are on this machine: a hostPath volume (the local cluster's shared storage).
+# Where the results are: the claim the operator made (status.children.outputClaim), and on this machine
+# its volume's directory (the local cluster's shared storage is a hostPath).
+claim=$(kubectl -n "$NAMESPACE" get pt "$name" -o jsonpath='{.status.children.outputClaim}')
+durable=$(kubectl -n "$NAMESPACE" get pt "$name" -o jsonpath='{.status.conditions[?(@.type=="OutputDurable")].message}')
+echo "Output: $durable"
+[[ -n $claim ]] || die "no output claim: is there a default StorageClass (kubectl get sc)?"
 volume=$(kubectl -n "$NAMESPACE" get pvc "$claim" -o jsonpath='{.spec.volumeName}')
 results=$(kubectl get pv "$volume" -o jsonpath='{.spec.hostPath.path}')
 if [[ -n $results && -d $results ]]; then
@@ -90,14 +81,15 @@ if [[ -n $results && -d $results ]]; then
   printf '  %-18s %s\n' "checkpoints/" "$results/checkpoints"
 else
   echo "Results are on claim $claim (volume $volume), not a directory of this machine:"
-  echo "  mount the claim in a pod to read them (docs/operator.md)"
+  echo "  kubectl pets fetch $name ./results copies them out (docs/python.md)"
 fi
 cat <<EOT
 More:
   summary:   kubectl -n $NAMESPACE get pt $name -o jsonpath='{.status.summary}'
   table:     kubectl -n $NAMESPACE get pt
   logs:      kubectl -n $NAMESPACE logs -l training.pets.dev/training=$name --prefix
-  results:   the claim $claim stays when the PetsTraining goes (ttlSecondsAfterFinished); delete it with
-             kubectl -n $NAMESPACE delete pvc $claim (its files go with it: reclaimPolicy Delete)
+  fetch:     .venv/bin/kubectl-pets -n $NAMESPACE fetch $name ./results (after make install)
+  results:   the claim $claim goes with the PetsTraining (a day after it finished:
+             ttlSecondsAfterFinished); spec.output.managedClaim.retentionPolicy: Retain keeps it
   cluster:   KUBECONFIG=$KUBECONFIG; stop it with 'make cluster-down' (the shared directory stays)
 EOT

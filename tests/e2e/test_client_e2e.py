@@ -105,7 +105,7 @@ def test_kubectl_pets_run_watch_fetch_plot_logs(trainings: Trainings, shared_out
 
 def test_kubectl_pets_fetch_says_why_an_emptydir_cannot_be_fetched(trainings: Trainings,
                                                                    tmp_path: Path) -> None:
-    trainings.create("scratch", {**SMALL_SPEC, "suspend": True})
+    trainings.create("scratch", {**SMALL_SPEC, "suspend": True, "output": {"emptyDir": {}}})
     result = kubectl_pets("fetch", "scratch", str(tmp_path), "-n", trainings.namespace, timeout=60)
     assert result.returncode == 1
     assert "emptyDir" in result.stderr and "spec.output.persistentVolumeClaim" in result.stderr, result.stderr

@@ -98,17 +98,21 @@ def test_ranks_spread_over_two_nodes_train_one_model(trainings: Trainings, kube_
 
 
 def test_node_lost_mid_run_restarts_on_the_other_node_and_resumes(trainings: Trainings, kube_api: Any,
-                                                                  shared_output: str, lose_node: Any) -> None:
+                                                                  lose_node: Any) -> None:
+    """On the default output (no spec.output: the claim the operator makes, ReadWriteMany), two ranks on
+    two nodes write to one claim, and the work survives losing one of the nodes."""
     workers = worker_nodes(kube_api)
     name = "node-lost"
     spec = {**LONGER_SPEC, "epochs": 4, "maxRestarts": 0,  # a lost node must not count as a restart
-            "placement": {"spreadAcrossNodes": True, "nodeLostSeconds": 10},
-            "output": {"persistentVolumeClaim": {"claimName": shared_output}}}
+            "placement": {"spreadAcrossNodes": True, "nodeLostSeconds": 10}}
     trainings.create(name, spec)
     checkpoint = wait_for(f"{name} status.lastCheckpoint",
                           lambda: trainings.status(name).get("lastCheckpoint"), 900, POLL_S)
     status = trainings.status(name)
     assert status["phase"] == "Running" and status["epoch"] < 4, f"not mid-run: {status}"
+    assert status["children"]["outputClaim"] == f"{name}-output", status
+    claim = trainings.core.read_namespaced_persistent_volume_claim(f"{name}-output", trainings.namespace)
+    assert claim.spec.access_modes == ["ReadWriteMany"] and claim.status.phase == "Bound", claim
     pods = attempt_pods(trainings, name)
     rank1 = pod_of_rank(pods, 1)
     lost = str(rank1.spec.node_name)
