@@ -21,6 +21,7 @@ import signal
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .contract import (
     EXIT_CODE_FILE,
@@ -32,6 +33,9 @@ from .contract import (
     PodContract,
     ProcessContext,
 )
+
+if TYPE_CHECKING:
+    from .stepsave import StopRequest
 
 log = logging.getLogger("pets_training")
 
@@ -76,6 +80,20 @@ def _failure_paths(
     return paths
 
 
+def stopped_summary(stop: StopRequest) -> dict[str, object]:
+    """The termination message of a run stopped by SIGTERM (exit 75), for ``--summary-path`` only."""
+    saved = f"saving {stop.checkpoint}" if stop.checkpoint else "without a checkpoint (--no-checkpoints)"
+    why = stop.reason or "another rank was asked to stop"
+    return {
+        "status": "stopped",
+        "exit_code": STOPPED_EXIT_CODE,
+        "global_step": stop.global_step,
+        "checkpoint": stop.checkpoint or None,
+        "error": f"stopped ({why}) at global step {stop.global_step} after {saved}; --resume continues "
+        "from it",
+    }
+
+
 def report_exit_code(code: int, env: Mapping[str, str] = os.environ) -> None:
     """Append ``code`` to ``$PETS_EXIT_CODE_FILE`` (one line per failing process), for ``pets-launch``."""
     path = env.get(EXIT_CODE_FILE)
@@ -100,7 +118,6 @@ def main(argv: Sequence[str] | None = None, pod: PodContract | None = None) -> i
     from .checkpoint import SupersededError
     from .config import resolve
     from .progress import write_summary
-    from .stepsave import StopRequest
     from .train import setup_logging, training_function
 
     process = ProcessContext.from_env(os.environ)
@@ -108,6 +125,8 @@ def main(argv: Sequence[str] | None = None, pod: PodContract | None = None) -> i
     superseded = False
     # SIGTERM (a preemption, a pod deletion; torchrun passes it to every rank): finish the step, save a
     # step checkpoint, exit 75. The default would die at once, losing everything since the last save.
+    from .stepsave import StopRequest
+
     stop = StopRequest()
     previous = signal.signal(signal.SIGTERM, stop.on_signal)
     try:
@@ -117,6 +136,8 @@ def main(argv: Sequence[str] | None = None, pod: PodContract | None = None) -> i
         if stop.stopped:
             log.info("stopped (%s): exit %d; --resume continues from the checkpoint just saved",
                      stop.reason or "another rank was asked to stop", STOPPED_EXIT_CODE)
+            if process.local_rank == 0:  # the termination message; <output>/summary.json stays the finish's
+                write_summary(stopped_summary(stop), [cfg.summary_path])
             report_exit_code(STOPPED_EXIT_CODE)
             return STOPPED_EXIT_CODE
         return 0

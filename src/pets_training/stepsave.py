@@ -50,6 +50,8 @@ class StopRequest:
         self.requested = False
         self.reason = ""
         self.stopped = False
+        self.global_step = 0  # where it stopped
+        self.checkpoint = ""  # the checkpoint it saved there ("": none, --no-checkpoints)
 
     def set(self, reason: str) -> None:
         self.requested = True

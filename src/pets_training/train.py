@@ -221,6 +221,7 @@ class RunState:
     checkpoint_seconds: float = 0.0  # the training loop blocked in checkpoint saves, this run
     clock: SaveClock = field(default_factory=lambda: SaveClock(0.0))
     stopped: str = ""  # why the run stopped mid-epoch after a stop request ("" : it did not)
+    last_checkpoint: str = ""  # the name of the newest checkpoint this run saved
 
     def elapsed(self) -> float:
         return self.elapsed_before + time.perf_counter() - self.run_start
@@ -271,7 +272,8 @@ def training_function(
                           t.accelerator.device)[1]:
                     state.stopped = stop.reason or "asked to stop"
             if state.stopped:
-                stop.stopped = True
+                stop.stopped, stop.global_step = True, state.global_step
+                stop.checkpoint = state.last_checkpoint
                 log.info("stopped at global step %d (%s); continue with --resume", state.global_step,
                          state.stopped)
                 return _end(t.accelerator, None)
@@ -505,6 +507,7 @@ def save_checkpoint(
     )
     blocked = time.perf_counter() - started
     state.checkpoint_seconds += blocked
+    state.last_checkpoint = checkpoint_name(epochs, steps)
     log.info("checkpoint %s saved (global step %d): training blocked %.2f s (%.2f s in this run)",
              checkpoint_name(epochs, steps), state.global_step, blocked, state.checkpoint_seconds)
     if metrics is not None:

@@ -197,7 +197,8 @@ def test_sigterm_saves_a_step_checkpoint_and_exits_75(tmp_path: Path) -> None:
     """The pod's entrypoint (one process: it trains in itself) gets SIGTERM mid-epoch: it finishes the
     step, saves a step checkpoint, exits 75; the next start resumes at that step."""
     # 2 x 200 images -> 320 for training, batch 4: 80 steps per epoch, no step checkpoints by time
-    settings = {**TINY, "synthetic_images_per_class": 200, "epochs": 3, "output_dir": str(tmp_path)}
+    settings = {**TINY, "synthetic_images_per_class": 200, "epochs": 3, "output_dir": str(tmp_path),
+                "summary_path": str(tmp_path / "termination-log")}
     log_path = tmp_path / "first.log"
     env = {k: v for k, v in os.environ.items() if k != "PETS_EXIT_CODE_FILE"}
     with open(log_path, "w") as log_file:
@@ -218,7 +219,10 @@ def test_sigterm_saves_a_step_checkpoint_and_exits_75(tmp_path: Path) -> None:
     positions = [p for p, _ in list_positions(tmp_path / "checkpoints")]
     assert len(positions) == 1 and positions[0][0] == 0 and 0 < positions[0][1] < 80, positions
     steps = positions[0][1]
-    assert not (tmp_path / "summary.json").exists()
+    assert not (tmp_path / "summary.json").exists()  # the finish's; the termination message says why
+    message = read_json(tmp_path / "termination-log")
+    assert message["status"] == "stopped" and message["exit_code"] == 75 and message["global_step"] == steps
+    assert message["checkpoint"] == f"epoch_0_step_{steps}" and "SIGTERM received" in message["error"]
 
     second, _ = run([str(BIN / "pets-launch"), *_flags(settings), "--max-train-steps", "1"], timeout=120,
                     env={"PETS_EXIT_CODE_FILE": ""})
