@@ -64,7 +64,7 @@ def _digest(value: Any) -> str:
 
 # Defaulted spec fields added after workloads began to carry the digest: left out of it while they hold
 # their defaults, so an operator upgrade does not take every running workload for an edited one.
-ADDED_LATER = ["placement"]
+ADDED_LATER = ["placement", "checkpoint"]
 
 
 def spec_digest(spec: dict[str, Any]) -> str:
@@ -141,6 +141,7 @@ def trainer_args(spec: dict[str, Any]) -> list[str]:
         "--image-size", str(spec["imageSize"]),
         "--output-dir", api.OUTPUT_DIR,
         "--checkpoint-dir", checkpoint_dir(spec),
+        "--checkpoint-interval-seconds", str(checkpointing(spec)["intervalSeconds"]),
     ]
     # Explicit either way: the trainer's own default (pretrained, as in the tutorial) must not decide.
     args.append("--pretrained" if spec["pretrained"] else "--no-pretrained")
@@ -287,6 +288,8 @@ def pod_template(spec: dict[str, Any], target: Target, *, container_name: str = 
         "containers": [container],
         "volumes": volumes,
     }
+    # SIGTERM: every rank finishes its step, saves and exits 75 (the trainer's STOPPED_EXIT_CODE).
+    pod["terminationGracePeriodSeconds"] = checkpointing(spec)["gracePeriodSeconds"]
     if headless_service:
         pod["subdomain"] = service_name(target.name)
     for key in ("nodeSelector", "affinity", "priorityClassName", "serviceAccountName", "imagePullSecrets"):
@@ -309,6 +312,12 @@ def pod_template(spec: dict[str, Any], target: Target, *, container_name: str = 
 # NotReady; the taint manager evicts pods without a matching NoExecute toleration at once, and the
 # DefaultTolerationSeconds admission plugin gives pods that have none a toleration of 300 s.
 NODE_LOST_TAINTS = ["node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready"]
+
+
+def checkpointing(spec: dict[str, Any]) -> dict[str, Any]:
+    """spec.checkpoint with its defaults (a spec resolved before the field existed has none)."""
+    schema = api.SPEC_SCHEMA["properties"]["checkpoint"]
+    return dict(api.apply_defaults(schema, spec.get("checkpoint") or {}))
 
 
 def placement(spec: dict[str, Any]) -> dict[str, Any]:

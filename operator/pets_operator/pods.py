@@ -21,6 +21,9 @@ from typing import Any
 # The trainer's exit code for an error a restart cannot fix (docs/contract.md). EX_CONFIG from
 # sysexits.h: "something was found in an unconfigured or misconfigured state".
 PERMANENT_EXIT_CODE = 78
+# The trainer's exit code after a SIGTERM it answered with a step checkpoint (EX_TEMPFAIL): someone
+# stopped the pod (a deletion, a drain, a preemption); the training did not fail.
+STOPPED_EXIT_CODE = 75
 
 IMAGE_PULL_REASONS = {"ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull", "InvalidImageName"}
 CONFIG_REASONS = {"CreateContainerConfigError", "CreateContainerError", "RunContainerError"}
@@ -307,6 +310,9 @@ def first_failure(pods: list[dict[str, Any]], rank_of: Callable[[dict[str, Any]]
     elif code == PERMANENT_EXIT_CODE:
         cause, by_cluster = "PermanentError", False
         message = trainer_error or "the trainer reported an error that a restart cannot fix"
+    elif code == STOPPED_EXIT_CODE:  # not the training's failure, so it does not count either
+        cause, by_cluster = "Stopped", True
+        message = trainer_error or "stopped on SIGTERM after saving a step checkpoint"
     else:
         cause, by_cluster = "ExitCode", False
         message = trainer_error or f"exited with code {code}"

@@ -423,7 +423,7 @@ def _after_failure(result: Plan, spec: dict[str, Any], observed: Observed, ws: W
         if by_cluster:
             status["disruptions"] = disruptions + 1
         result.delete.append(_ref(observed.workload))
-        resume = _resume_point(spec, status)
+        resume = _resume_point(spec, status, observed.summary)
         cost = ("not counted: the cluster ended the pod" if by_cluster
                 else f"{counted + 1}/{spec['maxRestarts']}")
         message = f"attempt {restarts} failed ({detail}); restarting the gang ({cost}), {resume}"
@@ -552,9 +552,12 @@ def _output_durable(status: dict[str, Any], spec: dict[str, Any], observed: Obse
     _set_condition(status["conditions"], "OutputDurable", durable, reason, message, now, generation)
 
 
-def _resume_point(spec: dict[str, Any], status: dict[str, Any]) -> str:
+def _resume_point(spec: dict[str, Any], status: dict[str, Any], summary: dict[str, Any] | None = None) -> str:
     if "emptyDir" in api.output_of(spec):
         return "starting from epoch 0 (the output is an emptyDir, which goes with the pods)"
+    if (summary or {}).get("status") == "stopped" and isinstance((summary or {}).get("global_step"), int):
+        assert summary is not None
+        return f"resuming at step {summary['global_step']}, from the checkpoint it saved on SIGTERM"
     checkpoint = status.get("lastCheckpoint") or {}
     if checkpoint.get("epoch"):
         epoch, total, steps = checkpoint["epoch"], status.get("totalEpochs"), status.get("stepsTotal")

@@ -99,4 +99,5 @@ def test_the_trainer_serves_the_gauges_the_operator_reads() -> None:
 
 def test_the_permanent_exit_code_is_the_one_the_operator_fails_on() -> None:
     assert contract.PERMANENT_EXIT_CODE == pods.PERMANENT_EXIT_CODE == 78
+    assert contract.STOPPED_EXIT_CODE == pods.STOPPED_EXIT_CODE == 75
     assert launch.PERMANENT_EXIT_CODE == contract.PERMANENT_EXIT_CODE

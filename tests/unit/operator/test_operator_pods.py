@@ -408,6 +408,22 @@ def test_the_clusters_failures_restart_without_counting() -> None:
     assert "after 2 counted restart(s)" in crash.status["message"]
 
 
+def test_a_rank_stopped_on_sigterm_restarts_without_counting_and_resumes_at_its_step() -> None:
+    """Exit 75: the trainer answered a SIGTERM (a deleted pod, a drain) with a step checkpoint. Nobody's
+    failure, and the restart resumes at that step, not at the last epoch."""
+    summary = {"status": "stopped", "exit_code": 75, "global_step": 37, "checkpoint": "epoch_1_step_12",
+               "error": "stopped (SIGTERM received) at global step 37 after saving epoch_1_step_12; "
+                        "--resume continues from it"}
+    gang = [failed(0, pods.STOPPED_EXIT_CODE, "2026-01-02T03:00:01Z", message=json.dumps(summary)),
+            failed(1, pods.STOPPED_EXIT_CODE, "2026-01-02T03:00:01Z")]
+    st = {"phase": api.RUNNING, "restarts": 2, "lastCheckpoint": {"epoch": 1}}
+    p = plan(body(st, maxRestarts=2), failed_job(), gang, summary=summary)
+    assert p.status["phase"] == api.RESTARTING and p.status["disruptions"] == 1, p.status["message"]
+    assert p.status["lastFailure"]["cause"] == "Stopped"
+    assert "not counted" in p.status["message"]
+    assert "resuming at step 37, from the checkpoint it saved on SIGTERM" in p.status["message"]
+
+
 def test_last_checkpoint_is_mirrored_from_progress() -> None:
     running = [pod(0, phase="Running"), pod(1, phase="Running")]
     p = plan(body(), job(active=2), running, progress={"pets_checkpoint_epoch": 3.0, "pets_epoch": 3.0})
