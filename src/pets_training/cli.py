@@ -91,6 +91,7 @@ def stopped_summary(stop: StopRequest) -> dict[str, object]:
         "checkpoint": stop.checkpoint or None,
         "error": f"stopped ({why}) at global step {stop.global_step} after {saved}; --resume continues "
         "from it",
+        "time_seconds": stop.time_seconds,  # this process's run, up to the stop
     }
 
 

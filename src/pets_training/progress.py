@@ -42,7 +42,57 @@ TRAINER_GAUGES = {
     "pets_checkpoint_step": (
         "checkpoint_step", "global step of the newest complete checkpoint, epoch or step (0: none yet)"
     ),
+    # where this process's run spends its wall time (TimeSplit; docs/trainer.md, "Where a run's time goes")
+    "pets_startup_seconds": (
+        "startup_seconds",
+        "seconds from the start of this run to the end of its first training step, less the restore",
+    ),
+    "pets_train_seconds_total": (
+        "train_seconds_total",
+        "seconds of this run in the epoch loop after its first training step, less eval and checkpoint saves",
+    ),
+    "pets_eval_seconds_total": ("eval_seconds_total", "seconds of this run in evaluation"),
+    "pets_restore_seconds": (
+        "restore_seconds",
+        "seconds this run's resume took: finding and loading the checkpoint (0: no --resume)",
+    ),
+    "pets_resume_step": ("resume_step", "global step this run resumed at (0: a fresh start)"),
 }
+
+# The parts of a run's wall time, in the summary's "time_seconds" (TimeSplit)
+TIME_PARTS = ("startup", "train", "eval", "checkpoint", "restore")
+
+
+class TimeSplit:
+    """Where this process's run spends its wall time, in parts that do not overlap, so they add up
+    (docs/trainer.md, "Where a run's time goes"). From ``start`` (the start of this run) the time is
+    charged piece by piece, each piece to the part it was spent in: ``restore``, ``eval`` and
+    ``checkpoint`` where the trainer says so, the rest to ``startup`` until the first training step of this
+    run ends (:meth:`first_step_done`), to ``train`` after it."""
+
+    def __init__(self, start: float | None = None) -> None:
+        self.seconds = dict.fromkeys(TIME_PARTS, 0.0)
+        self.mark = time.perf_counter() if start is None else start
+        self.stepped = False  # the first training step of this run is done
+
+    def charge(self, part: str | None = None, now: float | None = None) -> float:
+        """Add the time since the last charge to ``part`` (None: ``startup`` before the first training step
+        ended, else ``train``); returns now, where the next piece starts."""
+        now = time.perf_counter() if now is None else now
+        part = part or ("train" if self.stepped else "startup")
+        self.seconds[part] += now - self.mark
+        self.mark = now
+        return now
+
+    def first_step_done(self, now: float | None = None) -> float:
+        """The first training step of this run has ended: what came before it is startup."""
+        now = self.charge("startup", now)
+        self.stepped = True
+        return now
+
+    def rounded(self) -> dict[str, float]:
+        """The summary's ``time_seconds``: every part, in seconds, to the millisecond."""
+        return {part: round(seconds, 3) for part, seconds in self.seconds.items()}
 
 
 def epoch_record(

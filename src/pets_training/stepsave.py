@@ -52,6 +52,7 @@ class StopRequest:
         self.stopped = False
         self.global_step = 0  # where it stopped
         self.checkpoint = ""  # the checkpoint it saved there ("": none, --no-checkpoints)
+        self.time_seconds: dict[str, float] = {}  # this run's wall time by part (progress.TimeSplit)
 
     def set(self, reason: str) -> None:
         self.requested = True

@@ -48,6 +48,7 @@ from .progress import (
     SUMMARY_FILE,
     MetricsServer,
     StepProgress,
+    TimeSplit,
     append_progress,
     epoch_record,
     plot_metrics,
@@ -216,9 +217,11 @@ class RunState:
     elapsed_before: float = 0.0  # seconds of training in earlier runs (resume)
     run_start: float = 0.0  # perf_counter when this run's first epoch began
     global_step: int = 0
+    resume_step: int = 0  # the global step this run started at (0: fresh)
     steps_this_run: int = 0
     epochs_this_run: int = 0
-    checkpoint_seconds: float = 0.0  # the training loop blocked in checkpoint saves, this run
+    # this run's wall time by part; its "checkpoint" is the training loop blocked in checkpoint saves
+    split: TimeSplit = field(default_factory=TimeSplit)
     clock: SaveClock = field(default_factory=lambda: SaveClock(0.0))
     stopped: str = ""  # why the run stopped mid-epoch after a stop request ("" : it did not)
     last_checkpoint: str = ""  # the name of the newest checkpoint this run saved
@@ -238,6 +241,7 @@ def training_function(
     finished, else None. This is also the function ``accelerate.notebook_launcher`` runs. ``pod`` and
     ``process`` are read from the environment unless the caller has read them. ``stop``, once set, ends
     the run after the current step with a step checkpoint (every rank agrees on the step)."""
+    split = TimeSplit()  # the start of this run: its time counts from here (docs/trainer.md)
     cfg = config if isinstance(config, TrainConfig) else resolve(overrides=config or {})
     pod = PodContract.from_env(os.environ) if pod is None else pod
     process = ProcessContext.from_env(os.environ) if process is None else process
@@ -247,13 +251,16 @@ def training_function(
         claim(cfg.resolved_checkpoint_dir(pod.output_dir), attempt)
     t = setup(cfg, pod, process)
     t.attempt = attempt
+    split.charge()
     state = resume(t, cfg) if cfg.resume else RunState()
+    split.charge("restore" if cfg.resume else None)
+    state.split = split
     state.clock = SaveClock(cfg.checkpoint_interval_seconds if cfg.checkpoints else 0.0)
     stop = StopRequest() if stop is None else stop
 
     metrics = MetricsServer(cfg.metrics_port) if t.accelerator.is_main_process and cfg.metrics_port else None
     state.run_start = time.perf_counter()
-    state.global_step = state.start_epoch * len(t.train_loader) + state.start_steps
+    state.global_step = state.resume_step = state.start_epoch * len(t.train_loader) + state.start_steps
     state.clock.start()
     if metrics is not None:
         if state.history:
@@ -263,6 +270,8 @@ def training_function(
         metrics.set("checkpoint_epoch", state.start_epoch)  # resumed from it (0: none)
         metrics.set("checkpoint_step", state.global_step)
         metrics.set("checkpoint_seconds_total", 0.0)
+        metrics.set("resume_step", state.resume_step)
+        _serve_time(metrics, split)
     try:
         for epoch in range(state.start_epoch, cfg.epochs):
             run_epoch(t, cfg, state, epoch, metrics, step_hook, stop)
@@ -272,8 +281,10 @@ def training_function(
                           t.accelerator.device)[1]:
                     state.stopped = stop.reason or "asked to stop"
             if state.stopped:
+                _end_of_loop(split, metrics)
                 stop.stopped, stop.global_step = True, state.global_step
                 stop.checkpoint = state.last_checkpoint
+                stop.time_seconds = split.rounded()
                 log.info("stopped at global step %d (%s); continue with --resume", state.global_step,
                          state.stopped)
                 return _end(t.accelerator, None)
@@ -281,12 +292,30 @@ def training_function(
                 log.info("stopping after %d training steps (--max-train-steps)", state.steps_this_run)
                 break
             if _pause_here(cfg, state, epoch):
+                _end_of_loop(split, metrics)
                 return _end(t.accelerator, None)
-        summary = _finish(t.accelerator, t.module, cfg, t.data, state.history, t.output_dir, state.elapsed())
+        _end_of_loop(split, metrics)
+        summary = _finish(t.accelerator, t.module, cfg, t.data, state.history, t.output_dir, state.elapsed(),
+                          split.rounded())
         return _end(t.accelerator, summary)
     finally:
         if metrics is not None:
             metrics.close()
+
+
+def _serve_time(metrics: MetricsServer | None, split: TimeSplit) -> None:
+    """The time gauges that grow during the run (rank 0); startup is set once, at the first step."""
+    if metrics is not None:
+        metrics.set("train_seconds_total", split.seconds["train"])
+        metrics.set("eval_seconds_total", split.seconds["eval"])
+        metrics.set("restore_seconds", split.seconds["restore"])
+
+
+def _end_of_loop(split: TimeSplit, metrics: MetricsServer | None) -> None:
+    """The epoch loop is over (finished, stopped or paused): its last piece is train (startup when this run
+    took no step); what follows, the weights, plot and summary, is counted in no part."""
+    split.charge()
+    _serve_time(metrics, split)
 
 
 def setup(cfg: TrainConfig, pod: PodContract, process: ProcessContext) -> Training:
@@ -442,7 +471,10 @@ def run_epoch(
     train_loss, images_per_second = train_epoch(t, cfg, state, epoch, epoch_start, step_hook, metrics, stop)
     if state.stopped:
         return
+    state.split.charge()
     correct, counted = evaluate(t.module, t.eval_loader, t.accelerator, t.normalise)
+    state.split.charge("eval")
+    _serve_time(metrics, state.split)
     accuracy = correct / counted
     state.epoch_seconds.append(time.perf_counter() - epoch_start)
     elapsed = state.elapsed()
@@ -483,8 +515,8 @@ def save_checkpoint(
 ) -> float:
     """Save ``epoch_<epochs>`` (``steps`` 0) or the step checkpoint ``epoch_<epochs>_step_<steps>`` (every
     process calls this at the same step); returns the seconds the training loop was blocked, which are
-    logged and added to ``pets_checkpoint_seconds_total``."""
-    started = time.perf_counter()
+    logged and added to ``pets_checkpoint_seconds_total`` (the run's checkpoint time)."""
+    started = state.split.charge()
     shared = t.shared_checkpoint_host is not None
     save_atomically(
         t.checkpoint_dir,
@@ -505,17 +537,19 @@ def save_checkpoint(
         t.shared_checkpoint_host,
         step=steps,
     )
-    blocked = time.perf_counter() - started
-    state.checkpoint_seconds += blocked
+    ended = time.perf_counter()
+    blocked = ended - started
+    state.split.charge("checkpoint", ended)
+    total = state.split.seconds["checkpoint"]
     state.last_checkpoint = checkpoint_name(epochs, steps)
     log.info("checkpoint %s saved (global step %d): training blocked %.2f s (%.2f s in this run)",
-             checkpoint_name(epochs, steps), state.global_step, blocked, state.checkpoint_seconds)
+             checkpoint_name(epochs, steps), state.global_step, blocked, total)
     if metrics is not None:
         if not steps:
             metrics.set("checkpoint_epoch", epochs)  # renamed into place: complete
         metrics.set("checkpoint_step", state.global_step)
         metrics.set("checkpoint_last_seconds", blocked)
-        metrics.set("checkpoint_seconds_total", state.checkpoint_seconds)
+        metrics.set("checkpoint_seconds_total", total)
     return blocked
 
 
@@ -588,7 +622,11 @@ def train_epoch(
     done = state.start_steps if epoch == state.start_epoch else 0
     loader = t.train_loader
     if done:
+        state.split.charge()
         loader = skip_first_batches(t.train_loader, done)  # keeps the loader's epoch (its iteration)
+        state.split.charge("restore")  # the skip's setup (its indices are skipped at the first batch)
+        if metrics is not None:
+            metrics.set("restore_seconds", state.split.seconds["restore"])
         if accelerator.is_main_process:  # the epoch's sums before the save, counted once
             loss_sum += state.resumed_loss_sum
             seen += state.resumed_seen
@@ -601,12 +639,19 @@ def train_epoch(
         seen += labels.shape[0]
         state.global_step += 1
         state.steps_this_run += 1
+        if state.steps_this_run == 1:
+            state.split.first_step_done()
+            if accelerator.is_main_process:
+                # make bench-e2e measures time-to-first-step from this line's log timestamp
+                log.info("first training step done, %.1f s after the start of this run",
+                         sum(state.split.seconds.values()))
+            if metrics is not None:
+                metrics.set("startup_seconds", state.split.seconds["startup"])
+        else:
+            state.split.charge()  # the step (its data included) and the bookkeeping since the last one
         if metrics is not None:
             metrics.set("step", state.global_step)
-        if state.steps_this_run == 1 and accelerator.is_main_process:
-            # make bench-e2e measures time-to-first-step from this line's log timestamp
-            log.info("first training step done, %.1f s after the start of this run",
-                     time.perf_counter() - state.run_start)
+            metrics.set("train_seconds_total", state.split.seconds["train"])
         bar.update(loss, labels.shape[0] * world)
         if step_hook is not None:
             step_hook(state.global_step, labels.shape[0] * world)
@@ -663,6 +708,7 @@ def _finish(
     history: list[dict[str, Any]],
     output_dir: Path,
     elapsed: float,
+    time_seconds: dict[str, float],
 ) -> dict[str, Any] | None:
     accelerator.wait_for_everyone()
     if not accelerator.is_main_process:
@@ -689,6 +735,7 @@ def _finish(
         if history
         else None,
         "elapsed_seconds": round(elapsed, 2),
+        "time_seconds": time_seconds,  # this run's wall time by part (rank 0's)
         "world_size": accelerator.num_processes,
         "model": cfg.model,
         "num_classes": data.num_classes,

@@ -160,9 +160,12 @@ def test_a_run_serves_its_step_and_checkpoint_and_resume_continues_them(tmp_path
     assert all(s["pets_step"] == s["hook_step"] for s in first)  # set every step, before the hook
     assert {s["pets_steps_total"] for s in first} == {12.0}  # 4 steps x 3 epochs
     assert [s["pets_checkpoint_epoch"] for s in first] == [0.0] * 4 + [1.0] * 4  # after epoch 1's save
+    assert {s["pets_resume_step"] for s in first} == {0.0}  # --resume found nothing: a fresh start
 
     second = _scrape_run({**settings, "metrics_port": free_port()})  # resumes after epoch 2
     assert [s["pets_step"] for s in second] == [9.0, 10.0, 11.0, 12.0]
     assert {s["pets_checkpoint_epoch"] for s in second} == {2.0}
     assert {s["pets_epoch"] for s in second} == {2.0}  # the resumed history's last epoch
+    assert {s["pets_resume_step"] for s in second} == {8.0}
+    assert second[0]["pets_restore_seconds"] > 0  # found epoch_2 and loaded it
     assert read_jsonl(tmp_path / "progress.jsonl")[-1]["epoch"] == 3

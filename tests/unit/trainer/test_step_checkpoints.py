@@ -180,7 +180,9 @@ def test_a_run_stopped_mid_epoch_resumes_to_the_same_weights_bit_for_bit(tmp_pat
         return [r["train_loss"] for r in read_jsonl(tmp_path / run / "progress.jsonl")]
 
     assert losses("full") == losses("resumed")
-    assert read_json(tmp_path / "resumed" / "summary.json")["epochs"] == 2
+    summary = read_json(tmp_path / "resumed" / "summary.json")
+    assert summary["epochs"] == 2
+    assert summary["time_seconds"]["restore"] > 0  # the second run's: load_state and the skip's setup
     assert "first training step done" in full
 
 
@@ -223,6 +225,9 @@ def test_sigterm_saves_a_step_checkpoint_and_exits_75(tmp_path: Path) -> None:
     message = read_json(tmp_path / "termination-log")
     assert message["status"] == "stopped" and message["exit_code"] == 75 and message["global_step"] == steps
     assert message["checkpoint"] == f"epoch_0_step_{steps}" and "SIGTERM received" in message["error"]
+    parts = message["time_seconds"]  # where this run's time went, up to the stop
+    assert list(parts) == ["startup", "train", "eval", "checkpoint", "restore"]
+    assert parts["startup"] > 0 and parts["checkpoint"] > 0 and parts["eval"] == 0, parts
 
     second, _ = run([str(BIN / "pets-launch"), *_flags(settings), "--max-train-steps", "1"], timeout=120,
                     env={"PETS_EXIT_CODE_FILE": ""})
