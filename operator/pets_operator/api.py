@@ -765,7 +765,9 @@ STATUS_SCHEMA: dict[str, Any] = _obj("Observed state, written by the operator.",
                                                                                   "began."},
     }),
     "lastCheckpoint": _obj("The newest checkpoint a restart would resume from (with a claim output).", {
-        "epoch": {"type": "integer", "description": "Epoch of the checkpoint."},
+        "epoch": {"type": "integer", "description": "Whole epochs in the newest epoch checkpoint."},
+        "step": {"type": "integer", "description": "Global step of the newest checkpoint, an epoch's or a "
+                                                   "step checkpoint (spec.checkpoint.intervalSeconds)."},
         "time": {"type": "string", "format": "date-time", "description": "When the operator saw it."},
     }),
     "output": {"type": "object", "x-kubernetes-preserve-unknown-fields": True,

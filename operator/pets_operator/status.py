@@ -112,6 +112,7 @@ PROGRESS_FIELDS = {
     "pets_step": ("step", int, PROGRESS_TOP),
     "pets_steps_total": ("stepsTotal", int, PROGRESS_TOP),
     "pets_checkpoint_epoch": ("lastCheckpoint", int, PROGRESS_TOP),  # becomes lastCheckpoint: {epoch, time}
+    "pets_checkpoint_step": ("lastCheckpoint.step", int, PROGRESS_TOP),  # and its step (after the epoch)
 }
 
 
@@ -124,6 +125,11 @@ def _mirror_progress(status: dict[str, Any], progress: dict[str, float], now: da
         if key == "lastCheckpoint":
             if value and (status.get(key) or {}).get("epoch") != value:
                 status[key] = {"epoch": value, "time": timestamp(now)}
+            continue
+        if key == "lastCheckpoint.step":  # a step checkpoint mid-epoch moves it without the epoch
+            newest = status.get("lastCheckpoint") or {}
+            if value and newest.get("step") != value:
+                status["lastCheckpoint"] = {**newest, "step": value, "time": timestamp(now)}
             continue
         changed |= status.get(key) != value
         status[key] = value
@@ -559,6 +565,8 @@ def _resume_point(spec: dict[str, Any], status: dict[str, Any], summary: dict[st
         assert summary is not None
         return f"resuming at step {summary['global_step']}, from the checkpoint it saved on SIGTERM"
     checkpoint = status.get("lastCheckpoint") or {}
+    if checkpoint.get("step"):  # the trainer's newest, an epoch's or a step checkpoint
+        return f"resuming from the newest checkpoint, at step {checkpoint['step']} or later"
     if checkpoint.get("epoch"):
         epoch, total, steps = checkpoint["epoch"], status.get("totalEpochs"), status.get("stepsTotal")
         # Checkpoints are taken at epoch ends, and every epoch has the same number of steps.

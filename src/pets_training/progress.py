@@ -31,6 +31,9 @@ GAUGES = {
     "pets_step": ("step", "optimizer steps taken so far in the whole run (resumed runs included)"),
     "pets_steps_total": ("steps_total", "optimizer steps of the whole run (steps per epoch x epochs)"),
     "pets_checkpoint_epoch": ("checkpoint_epoch", "epoch of the newest complete checkpoint (0: none yet)"),
+    "pets_checkpoint_step": (
+        "checkpoint_step", "global step of the newest complete checkpoint, epoch or step (0: none yet)"
+    ),
 }
 # Served too, but the operator does not read them (not in its status.PROGRESS_FIELDS): the checkpoints' cost.
 TRAINER_GAUGES = {
@@ -39,9 +42,6 @@ TRAINER_GAUGES = {
         "seconds the training loop was blocked saving checkpoints in this process's run (epoch and step)",
     ),
     "pets_checkpoint_last_seconds": ("checkpoint_last_seconds", "seconds the newest checkpoint's save took"),
-    "pets_checkpoint_step": (
-        "checkpoint_step", "global step of the newest complete checkpoint, epoch or step (0: none yet)"
-    ),
     # where this process's run spends its wall time (TimeSplit; docs/trainer.md, "Where a run's time goes")
     "pets_startup_seconds": (
         "startup_seconds",

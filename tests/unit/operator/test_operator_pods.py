@@ -436,6 +436,14 @@ def test_last_checkpoint_is_mirrored_from_progress() -> None:
         now=NOW + timedelta(seconds=10),
     )
     assert same.status["lastCheckpoint"]["time"] == "2026-01-02T03:04:05Z"
+    # A step checkpoint mid-epoch 4 moves the step, not the epoch; the next epoch's checkpoint both.
+    later = NOW + timedelta(seconds=20)
+    mid = plan(body(same.status), job(active=2), running,
+               progress={"pets_checkpoint_epoch": 3.0, "pets_checkpoint_step": 41.0}, now=later)
+    assert mid.status["lastCheckpoint"] == {"epoch": 3, "step": 41, "time": "2026-01-02T03:04:25Z"}
+    next_epoch = plan(body(mid.status), job(active=2), running,
+                      progress={"pets_checkpoint_epoch": 4.0, "pets_checkpoint_step": 48.0}, now=later)
+    assert next_epoch.status["lastCheckpoint"] == {"epoch": 4, "step": 48, "time": "2026-01-02T03:04:25Z"}
 
 
 def test_stalled_is_set_and_cleared() -> None:

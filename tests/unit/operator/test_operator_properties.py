@@ -55,8 +55,11 @@ def assert_checked(values: object) -> None:
     status._mirror_progress(mirrored, values, NOW)
     json.dumps(mirrored, allow_nan=False)
     for metric, (key, kind, top) in status.PROGRESS_FIELDS.items():
-        if metric in values and key != "lastCheckpoint":
+        if metric in values and not key.startswith("lastCheckpoint"):
             assert type(mirrored[key]) is kind and 0 <= mirrored[key] <= top, (key, mirrored[key])
+    for part in ("epoch", "step"):  # lastCheckpoint: {epoch, step, time}, each a count when there
+        value = (mirrored.get("lastCheckpoint") or {}).get(part)
+        assert value is None or (type(value) is int and 0 <= value <= status.PROGRESS_TOP), mirrored
 
 
 def parse_or_refuse(text: str, parse: Callable[[str], dict[str, float]] = parse_progress) -> str:

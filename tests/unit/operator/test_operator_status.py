@@ -305,6 +305,12 @@ def test_a_restart_says_where_it_resumes_for_each_output(output: dict[str, Any],
     # With the run's steps known (the trainer's gauges), the step too: epochs are of equal length.
     with_steps = {"lastCheckpoint": {"epoch": 2}, "totalEpochs": 5, "stepsTotal": 60}
     assert status._resume_point(spec, with_steps) == says + (", step 24" if "epoch 2" in says else "")
+    # A trainer that serves its newest checkpoint's step (a step checkpoint, mid-epoch): that step, read
+    # up to a progress interval ago, so "or later".
+    step_checkpoint = {"lastCheckpoint": {"epoch": 2, "step": 31}}
+    if "epoch 2" in says:
+        assert status._resume_point(spec, step_checkpoint) == \
+            "resuming from the newest checkpoint, at step 31 or later"
 
 
 @pytest.mark.parametrize(("output", "durable", "reason", "words"), [
