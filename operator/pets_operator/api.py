@@ -747,6 +747,8 @@ STATUS_SCHEMA: dict[str, Any] = _obj("Observed state, written by the operator.",
                                    "lost): they do not count against spec.maxRestarts."},
     "step": {"type": "integer", "description": "Optimizer steps taken so far (rank 0)."},
     "stepsTotal": {"type": "integer", "description": "Optimizer steps of the whole run."},
+    "resumeStep": {"type": "integer", "description": "The step the current attempt resumed at (0: from "
+                                                     "the start)."},
     "lastFailure": _obj("The failure that ended the last attempt, classified.", {
         "cause": _str("PermanentError, ExitCode, OOMKilled, Evicted, Preempted, NodeLost or Stopped "
                       "(the trainer saved a step checkpoint on SIGTERM and exited 75: not counted)."),
@@ -756,6 +758,10 @@ STATUS_SCHEMA: dict[str, Any] = _obj("Observed state, written by the operator.",
         "exitCode": {"type": "integer", "description": "The trainer container's exit code."},
         "message": _str("The trainer's own reason, or the cluster's."),
         "logTail": _str("The last lines of that container's log."),
+        "lastStep": {"type": "integer", "description": "The step that attempt had reached, as last read."},
+        "lostSteps": {"type": "integer", "description": "Steps it had done past the point the next attempt "
+                                                        "resumed at, so done again (at least: its step is as "
+                                                        "last read)."},
         "time": {"type": "string", "format": "date-time", "description": "When it failed."},
     }),
     "deadline": _obj("Bookkeeping of spec.activeDeadlineSeconds: the time that does not count.", {

@@ -113,6 +113,7 @@ PROGRESS_FIELDS = {
     "pets_steps_total": ("stepsTotal", int, PROGRESS_TOP),
     "pets_checkpoint_epoch": ("lastCheckpoint", int, PROGRESS_TOP),  # becomes lastCheckpoint: {epoch, time}
     "pets_checkpoint_step": ("lastCheckpoint.step", int, PROGRESS_TOP),  # and its step (after the epoch)
+    "pets_resume_step": ("resumeStep", int, PROGRESS_TOP),  # where this attempt began (_work_lost)
 }
 
 
@@ -137,6 +138,21 @@ def _mirror_progress(status: dict[str, Any], progress: dict[str, float], now: da
         status["progress"] = f"{status['epoch']}/{status['totalEpochs']}"
     if changed:  # an unchanged scrape writes nothing, so an idle poll costs no API write
         status["lastProgressTime"] = timestamp(now)
+
+
+def _work_lost(result: Plan, progress: dict[str, float]) -> None:
+    """Once the attempt after a restart says where it resumed: the steps the last one had done past that
+    point, done again. At least: the last attempt's step is as last read (every progress interval), so
+    it may have gone further."""
+    failure = result.status.get("lastFailure") or {}
+    if "lastStep" not in failure or "lostSteps" in failure or "pets_resume_step" not in progress:
+        return
+    lost = max(0, int(failure["lastStep"]) - int(progress["pets_resume_step"]))
+    failure["lostSteps"] = lost
+    result.events.append(Event("Normal" if lost == 0 else "Warning", "WorkLost", (
+        f"attempt {max(0, int(result.status.get('attempt') or 1) - 1)} lost at least {lost} step(s): last "
+        f"read at step {failure['lastStep']}, the next attempt resumed at step "
+        f"{int(progress['pets_resume_step'])}")))
 
 
 def _mirror_summary(status: dict[str, Any], summary: dict[str, Any], total_epochs: int) -> None:
@@ -270,6 +286,7 @@ def plan(
         status["startTime"] = ws.start_time
     if observed.progress:
         _mirror_progress(status, observed.progress, now)
+        _work_lost(result, observed.progress)
 
     phase, reason, message = ws.phase, ws.reason, ws.message
     left = deadline_left(spec, status, now)
@@ -416,6 +433,8 @@ def _after_failure(result: Plan, spec: dict[str, Any], observed: Observed, ws: W
         detail = f"{ws.message}; trainer: {trainer_error}"
     if failure is not None:
         status["lastFailure"] = _failure_record(failure, now)
+        if isinstance(status.get("step"), int):  # how far it got (as last read): for lostSteps
+            status["lastFailure"]["lastStep"] = status["step"]
     disruptions = int(status.get("disruptions") or 0)
     counted = restarts - disruptions
     permanent = (failure is not None and failure.permanent) or ws.reason == observed.backend.permanent_reason

@@ -34,6 +34,7 @@ GAUGES = {
     "pets_checkpoint_step": (
         "checkpoint_step", "global step of the newest complete checkpoint, epoch or step (0: none yet)"
     ),
+    "pets_resume_step": ("resume_step", "global step this run resumed at (0: a fresh start)"),
 }
 # Served too, but the operator does not read them (not in its status.PROGRESS_FIELDS): the checkpoints' cost.
 TRAINER_GAUGES = {
@@ -56,7 +57,6 @@ TRAINER_GAUGES = {
         "restore_seconds",
         "seconds this run's resume took: finding and loading the checkpoint (0: no --resume)",
     ),
-    "pets_resume_step": ("resume_step", "global step this run resumed at (0: a fresh start)"),
 }
 
 # The parts of a run's wall time, in the summary's "time_seconds" (TimeSplit)

@@ -94,7 +94,8 @@ def test_the_trainer_serves_the_gauges_the_operator_reads() -> None:
     record = progress.epoch_record(1, 5, 0.5, 0.9, 100.0, 60.0, [60.0])
     keys = {key for key, _ in progress.GAUGES.values()}
     assert set(record) <= keys  # every progress.jsonl key is served
-    assert keys - set(record) == {"step", "steps_total", "checkpoint_epoch", "checkpoint_step"}  # set live, not per epoch
+    assert keys - set(record) == {"step", "steps_total", "checkpoint_epoch", "checkpoint_step",
+                                       "resume_step"}  # set live, not per epoch
 
 
 def test_the_permanent_exit_code_is_the_one_the_operator_fails_on() -> None:

@@ -424,6 +424,25 @@ def test_a_rank_stopped_on_sigterm_restarts_without_counting_and_resumes_at_its_
     assert "resuming at step 37, from the checkpoint it saved on SIGTERM" in p.status["message"]
 
 
+def test_the_work_a_restart_lost_is_counted_once_the_next_attempt_says_where_it_resumed() -> None:
+    gang = [failed(0, 137, "2026-01-02T03:00:01Z"), failed(1, 1, "2026-01-02T03:00:03Z")]
+    st = {"phase": api.RUNNING, "step": 57, "lastCheckpoint": {"epoch": 2, "step": 48}}
+    restarted = plan(body(st), failed_job(), gang)
+    failure = restarted.status["lastFailure"]
+    assert failure["lastStep"] == 57 and "lostSteps" not in failure  # known once the next attempt runs
+    running = [pod(0, phase="Running"), pod(1, phase="Running")]
+    after = dict(restarted.status, phase=api.RUNNING)
+    p = plan(body(after), job(active=2, attempt=1), running,
+             progress={"pets_resume_step": 48.0, "pets_step": 49.0})
+    assert p.status["lastFailure"]["lostSteps"] == 9 and p.status["resumeStep"] == 48
+    assert [(e.type, e.reason) for e in p.events if e.reason == "WorkLost"] == [("Warning", "WorkLost")]
+    (lost,) = [e.message for e in p.events if e.reason == "WorkLost"]
+    assert "lost at least 9 step(s): last read at step 57, the next attempt resumed at step 48" in lost
+    again = plan(body(p.status), job(active=2, attempt=1), running,
+                 progress={"pets_resume_step": 48.0, "pets_step": 52.0})
+    assert not [e for e in again.events if e.reason == "WorkLost"]  # said once
+
+
 def test_last_checkpoint_is_mirrored_from_progress() -> None:
     running = [pod(0, phase="Running"), pod(1, phase="Running")]
     p = plan(body(), job(active=2), running, progress={"pets_checkpoint_epoch": 3.0, "pets_epoch": 3.0})

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from pets_training.cli import stopped_summary
-from pets_training.progress import TIME_PARTS, TRAINER_GAUGES, MetricsServer, TimeSplit, summary_json
+from pets_training.progress import GAUGES, TIME_PARTS, TRAINER_GAUGES, MetricsServer, TimeSplit, summary_json
 from pets_training.stepsave import StopRequest
 
 from .helpers import PYTHON, free_port, read_json, run
@@ -25,7 +25,7 @@ TIME_GAUGES = {
     "pets_eval_seconds_total": "eval_seconds_total",
     "pets_checkpoint_seconds_total": "checkpoint_seconds_total",
     "pets_restore_seconds": "restore_seconds",
-    "pets_resume_step": "resume_step",
+    "pets_resume_step": "resume_step",  # read by the operator too (GAUGES): where the lost work starts
 }
 
 
@@ -44,7 +44,8 @@ def test_the_split_charges_each_piece_once() -> None:
 
 
 def test_the_time_gauges_are_the_trainers_own_and_served() -> None:
-    assert {name: key for name, (key, _) in TRAINER_GAUGES.items() if name in TIME_GAUGES} == TIME_GAUGES
+    served = {**TRAINER_GAUGES, **GAUGES}
+    assert {name: key for name, (key, _) in served.items() if name in TIME_GAUGES} == TIME_GAUGES
     port = free_port()
     server = MetricsServer(port)
     try:
