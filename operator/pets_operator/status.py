@@ -433,8 +433,6 @@ def _after_failure(result: Plan, spec: dict[str, Any], observed: Observed, ws: W
         detail = f"{ws.message}; trainer: {trainer_error}"
     if failure is not None:
         status["lastFailure"] = _failure_record(failure, now)
-        if isinstance(status.get("step"), int):  # how far it got (as last read): for lostSteps
-            status["lastFailure"]["lastStep"] = status["step"]
     disruptions = int(status.get("disruptions") or 0)
     counted = restarts - disruptions
     permanent = (failure is not None and failure.permanent) or ws.reason == observed.backend.permanent_reason
@@ -442,6 +440,8 @@ def _after_failure(result: Plan, spec: dict[str, Any], observed: Observed, ws: W
     if failure is None and disrupted:  # the disrupted pod is gone; the Job's condition says what it was
         status["lastFailure"] = {"cause": "Disrupted", "message": ws.message,
                                  "time": ws.completion_time or timestamp(now)}
+    if (failure is not None or disrupted) and isinstance(status.get("step"), int):
+        status["lastFailure"]["lastStep"] = status["step"]  # how far it got (as last read): lostSteps
     if not permanent and (by_cluster or counted < spec["maxRestarts"]):
         status["restarts"] = restarts + 1
         status["attempt"] = int(status["attempt"]) + 1

@@ -198,10 +198,11 @@ def test_a_disruption_the_job_recorded_restarts_without_counting_even_when_the_p
     failed = job(conditions=[{"type": "FailureTarget", "reason": "PodFailurePolicy", "message": message},
                              {"type": "Failed", "reason": "PodFailurePolicy", "message": message}])
     assert backends.JOB.state(failed, 2).reason == "PodDisrupted"
-    p = run(body({"phase": api.RUNNING}, maxRestarts=0), failed, pods=[])
+    p = run(body({"phase": api.RUNNING, "step": 23}, maxRestarts=0), failed, pods=[])
     assert p.status["phase"] == api.RESTARTING
     assert (p.status["restarts"], p.status["disruptions"]) == (1, 1)
     assert p.status["lastFailure"]["cause"] == "Disrupted"
+    assert p.status["lastFailure"]["lastStep"] == 23  # the lost work is counted from there
     # Its peer, which only lost the evicted rank, exited too: that exit is not the cause.
     peer = {"metadata": {"name": "pets-0-x", "labels": {"batch.kubernetes.io/job-completion-index": "0"}},
             "spec": {"nodeName": "node-a"},

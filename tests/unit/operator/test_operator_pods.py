@@ -420,6 +420,7 @@ def test_a_rank_stopped_on_sigterm_restarts_without_counting_and_resumes_at_its_
     p = plan(body(st, maxRestarts=2), failed_job(), gang, summary=summary)
     assert p.status["phase"] == api.RESTARTING and p.status["disruptions"] == 1, p.status["message"]
     assert p.status["lastFailure"]["cause"] == "Stopped"
+    assert "lastStep" not in p.status["lastFailure"]  # no step was ever read in this test's status
     assert "not counted" in p.status["message"]
     assert "resuming at step 37, from the checkpoint it saved on SIGTERM" in p.status["message"]
 
