@@ -140,19 +140,21 @@ def _mirror_progress(status: dict[str, Any], progress: dict[str, float], now: da
         status["lastProgressTime"] = timestamp(now)
 
 
-def _work_lost(result: Plan, progress: dict[str, float]) -> None:
-    """Once the attempt after a restart says where it resumed: the steps the last one had done past that
-    point, done again. At least: the last attempt's step is as last read (every progress interval), so
-    it may have gone further."""
+def _work_lost(result: Plan, resume_step: Any) -> None:
+    """Once the attempt after a restart says where it resumed (its progress, or its final summary): the
+    steps the last one had done past that point, done again. At least: the last attempt's step is as
+    last read (every progress interval), so it may have gone further."""
     failure = result.status.get("lastFailure") or {}
-    if "lastStep" not in failure or "lostSteps" in failure or "pets_resume_step" not in progress:
+    known = isinstance(resume_step, int | float) and not isinstance(resume_step, bool) and \
+        0 <= resume_step <= PROGRESS_TOP
+    if "lastStep" not in failure or "lostSteps" in failure or not known:
         return
-    lost = max(0, int(failure["lastStep"]) - int(progress["pets_resume_step"]))
+    lost = max(0, int(failure["lastStep"]) - int(resume_step))
     failure["lostSteps"] = lost
     result.events.append(Event("Normal" if lost == 0 else "Warning", "WorkLost", (
         f"attempt {max(0, int(result.status.get('attempt') or 1) - 1)} lost at least {lost} step(s): last "
         f"read at step {failure['lastStep']}, the next attempt resumed at step "
-        f"{int(progress['pets_resume_step'])}")))
+        f"{int(resume_step)}")))
 
 
 def _mirror_summary(status: dict[str, Any], summary: dict[str, Any], total_epochs: int) -> None:
@@ -286,7 +288,7 @@ def plan(
         status["startTime"] = ws.start_time
     if observed.progress:
         _mirror_progress(status, observed.progress, now)
-        _work_lost(result, observed.progress)
+        _work_lost(result, observed.progress.get("pets_resume_step"))
 
     phase, reason, message = ws.phase, ws.reason, ws.message
     left = deadline_left(spec, status, now)
@@ -295,6 +297,7 @@ def plan(
         status["completionTime"] = ws.completion_time or timestamp(now)
         if observed.summary:
             _mirror_summary(status, observed.summary, spec["epochs"])
+            _work_lost(result, observed.summary.get("resume_step"))  # finished before a progress read
         acc = status.get("evalAccuracy")
         message = "training finished" + (f": accuracy {acc:.4f}" if isinstance(acc, float) else "")
         if target.queued:  # it ran, so Kueue admitted it (perhaps between two polls)
@@ -425,8 +428,9 @@ def _after_failure(result: Plan, spec: dict[str, Any], observed: Observed, ws: W
     trainer_error = (observed.summary or {}).get("error")
     failure = _lost_current(observed) or pods.first_failure(observed.pods or [], observed.backend.rank_of)
     disrupted = bool(observed.backend.disrupted_reason) and ws.reason == observed.backend.disrupted_reason
-    if disrupted and failure is not None and not failure.caused_by_cluster:
-        # The disrupted pod is gone (an eviction deletes it); its peers' exits only say they lost it.
+    if disrupted and failure is not None and (not failure.caused_by_cluster or failure.cause == "Stopped"):
+        # The disrupted pod is gone (an eviction deletes it); its peers' exits only say they lost it, or
+        # (exit 75) that they stopped with it, after the step checkpoint its SIGTERM asked for.
         failure = None
     detail = failure.message if failure else ws.message
     if trainer_error and failure is None:

@@ -296,7 +296,7 @@ def training_function(
                 return _end(t.accelerator, None)
         _end_of_loop(split, metrics)
         summary = _finish(t.accelerator, t.module, cfg, t.data, state.history, t.output_dir, state.elapsed(),
-                          split.rounded())
+                          split.rounded(), state.resume_step)
         return _end(t.accelerator, summary)
     finally:
         if metrics is not None:
@@ -709,6 +709,7 @@ def _finish(
     output_dir: Path,
     elapsed: float,
     time_seconds: dict[str, float],
+    resume_step: int = 0,
 ) -> dict[str, Any] | None:
     accelerator.wait_for_everyone()
     if not accelerator.is_main_process:
@@ -736,6 +737,7 @@ def _finish(
         else None,
         "elapsed_seconds": round(elapsed, 2),
         "time_seconds": time_seconds,  # this run's wall time by part (rank 0's)
+        "resume_step": resume_step,  # the global step this run resumed at (0: fresh): the work lost
         "world_size": accelerator.num_processes,
         "model": cfg.model,
         "num_classes": data.num_classes,

@@ -3,10 +3,11 @@ workload's suspend to Kueue, mirroring Kueue's reasons into status."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
-from pets_operator import api, backends, builders, status
+from pets_operator import api, backends, builders, pods, status
 from test_operator_status import NOW, body, cond, job, run
 
 pytestmark = pytest.mark.unit
@@ -212,6 +213,13 @@ def test_a_disruption_the_job_recorded_restarts_without_counting_even_when_the_p
     assert (p.status["phase"], p.status["restarts"], p.status["disruptions"]) == (api.RESTARTING, 1, 1)
     assert p.status["lastFailure"]["cause"] == "Disrupted", p.status["lastFailure"]
     assert "DisruptionTarget" in p.status["message"]
+    # Its peer stopped with it (exit 75: the evicted rank's SIGTERM stopped all, after a step checkpoint):
+    # still the eviction, seen by the CI's e2e (the evicted pod already gone, its peer's 75 left).
+    stopped = json.loads(json.dumps(peer))
+    stopped["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] = pods.STOPPED_EXIT_CODE
+    p = run(body({"phase": api.RUNNING}, maxRestarts=0), failed, pods=[stopped])
+    assert (p.status["restarts"], p.status["disruptions"]) == (1, 1)
+    assert p.status["lastFailure"]["cause"] == "Disrupted", p.status["lastFailure"]
     # The trainer's permanent exit code is still the first rule: it ends the training at once.
     permanent = ("Container trainer for pod ns/pets-1-x failed with exit code 78 matching FailJob rule "
                  "at index 0")

@@ -442,6 +442,10 @@ def test_the_work_a_restart_lost_is_counted_once_the_next_attempt_says_where_it_
     again = plan(body(p.status), job(active=2, attempt=1), running,
                  progress={"pets_resume_step": 48.0, "pets_step": 52.0})
     assert not [e for e in again.events if e.reason == "WorkLost"]  # said once
+    # An attempt that finished before any progress read: its summary says where it resumed.
+    done = job(conditions=[{"type": "Complete", "status": "True"}], attempt=1, succeeded=2)
+    finished = plan(body(after), done, [], summary={"status": "succeeded", "epochs": 5, "resume_step": 50})
+    assert finished.status["phase"] == api.SUCCEEDED and finished.status["lastFailure"]["lostSteps"] == 7
 
 
 def test_last_checkpoint_is_mirrored_from_progress() -> None:
