@@ -39,7 +39,6 @@ from .contract import ATTEMPT, PermanentError, attempt_number
 
 log = logging.getLogger("pets_training")
 
-CHECKPOINT_PATTERN = re.compile(r"^epoch_(\d+)$")
 # epoch checkpoints and step checkpoints: epoch_<N> or epoch_<N>_step_<B>
 POSITION_PATTERN = re.compile(r"^epoch_(\d+)(?:_step_(\d+))?$")
 # (whole epochs done, steps done in the next epoch): epoch_3 is (3, 0), epoch_3_step_40 is (3, 40)
@@ -113,15 +112,8 @@ def temp_name(epoch: int, host: str | None = None, step: int = 0) -> str:
 
 
 def list_checkpoints(directory: Path) -> list[tuple[int, Path]]:
-    """Complete checkpoints, oldest first."""
-    if not directory.is_dir():
-        return []
-    found = []
-    for entry in directory.iterdir():
-        match = CHECKPOINT_PATTERN.match(entry.name)
-        if match and entry.is_dir():
-            found.append((int(match.group(1)), entry))
-    return sorted(found)
+    """Complete epoch checkpoints, oldest first."""
+    return [(epochs, path) for (epochs, steps), path in list_positions(directory) if steps == 0]
 
 
 def list_positions(directory: Path) -> list[tuple[Position, Path]]:
