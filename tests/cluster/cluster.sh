@@ -307,8 +307,10 @@ clusterDNS: ["$dns_ip"]
 resolvConf: "$(host_resolv_conf)"
 failSwapOn: false
 memorySwap: {swapBehavior: NoSwap}
-# The disk is shared with builds and images: do not evict or garbage-collect images by disk use.
-evictionHard: {memory.available: "200Mi", nodefs.available: "1%", imagefs.available: "1%"}
+# The disk is shared with builds and images: no eviction or image GC by disk use (kind's settings: a
+# threshold of 0% is none). At 1% a nearly full disk made the kubelet delete the imported pause image,
+# which no registry can give back, and every later pod on that node failed to start.
+evictionHard: {memory.available: "200Mi", nodefs.available: "0%", nodefs.inodesFree: "0%", imagefs.available: "0%"}
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 # Images are imported, never pulled: start pods without waiting on pulls one after the other.

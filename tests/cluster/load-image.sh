@@ -4,11 +4,14 @@
 # registry. With several nodes the control-plane node gets none (pods do not run there), unless
 # --all-nodes: for what is placed there on purpose (the e2e suite's operator, like a system component).
 #
-# usage: load-image.sh [--all-nodes] IMAGE | --archive FILE
+# usage: load-image.sh [--all-nodes] IMAGE | --archive FILE | --remove IMAGE
 #        load-image.sh IMAGE            docker save IMAGE | ctr images import -  (needs docker); a no-op
 #                                       when containerd has that docker image already, and the image the
 #                                       name pointed to before is removed
 #        load-image.sh --archive FILE   an OCI or docker archive made elsewhere (no docker needed)
+#        load-image.sh --remove IMAGE   remove IMAGE (every name of it) from every node's containerd, the
+#                                       control-plane node's included: a test's image built on the
+#                                       trainer holds a superseded trainer's 12 GB per node until removed
 # PETS_CLUSTER=kind loads into the kind cluster instead (kind load docker-image / image-archive).
 # Pods then use the image with imagePullPolicy IfNotPresent or Never. Docker names are imported
 # as containerd normalises them: pets-training/trainer:0.1.0 -> docker.io/pets-training/trainer:0.1.0,
@@ -28,6 +31,7 @@ if [[ "${PETS_CLUSTER:-local}" == kind ]]; then
   kind="$PETS_BIN/kind"
   [[ -x "$kind" ]] || die "$kind is missing: run tests/cluster/build.sh kind"
   case "${1:-}" in
+    --remove) log "kind: --remove is not done here (kind's node images are kind's)"; exit 0 ;;
     --archive) exec "$kind" load image-archive "${2:?--archive needs a file}" --name "${PETS_KIND_NAME:-pets-training}" ;;
     "" | -*) die "usage: $0 IMAGE | --archive FILE (got '${1:-}')" ;;
     *) exec "$kind" load docker-image "$1" --name "${PETS_KIND_NAME:-pets-training}" ;;
@@ -39,7 +43,7 @@ fi
 first="$PETS_STATE/containerd/containerd.sock"
 [[ -S "$first" ]] || die "no containerd socket at $first: is the local cluster up (tests/cluster/cluster.sh up local)?"
 sockets=()
-[[ -f "$PETS_STATE/control-plane-node" && $all_nodes == false ]] || sockets+=("$first")
+[[ -f "$PETS_STATE/control-plane-node" && $all_nodes == false && ${1:-} != --remove ]] || sockets+=("$first")
 for s in "$PETS_STATE"/nodes/*/containerd/containerd.sock; do [[ -S "$s" ]] && sockets+=("$s"); done
 sock=""
 ctr_() { ctr --address "$sock" --namespace k8s.io "$@"; }
@@ -86,8 +90,15 @@ case "${1:-}" in
     [[ -f "${2:-}" ]] || die "--archive: '${2:-}' is not a file"
     for sock in "${sockets[@]}"; do ctr_ images import "$2"; done
     ;;
+  --remove)
+    ref=$(containerd_ref "${2:?--remove needs an image name}")
+    for sock in "${sockets[@]}"; do
+      remove_superseded "$ref"
+      remove_orphans
+    done
+    ;;
   "" | -*)
-    die "usage: $0 IMAGE | --archive FILE (got '${1:-}')"
+    die "usage: $0 IMAGE | --archive FILE | --remove IMAGE (got '${1:-}')"
     ;;
   *)
     command -v docker >/dev/null || die "docker not found: load-image.sh IMAGE needs docker (or use --archive FILE)"

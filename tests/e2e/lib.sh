@@ -33,5 +33,8 @@ load_images() {
   # The operator onto every node (the e2e suite may place it on a control-plane node, as platform
   # teams do with system components); the trainer, 6 GB, only where trainers run.
   "$E2E_ROOT/tests/cluster/load-image.sh" --all-nodes "pets-training/operator:$VERSION"
+  # test_hostile_pods' image, left by a run killed before its teardown: it holds an older trainer's
+  # layers (12 GB a node), and the import below needs that room.
+  "$E2E_ROOT/tests/cluster/load-image.sh" --remove "pets-training/hostile:$VERSION"
   "$E2E_ROOT/tests/cluster/load-image.sh" "pets-training/trainer:$VERSION"
 }

@@ -13,6 +13,7 @@ import statistics
 import subprocess
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,14 +54,17 @@ PROGRESS_INTERVAL_S = 10  # the operator's default --progress-interval
 
 
 @pytest.fixture(scope="session")
-def hostile_image(kube_api: Any) -> str:
+def hostile_image(kube_api: Any) -> Iterator[str]:
     """The hostile image, built on the trainer image (which tests/e2e/run.sh built and loaded) and loaded
-    into the nodes that run pods."""
+    into the nodes that run pods; removed from them afterwards (it shares the trainer's 6 GB layers, so
+    once the trainer is rebuilt it would hold the old ones on every node)."""
     subprocess.run(["docker", "build", "-q", "-t", HOSTILE_IMAGE,
                     "--build-arg", f"TRAINER_IMAGE={TRAINER_IMAGE}", str(REPO / "tests" / "e2e" / "hostile")],
                    check=True, env={**os.environ, "DOCKER_BUILDKIT": "0"})
     subprocess.run([str(REPO / "tests" / "cluster" / "load-image.sh"), HOSTILE_IMAGE], check=True)
-    return HOSTILE_IMAGE
+    yield HOSTILE_IMAGE
+    subprocess.run([str(REPO / "tests" / "cluster" / "load-image.sh"), "--remove", HOSTILE_IMAGE], check=True)
+    subprocess.run(["docker", "image", "rm", HOSTILE_IMAGE], check=True, stdout=subprocess.DEVNULL)
 
 
 def hostile_spec(image: str, mode: str, token: str = "") -> dict[str, Any]:
