@@ -127,6 +127,10 @@ def _bool(description: str, default: bool) -> dict[str, Any]:
     return {"type": "boolean", "description": description, "default": default}
 
 
+def _seconds(description: str) -> dict[str, Any]:
+    return {"type": "number", "description": f"{description} Seconds."}
+
+
 def _obj(description: str, properties: dict[str, Any], *, required: list[str] | None = None,
          default: dict[str, Any] | None = None, rules: list[dict[str, str]] | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {"type": "object", "description": description, "properties": properties}
@@ -596,7 +600,7 @@ SPEC_SCHEMA: dict[str, Any] = _obj(
             default={}),
         "checkpoint": _obj(
             "When the trainer saves mid-epoch, so a preemption costs seconds rather than the epoch "
-            "(docs/operator.md, \"Preemption and lost work\"). Immutable while running.",
+            "(docs/operator.md, \"Preemption and goodput\"). Immutable while running.",
             {
                 "intervalSeconds": _int(
                     "Save a step checkpoint once this many seconds passed since the last save (0: "
@@ -769,6 +773,41 @@ STATUS_SCHEMA: dict[str, Any] = _obj("Observed state, written by the operator.",
                                                             "the start, closed pauses only."},
         "pausedSince": {"type": "string", "format": "date-time", "description": "When the current pause "
                                                                                   "began."},
+    }),
+    "goodput": _obj("Where the wall time went and the share of it that was training kept (docs/operator.md, "
+                    "Preemption and goodput). Made again when a phase or an attempt's parts change.", {
+        "ratio": {"type": "number", "description": "productiveSeconds / wallSeconds."},
+        "wallSeconds": _seconds("From the creation to the completion, or to asOf."),
+        "waitingSeconds": _seconds("Pending, Queued, Suspended, Preempted and Restarting."),
+        "startupSeconds": _seconds("The attempts' start-up: the trainer's start to its first step's end."),
+        "productiveSeconds": _seconds("The attempts' training time, less lostSeconds."),
+        "lostSeconds": _seconds("Training time of steps done again after a restart."),
+        "evalSeconds": _seconds("The attempts' evaluation."),
+        "checkpointSeconds": _seconds("The attempts' checkpoint saves (the training loop blocked)."),
+        "restoreSeconds": _seconds("The attempts' checkpoint restores."),
+        "unaccountedSeconds": _seconds("wallSeconds less every other part: imports before the trainer's "
+                                       "clock, pod ends, an attempt's time after its last read."),
+        "asOf": {"type": "string", "format": "date-time", "description": "When the totals were made."},
+        "phaseSince": {"type": "string", "format": "date-time", "description": "When the current phase "
+                                                                                 "began (bookkeeping)."},
+        "bookedWaitingSeconds": _seconds("Waiting in phases already left (bookkeeping)."),
+        "attempts": {"type": "array", "maxItems": 10, "description": "Each attempt's parts, from rank 0's "
+                     "gauges as last read or its final summary (the newest ten).",
+                     "items": _obj("One attempt.", {
+                         "attempt": {"type": "integer", "description": "status.attempt of that attempt."},
+                         "startupSeconds": _seconds("Its start-up."),
+                         "trainSeconds": _seconds("Its training time (lost steps included)."),
+                         "evalSeconds": _seconds("Its evaluation."),
+                         "checkpointSeconds": _seconds("Its checkpoint saves."),
+                         "restoreSeconds": _seconds("Its restore."),
+                         "firstStep": {"type": "integer", "description": "The step it resumed at."},
+                         "lastStep": {"type": "integer", "description": "The step it reached, as last read."},
+                         "lostSteps": {"type": "integer", "description": "Its steps done again after it."},
+                         "lostSeconds": _seconds("Their time, at its seconds per step."),
+                     })},
+        "earlier": _obj("The parts of attempts older than the newest ten, added up.", {
+            key: _seconds("Added up.") for key in ("startupSeconds", "trainSeconds", "evalSeconds",
+                                                   "checkpointSeconds", "restoreSeconds", "lostSeconds")}),
     }),
     "lastCheckpoint": _obj("The newest checkpoint a restart would resume from (with a claim output).", {
         "epoch": {"type": "integer", "description": "Whole epochs in the newest epoch checkpoint."},

@@ -52,6 +52,8 @@ def crd() -> dict[str, Any]:
                         {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts",
                          "priority": 1},
                         {"name": "Backend", "type": "string", "jsonPath": ".status.backend", "priority": 1},
+                        {"name": "Goodput", "type": "number", "jsonPath": ".status.goodput.ratio",
+                         "priority": 1},
                         {"name": "Message", "type": "string", "jsonPath": ".status.message", "priority": 1},
                         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
                     ],

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from pets_operator import api, builders, pods
+from pets_operator import api, builders, goodput, pods
 from pets_operator.backends import Backend, WorkloadState, parse_timestamp, timestamp
 
 
@@ -151,6 +151,7 @@ def _work_lost(result: Plan, resume_step: Any) -> None:
         return
     lost = max(0, int(failure["lastStep"]) - int(resume_step))
     failure["lostSteps"] = lost
+    goodput.book_lost(result.status, int(result.status.get("attempt") or 1) - 1, lost)
     result.events.append(Event("Normal" if lost == 0 else "Warning", "WorkLost", (
         f"attempt {max(0, int(result.status.get('attempt') or 1) - 1)} lost at least {lost} step(s): last "
         f"read at step {failure['lastStep']}, the next attempt resumed at step "
@@ -186,6 +187,14 @@ def plan(
 ) -> Plan:
     """Decide the next step for one PetsTraining. `target.attempt` must be status.attempt (before that
     field existed: status.restarts)."""
+    result = _plan(body, spec, observed, target, now)
+    goodput.account(body.get("status") or {}, result.status,
+                    (body.get("metadata") or {}).get("creationTimestamp"), now)
+    return result
+
+
+def _plan(body: dict[str, Any], spec: dict[str, Any], observed: Observed, target: builders.Target,
+          now: datetime) -> Plan:
     meta = body.get("metadata") or {}
     old = dict(body.get("status") or {})
     status: dict[str, Any] = json.loads(json.dumps(old))  # deep copy, JSON-only
@@ -223,6 +232,7 @@ def plan(
         status["workloadActive"] = False
         _ttl(result, spec, status, now)
         return result
+    goodput.begin(status, meta.get("creationTimestamp"), now)
 
     service = backend.build_service(spec, target)
     if service is not None and observed.service is None:
@@ -288,6 +298,7 @@ def plan(
         status["startTime"] = ws.start_time
     if observed.progress:
         _mirror_progress(status, observed.progress, now)
+        goodput.read_attempt(status, target.attempt, observed.progress)
         _work_lost(result, observed.progress.get("pets_resume_step"))
 
     phase, reason, message = ws.phase, ws.reason, ws.message
@@ -297,6 +308,7 @@ def plan(
         status["completionTime"] = ws.completion_time or timestamp(now)
         if observed.summary:
             _mirror_summary(status, observed.summary, spec["epochs"])
+            goodput.read_summary(status, target.attempt, observed.summary)
             _work_lost(result, observed.summary.get("resume_step"))  # finished before a progress read
         acc = status.get("evalAccuracy")
         message = "training finished" + (f": accuracy {acc:.4f}" if isinstance(acc, float) else "")
@@ -446,6 +458,8 @@ def _after_failure(result: Plan, spec: dict[str, Any], observed: Observed, ws: W
                                  "time": ws.completion_time or timestamp(now)}
     if (failure is not None or disrupted) and isinstance(status.get("step"), int):
         status["lastFailure"]["lastStep"] = status["step"]  # how far it got (as last read): lostSteps
+    if observed.summary:  # a stopped or failed trainer's own split of this attempt
+        goodput.read_summary(status, int(status["attempt"]), observed.summary)
     if not permanent and (by_cluster or counted < spec["maxRestarts"]):
         status["restarts"] = restarts + 1
         status["attempt"] = int(status["attempt"]) + 1
@@ -853,6 +867,7 @@ def _apply_phase(result: Plan, old_phase: str | None, phase: str, reason: str, m
                  now: datetime, generation: int | None) -> None:
     status = result.status
     conditions = status["conditions"]
+    goodput.book_phase(status, old_phase, phase, now)
     status["phase"] = phase
     status["message"] = message
     active = phase in (api.PENDING, api.RUNNING, api.RESTARTING)

@@ -6,6 +6,7 @@ every node sees, so ReadWriteMany works across nodes).
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -102,6 +103,18 @@ def test_the_sample_as_it_is_resumes_after_an_eviction_and_its_results_can_be_fe
     # done again (lostSteps: the step last read minus the step the next attempt resumed at).
     print(f"eviction: lastFailure {status['lastFailure']}, resumeStep {status.get('resumeStep')}")
     assert status["lastFailure"]["lostSteps"] <= 1, status["lastFailure"]
+    # Goodput: both attempts' parts, the eviction's lost step among them; the parts add up to the wall
+    # time, and the trainer's and the operator's clocks do not overlap (unaccounted is not negative
+    # beyond 1 %: the parts are disjoint, as defined).
+    book = status["goodput"]
+    print(f"eviction: goodput {json.dumps(book)}")
+    assert [a["attempt"] for a in book["attempts"]] == [0, 1], book
+    assert book["attempts"][0]["lostSteps"] == status["lastFailure"]["lostSteps"], book
+    parts = [book[k] for k in ("waitingSeconds", "startupSeconds", "productiveSeconds", "lostSeconds",
+                               "evalSeconds", "checkpointSeconds", "restoreSeconds", "unaccountedSeconds")]
+    assert sum(parts) == pytest.approx(book["wallSeconds"], rel=0.01), book
+    assert book["unaccountedSeconds"] >= -0.01 * book["wallSeconds"], book
+    assert 0 < book["ratio"] < 1 and book["productiveSeconds"] > 0, book
     assert (condition(status, "OutputDurable")["status"], condition(status, "OutputDurable")["reason"]) == \
         ("True", "ManagedClaim"), status["conditions"]
     resumed = pod_logs(trainings.namespace, pod_of_rank(trainings.pods(name), 0).metadata.name)

@@ -1,0 +1,136 @@
+"""status.goodput: a training's wall time split into parts, across attempts, and the ratio kept."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from pets_operator import api, goodput
+from test_operator_pods import NOW, body, failed, failed_job, job, plan, pod
+
+pytestmark = pytest.mark.unit
+
+CREATED = NOW - timedelta(seconds=100)
+PARTS = ("waitingSeconds", "startupSeconds", "productiveSeconds", "lostSeconds", "evalSeconds",
+         "checkpointSeconds", "restoreSeconds", "unaccountedSeconds")
+
+
+def created(st: dict[str, Any] | None = None) -> dict[str, Any]:
+    b = body(st)
+    b["metadata"]["creationTimestamp"] = "2026-01-02T03:02:25Z"  # CREATED
+    return b
+
+
+def at(seconds: float) -> Any:
+    return CREATED + timedelta(seconds=seconds)
+
+
+RUNNING = [pod(0, phase="Running"), pod(1, phase="Running")]
+
+
+def gauges(step: int, resume: int, startup: float, train: float, eval_: float = 0.0, save: float = 0.0,
+           restore: float = 0.0) -> dict[str, float]:
+    return {"pets_step": float(step), "pets_resume_step": float(resume), "pets_startup_seconds": startup,
+            "pets_train_seconds_total": train, "pets_eval_seconds_total": eval_,
+            "pets_checkpoint_seconds_total": save, "pets_restore_seconds": restore}
+
+
+def test_a_training_with_one_restart_adds_up_to_its_wall_time_part_by_part() -> None:
+    # Seen 2 s after its creation, pods pending until 10 s: 10 s waiting.
+    p = plan(created(), job(active=2), [pod(0), pod(1)], now=at(2))
+    assert p.status["phase"] == api.PENDING
+    p = plan(created(p.status), job(active=2), RUNNING, now=at(10), progress=gauges(1, 0, 5.0, 0.0))
+    assert p.status["phase"] == api.RUNNING and p.status["goodput"]["waitingSeconds"] == 10.0
+    p = plan(created(p.status), job(active=2), RUNNING, now=at(60),
+             progress=gauges(41, 0, 5.0, 40.0, save=1.0))
+    # Killed at 62 s, last read at step 41; restarting until its next attempt runs at 70 s.
+    gang = [failed(0, 137, "2026-01-02T03:03:27Z"), failed(1, 1, "2026-01-02T03:03:27Z")]
+    p = plan(created(p.status), failed_job(), gang, now=at(62))
+    assert p.status["phase"] == api.RESTARTING and p.status["lastFailure"]["lastStep"] == 41
+    # It resumed at step 31: 10 steps done again, at attempt 0's 40 s / 40 steps after its first.
+    p = plan(created(p.status), job(active=2, attempt=1), RUNNING, now=at(70),
+             progress=gauges(32, 31, 6.0, 0.0, restore=1.0))
+    assert p.status["lastFailure"]["lostSteps"] == 10
+    book = p.status["goodput"]
+    assert book["attempts"][0]["lostSeconds"] == 10.0 and book["waitingSeconds"] == 18.0
+    done = job(attempt=1, succeeded=2, conditions=[{"type": "Complete", "status": "True"}])
+    split = {"startup": 6.0, "train": 40.0, "eval": 2.0, "checkpoint": 1.0, "restore": 1.0}
+    summary = {"status": "succeeded", "epochs": 5, "resume_step": 31, "time_seconds": split}
+    p = plan(created(p.status), done, [], now=at(120), summary=summary)
+    assert p.status["phase"] == api.SUCCEEDED
+    book = p.status["goodput"]
+    assert {key: book[key] for key in (*PARTS, "wallSeconds", "ratio")} == {
+        "waitingSeconds": 18.0, "startupSeconds": 11.0, "productiveSeconds": 70.0, "lostSeconds": 10.0,
+        "evalSeconds": 2.0, "checkpointSeconds": 2.0, "restoreSeconds": 1.0, "unaccountedSeconds": 6.0,
+        "wallSeconds": 120.0, "ratio": round(70 / 120, 4)}
+    assert sum(book[key] for key in PARTS) == pytest.approx(book["wallSeconds"])
+    assert [a["attempt"] for a in book["attempts"]] == [0, 1]
+    # Finished: nothing moves any more, however late it is looked at.
+    later = plan(created(p.status), done, [], now=at(500), summary=summary)
+    assert later.status["goodput"] == book
+    declared(book, api.STATUS_SCHEMA["properties"]["goodput"], "status.goodput")
+
+
+def test_an_idle_poll_writes_nothing() -> None:
+    p = plan(created(), job(active=2), RUNNING, now=at(10), progress=gauges(5, 0, 3.0, 2.0))
+    again = plan(created(p.status), job(active=2), RUNNING, now=at(40), progress=gauges(5, 0, 3.0, 2.0))
+    assert again.status == p.status
+    moved = plan(created(p.status), job(active=2), RUNNING, now=at(40), progress=gauges(9, 0, 3.0, 6.0))
+    assert moved.status["goodput"]["asOf"] == "2026-01-02T03:03:05Z"
+    assert moved.status["goodput"]["productiveSeconds"] == 6.0
+
+
+def test_time_queued_or_suspended_is_waiting() -> None:
+    status: dict[str, Any] = {}
+    goodput.begin(status, "2026-01-02T03:02:25Z", at(1))
+    goodput.book_phase(status, None, api.QUEUED, at(1))
+    goodput.book_phase(status, api.QUEUED, api.RUNNING, at(31))
+    goodput.book_phase(status, api.RUNNING, api.SUSPENDED, at(50))
+    goodput.book_phase(status, api.SUSPENDED, api.RUNNING, at(65))
+    goodput.book_phase(status, api.RUNNING, api.RUNNING, at(80))
+    assert status["goodput"]["bookedWaitingSeconds"] == 1 + 30 + 15
+
+
+def test_values_out_of_range_are_not_read() -> None:
+    status: dict[str, Any] = {}
+    goodput.read_attempt(status, 0, {"pets_train_seconds_total": -1.0, "pets_startup_seconds": float("nan"),
+                                     "pets_eval_seconds_total": True, "pets_restore_seconds": 2.0**60})
+    assert status["goodput"]["attempts"] == [{"attempt": 0}]
+
+
+def test_only_the_newest_attempts_are_kept_and_older_ones_are_added_up() -> None:
+    status: dict[str, Any] = {}
+    for attempt in range(goodput.ATTEMPTS_KEPT + 3):
+        goodput.read_attempt(status, attempt, {"pets_train_seconds_total": 10.0})
+    book = status["goodput"]
+    assert len(book["attempts"]) == goodput.ATTEMPTS_KEPT and book["attempts"][0]["attempt"] == 3
+    assert book["earlier"] == {"trainSeconds": 30.0}
+
+
+def declared(value: Any, schema: dict[str, Any], path: str) -> None:
+    """`value` is what the CRD's schema declares (the API server would prune an undeclared field)."""
+    kind = schema.get("type")
+    if kind == "object" and "properties" in schema:
+        assert isinstance(value, dict), path
+        for key, item in value.items():
+            assert key in schema["properties"], f"{path}.{key} is not in the CRD's schema"
+            declared(item, schema["properties"][key], f"{path}.{key}")
+    elif kind == "array":
+        assert isinstance(value, list) and len(value) <= schema.get("maxItems", len(value)), path
+        for item in value:
+            declared(item, schema["items"], f"{path}[]")
+    else:
+        types = {"number": (int, float), "integer": (int,), "string": (str,)}[kind]
+        assert isinstance(value, types) and not isinstance(value, bool), f"{path}: {value!r} is no {kind}"
+
+
+def test_every_field_written_is_in_the_crds_schema() -> None:
+    status: dict[str, Any] = {}
+    for attempt in range(goodput.ATTEMPTS_KEPT + 2):
+        goodput.read_attempt(status, attempt, gauges(10 * attempt + 5, 10 * attempt, 1.0, 2.0, 0.5, 0.1, 0.2))
+        goodput.book_lost(status, attempt, 3)
+    goodput.begin(status, "2026-01-02T03:02:25Z", at(1))
+    goodput.book_phase(status, None, api.PENDING, at(2))
+    goodput.account({}, {**status, "phase": api.RUNNING}, "2026-01-02T03:02:25Z", at(300))
+    declared(status["goodput"], api.STATUS_SCHEMA["properties"]["goodput"], "status.goodput")
