@@ -791,10 +791,13 @@ STATUS_SCHEMA: dict[str, Any] = _obj("Observed state, written by the operator.",
         "phaseSince": {"type": "string", "format": "date-time", "description": "When the current phase "
                                                                                  "began (bookkeeping)."},
         "bookedWaitingSeconds": _seconds("Waiting in phases already left (bookkeeping)."),
-        "attempts": {"type": "array", "maxItems": 10, "description": "Each attempt's parts, from rank 0's "
+        "attempts": {"type": "array", "maxItems": 10, "description": "Each run's parts (an attempt, or the "
+                     "part of one between a Kueue preemption or a suspension and the next), from rank 0's "
                      "gauges as last read or its final summary (the newest ten).",
-                     "items": _obj("One attempt.", {
+                     "items": _obj("One run.", {
                          "attempt": {"type": "integer", "description": "status.attempt of that attempt."},
+                         "startedAt": {"type": "string", "format": "date-time",
+                                       "description": "When its rank 0 container started."},
                          "startupSeconds": _seconds("Its start-up."),
                          "trainSeconds": _seconds("Its training time (lost steps included)."),
                          "evalSeconds": _seconds("Its evaluation."),
@@ -802,10 +805,11 @@ STATUS_SCHEMA: dict[str, Any] = _obj("Observed state, written by the operator.",
                          "restoreSeconds": _seconds("Its restore."),
                          "firstStep": {"type": "integer", "description": "The step it resumed at."},
                          "lastStep": {"type": "integer", "description": "The step it reached, as last read."},
-                         "lostSteps": {"type": "integer", "description": "Its steps done again after it."},
+                         "lostSteps": {"type": "integer", "description": "Its steps done again by the next "
+                                                                        "run (at least: as last read)."},
                          "lostSeconds": _seconds("Their time, at its seconds per step."),
                      })},
-        "earlier": _obj("The parts of attempts older than the newest ten, added up.", {
+        "earlier": _obj("The parts of runs older than the newest ten, added up.", {
             key: _seconds("Added up.") for key in ("startupSeconds", "trainSeconds", "evalSeconds",
                                                    "checkpointSeconds", "restoreSeconds", "lostSeconds")}),
     }),

@@ -6,11 +6,13 @@ docs/operator.md ("Preemption and goodput"):
 - wall: from the PetsTraining's creation to its completion (or to `asOf`, while it runs).
 - waiting: the operator's phases Pending, Queued, Suspended, Preempted and Restarting, booked when the
   phase changes (and from the creation to the first phase).
-- startup, train, eval, checkpoint, restore: each attempt's own split, from rank 0's gauges
+- startup, train, eval, checkpoint, restore: each run's own split (an attempt, or the part of it
+  between a Kueue preemption or a suspension and the next), from rank 0's gauges
   (pets_startup_seconds, pets_train_seconds_total, pets_eval_seconds_total,
   pets_checkpoint_seconds_total, pets_restore_seconds) as last read, or its final summary.
-- lost: the training time of steps done again after a restart: the lost steps of an attempt times
-  that attempt's seconds per step. Part of its train time.
+- lost: the training time of steps done again after a run ended (a restart, a Kueue preemption, a
+  suspension): the steps a run had done past the point the next one resumed at, times that run's
+  seconds per step. Part of its train time.
 - productive: train less lost. The ratio is productive / wall.
 - unaccounted: wall less all the others: process start and imports before the trainer's clock, the
   pod's end, a dead attempt's last seconds after its last read, the operator's reaction time.
@@ -64,54 +66,73 @@ def book_phase(status: dict[str, Any], old_phase: str | None, phase: str, now: d
     book["phaseSince"] = timestamp(now)
 
 
-def _attempt(book: dict[str, Any], attempt: int) -> dict[str, Any]:
-    attempts = book.setdefault("attempts", [])
-    for entry in attempts:
-        if entry.get("attempt") == attempt:
-            return entry
-    entry = {"attempt": attempt}
-    attempts.append(entry)
-    if len(attempts) > ATTEMPTS_KEPT:
+def _run(book: dict[str, Any], attempt: int, started: str | None) -> dict[str, Any]:
+    """The entry of one run of the trainer: an attempt, or a part of one (a Kueue preemption or a
+    suspension stops its pods, and the same attempt's workload starts new ones), told apart by when rank
+    0's container started (None: the newest run of that attempt)."""
+    runs = book.setdefault("attempts", [])
+    newest = next((run for run in reversed(runs) if run.get("attempt") == attempt), None)
+    if newest is not None and (started is None or newest.get("startedAt") in (None, started)):
+        if started is not None:
+            newest["startedAt"] = started
+        return newest
+    entry: dict[str, Any] = {"attempt": attempt}
+    if started is not None:
+        entry["startedAt"] = started
+    runs.append(entry)
+    if len(runs) > ATTEMPTS_KEPT:
         earlier = book.setdefault("earlier", {})
-        for key, value in attempts.pop(0).items():
+        for key, value in runs.pop(0).items():
             if key.endswith("Seconds"):
                 earlier[key] = round(float(earlier.get(key) or 0.0) + float(value), 3)
     return entry
 
 
-def read_attempt(status: dict[str, Any], attempt: int, progress: dict[str, float]) -> None:
-    """Rank 0's gauges of this attempt, as read now."""
-    entry = _attempt(status.setdefault("goodput", {}), attempt)
+def _resumed_at(book: dict[str, Any], run: dict[str, Any], first_step: int) -> None:
+    """A run says where it resumed: the run before it lost the steps it had done past that point (as last
+    read, so at least that many), at its own seconds per step."""
+    if "firstStep" in run:
+        return
+    run["firstStep"] = first_step
+    runs = book["attempts"]
+    index = runs.index(run)
+    if index == 0 or "lastStep" not in runs[index - 1]:
+        return
+    before = runs[index - 1]
+    lost = max(0, int(before["lastStep"]) - first_step)
+    # Its first step is in its startup: its train time is that of the steps after it.
+    steps = int(before["lastStep"]) - int(before.get("firstStep") or 0) - 1
+    train = float(before.get("trainSeconds") or 0.0)
+    before["lostSteps"] = lost
+    before["lostSeconds"] = round(min(train, lost * train / steps), 3) if steps > 0 else 0.0
+
+
+def read_attempt(status: dict[str, Any], attempt: int, started: str | None,
+                 progress: dict[str, float]) -> None:
+    """Rank 0's gauges of this run, as read now."""
+    book = status.setdefault("goodput", {})
+    run = _run(book, attempt, started)
     for metric, (key, _summary_key) in TRAINER_PARTS.items():
         if (value := _seconds(progress.get(metric))) is not None:
-            entry[key] = value
-    if (first := _seconds(progress.get("pets_resume_step"))) is not None:
-        entry["firstStep"] = int(first)
+            run[key] = value
     if (last := _seconds(progress.get("pets_step"))) is not None:
-        entry["lastStep"] = int(last)
+        run["lastStep"] = int(last)
+    if (first := _seconds(progress.get("pets_resume_step"))) is not None:
+        _resumed_at(book, run, int(first))
 
 
 def read_summary(status: dict[str, Any], attempt: int, summary: dict[str, Any]) -> None:
-    """The attempt's final summary (its termination message): its whole split, more exact than a read."""
+    """The newest run's final summary (its termination message): its whole split, more exact than a read."""
     times = summary.get("time_seconds")
     if not isinstance(times, dict):
         return
-    entry = _attempt(status.setdefault("goodput", {}), attempt)
+    book = status.setdefault("goodput", {})
+    run = _run(book, attempt, None)
     for key, summary_key in TRAINER_PARTS.values():
         if (value := _seconds(times.get(summary_key))) is not None:
-            entry[key] = value
+            run[key] = value
     if (first := _seconds(summary.get("resume_step"))) is not None:
-        entry["firstStep"] = int(first)
-
-
-def book_lost(status: dict[str, Any], attempt: int, lost_steps: int) -> None:
-    """`lost_steps` of `attempt` were done again: their time, at that attempt's seconds per step."""
-    entry = _attempt(status.setdefault("goodput", {}), attempt)
-    # Its first step is in its startup: the train time is that of the steps after it.
-    steps = int(entry.get("lastStep") or 0) - int(entry.get("firstStep") or 0) - 1
-    train = float(entry.get("trainSeconds") or 0.0)
-    entry["lostSteps"] = lost_steps
-    entry["lostSeconds"] = round(min(train, lost_steps * train / steps), 3) if steps > 0 else 0.0
+        _resumed_at(book, run, int(first))
 
 
 def account(old: dict[str, Any], status: dict[str, Any], created: str | None, now: datetime) -> None:

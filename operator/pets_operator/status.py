@@ -151,7 +151,6 @@ def _work_lost(result: Plan, resume_step: Any) -> None:
         return
     lost = max(0, int(failure["lastStep"]) - int(resume_step))
     failure["lostSteps"] = lost
-    goodput.book_lost(result.status, int(result.status.get("attempt") or 1) - 1, lost)
     result.events.append(Event("Normal" if lost == 0 else "Warning", "WorkLost", (
         f"attempt {max(0, int(result.status.get('attempt') or 1) - 1)} lost at least {lost} step(s): last "
         f"read at step {failure['lastStep']}, the next attempt resumed at step "
@@ -298,7 +297,7 @@ def _plan(body: dict[str, Any], spec: dict[str, Any], observed: Observed, target
         status["startTime"] = ws.start_time
     if observed.progress:
         _mirror_progress(status, observed.progress, now)
-        goodput.read_attempt(status, target.attempt, observed.progress)
+        goodput.read_attempt(status, target.attempt, observed.rank0_running_since, observed.progress)
         _work_lost(result, observed.progress.get("pets_resume_step"))
 
     phase, reason, message = ws.phase, ws.reason, ws.message

@@ -282,6 +282,12 @@ def test_kueue_preemption_is_not_a_failure_and_resumes_from_the_checkpoint(
     assert "Preempted" in seen and seen[-1] == "Succeeded", seen
     logs = pod_logs(trainings.namespace, pod_of_rank(trainings.pods("low"), 0).metadata.name)
     assert "resume: continuing" in logs, logs[-3000:]  # after an epoch, or at the step saved on SIGTERM
+    # Two runs of attempt 0 (Kueue's suspension stopped the first, which saved on SIGTERM): the second
+    # resumed where the first was last read or later, so no step was done twice.
+    runs = status["goodput"]["attempts"]
+    print(f"kueue preemption: goodput {status['goodput']}")
+    assert [run["attempt"] for run in runs] == [0, 0], runs
+    assert runs[1]["firstStep"] >= runs[0]["lastStep"] > 0 and runs[0]["lostSteps"] == 0, runs
     events = kubectl("-n", trainings.namespace, "get", "events", "--field-selector",
                      "involvedObject.name=low,reason=Preempted", "-o", "name").stdout.split()
     assert len(events) == 1, events

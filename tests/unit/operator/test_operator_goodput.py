@@ -92,17 +92,33 @@ def test_time_queued_or_suspended_is_waiting() -> None:
     assert status["goodput"]["bookedWaitingSeconds"] == 1 + 30 + 15
 
 
+def test_a_kueue_preemption_ends_a_run_of_the_same_attempt_and_its_lost_steps_are_counted() -> None:
+    """Kueue suspends the workload (its pods stop, after a save on SIGTERM) and resumes it: the same
+    attempt, a second run of the trainer, told apart by when rank 0's container started."""
+    status: dict[str, Any] = {}
+    goodput.read_attempt(status, 0, "2026-01-02T03:00:00Z", gauges(51, 0, 5.0, 25.0, save=0.5))
+    goodput.read_attempt(status, 0, "2026-01-02T03:05:00Z", gauges(51, 49, 4.0, 0.0, restore=0.8))
+    goodput.read_attempt(status, 0, "2026-01-02T03:05:00Z", gauges(80, 49, 4.0, 14.5, restore=0.8))
+    first, second = status["goodput"]["attempts"]
+    assert (first["attempt"], second["attempt"]) == (0, 0)
+    assert (first["lostSteps"], first["lostSeconds"]) == (2, 1.0)  # 25 s over its 50 steps after the first
+    assert (second["firstStep"], second["lastStep"], second["trainSeconds"]) == (49, 80, 14.5)
+    goodput.account({}, {**status, "phase": api.RUNNING}, "2026-01-02T02:59:50Z", NOW)
+    assert status["goodput"]["lostSeconds"] == 1.0 and status["goodput"]["productiveSeconds"] == 38.5
+
+
 def test_values_out_of_range_are_not_read() -> None:
     status: dict[str, Any] = {}
-    goodput.read_attempt(status, 0, {"pets_train_seconds_total": -1.0, "pets_startup_seconds": float("nan"),
-                                     "pets_eval_seconds_total": True, "pets_restore_seconds": 2.0**60})
+    junk = {"pets_train_seconds_total": -1.0, "pets_startup_seconds": float("nan"),
+            "pets_eval_seconds_total": True, "pets_restore_seconds": 2.0**60}
+    goodput.read_attempt(status, 0, None, junk)
     assert status["goodput"]["attempts"] == [{"attempt": 0}]
 
 
 def test_only_the_newest_attempts_are_kept_and_older_ones_are_added_up() -> None:
     status: dict[str, Any] = {}
     for attempt in range(goodput.ATTEMPTS_KEPT + 3):
-        goodput.read_attempt(status, attempt, {"pets_train_seconds_total": 10.0})
+        goodput.read_attempt(status, attempt, None, {"pets_train_seconds_total": 10.0})
     book = status["goodput"]
     assert len(book["attempts"]) == goodput.ATTEMPTS_KEPT and book["attempts"][0]["attempt"] == 3
     assert book["earlier"] == {"trainSeconds": 30.0}
@@ -128,8 +144,8 @@ def declared(value: Any, schema: dict[str, Any], path: str) -> None:
 def test_every_field_written_is_in_the_crds_schema() -> None:
     status: dict[str, Any] = {}
     for attempt in range(goodput.ATTEMPTS_KEPT + 2):
-        goodput.read_attempt(status, attempt, gauges(10 * attempt + 5, 10 * attempt, 1.0, 2.0, 0.5, 0.1, 0.2))
-        goodput.book_lost(status, attempt, 3)
+        goodput.read_attempt(status, attempt, "2026-01-02T03:02:30Z",
+                             gauges(10 * attempt + 5, 10 * attempt - 2, 1.0, 2.0, 0.5, 0.1, 0.2))
     goodput.begin(status, "2026-01-02T03:02:25Z", at(1))
     goodput.book_phase(status, None, api.PENDING, at(2))
     goodput.account({}, {**status, "phase": api.RUNNING}, "2026-01-02T03:02:25Z", at(300))
