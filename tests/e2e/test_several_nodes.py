@@ -23,6 +23,7 @@ from trainings import (
     SMALL_SPEC,
     Trainings,
     dedicated_control_plane,
+    kubectl,
     pod_logs,
     pod_of_rank,
 )
@@ -80,6 +81,14 @@ def lose_node() -> Iterator[Any]:
             cluster_sh("node-start", node)
 
 
+def rank0_step(namespace: str, pod: str) -> int:
+    """pets_step, read from rank 0's metrics endpoint inside its pod."""
+    read = ("import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:9090/metrics', "
+            "timeout=5).read().decode())")
+    metrics = kubectl("-n", namespace, "exec", pod, "-c", "trainer", "--", "python", "-c", read).stdout
+    return int(float(next(line.split()[1] for line in metrics.splitlines() if line.startswith("pets_step "))))
+
+
 def test_ranks_spread_over_two_nodes_train_one_model(trainings: Trainings, kube_api: Any) -> None:
     workers = worker_nodes(kube_api)
     name = "spread"
@@ -100,11 +109,14 @@ def test_ranks_spread_over_two_nodes_train_one_model(trainings: Trainings, kube_
 def test_node_lost_mid_run_restarts_on_the_other_node_and_resumes(trainings: Trainings, kube_api: Any,
                                                                   lose_node: Any) -> None:
     """On the default output (no spec.output: the claim the operator makes, ReadWriteMany), two ranks on
-    two nodes write to one claim, and the work survives losing one of the nodes."""
+    two nodes write to one claim, and the work survives losing one of the nodes: no SIGTERM, so what is
+    lost is at most the step checkpoint interval (and the step in flight)."""
     workers = worker_nodes(kube_api)
     name = "node-lost"
+    interval = 5
     spec = {**LONGER_SPEC, "epochs": 4, "maxRestarts": 0,  # a lost node must not count as a restart
-            "placement": {"spreadAcrossNodes": True, "nodeLostSeconds": 10}}
+            "placement": {"spreadAcrossNodes": True, "nodeLostSeconds": 10},
+            "checkpoint": {"intervalSeconds": interval}}
     trainings.create(name, spec)
     checkpoint = wait_for(f"{name} status.lastCheckpoint",
                           lambda: trainings.status(name).get("lastCheckpoint"), 900, POLL_S)
@@ -120,6 +132,9 @@ def test_node_lost_mid_run_restarts_on_the_other_node_and_resumes(trainings: Tra
 
     started = time.monotonic()
     lose_node(lost)
+    # Rank 0, on the node that stays, waits in the next step's all-reduce for the lost rank: its step
+    # now is the last the gang completed (an upper bound of the work done, unlike status.step).
+    reached = rank0_step(trainings.namespace, pod_of_rank(pods, 0).metadata.name)
     status = wait_for(f"{name}: a gang restart for the lost node {lost}",
                       lambda: (s := trainings.status(name)).get("restarts", 0) >= 1 and s,
                       NODE_LOST_BOUND_S, POLL_S)  # the promise is the wait's own bound, not a timing
@@ -134,7 +149,16 @@ def test_node_lost_mid_run_restarts_on_the_other_node_and_resumes(trainings: Tra
     assert {node_of_rank(pods, rank) for rank in (0, 1)} == {next(w for w in workers if w != lost)}, \
         [p.spec.node_name for p in pods]
     rank0 = pod_logs(trainings.namespace, pod_of_rank(pods, 0).metadata.name)
-    assert "resume: continuing after epoch" in rank0, rank0[-3000:]
+    assert "resume: continuing" in rank0, rank0[-3000:]  # at a step checkpoint (or after an epoch)
+    runs = status["goodput"]["attempts"]
+    first = runs[0]
+    seconds_per_step = first["trainSeconds"] / (first["lastStep"] - first.get("firstStep", 0) - 1)
+    lost_seconds = (reached - status["resumeStep"]) * seconds_per_step
+    print(f"node lost at step {reached}, resumed at {status['resumeStep']}: {lost_seconds:.1f} s of work "
+          f"lost ({seconds_per_step:.2f} s a step, interval {interval} s); goodput {status['goodput']}")
+    # A step checkpoint is saved at the first step end once the interval has passed: at most the
+    # interval and a step apart, and the step in flight is lost besides (steps vary: one more, and 1 s).
+    assert lost_seconds <= interval + 3 * seconds_per_step + 1, (reached, status["resumeStep"], runs)
     assert status["lastCheckpoint"]["epoch"] >= checkpoint["epoch"] >= 1, status
     # The lost pod was force-deleted: nothing of the old attempt waits on a kubelet that is gone.
     left = trainings.pods(name)
