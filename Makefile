@@ -88,6 +88,11 @@ BENCH_ARGS ?= --steps 3 --repeats 2
 bench: install ## tutorial loop vs our trainer on the same JPEGs: images/s and the speedup (BENCH_ARGS)
 	$(PY) -m pets_training.bench $(BENCH_ARGS)
 
+.PHONY: bench-preempt
+BENCH_PREEMPT_ARGS ?=
+bench-preempt: install ## seconds lost per preemption: epoch-only checkpoints vs step checkpoints (killed, SIGTERM), and each save's stall -> output/bench-preempt.json (BENCH_PREEMPT_ARGS)
+	$(PY) -m pets_training.bench_preempt $(BENCH_PREEMPT_ARGS)
+
 # ---------------------------------------------------------------- control plane and cluster (tests/cluster)
 .PHONY: test-integration
 # No pods run on the test control plane, so the Job controller is off and the tests drive Job status.
