@@ -21,8 +21,9 @@ the second epoch), sends the signal, times the signal -> process exit, then runs
   it saves after the step it is on, so nothing is lost and this is 0);
 - seconds per step = the first run's ``pets_train_seconds_total`` / its steps after the first (that gauge
   counts from the end of the first step, without eval and saves), at the last read;
-- lost seconds per preemption = lost steps x seconds per step + signal -> exit (for SIGTERM that holds the
-  step in flight, the save and the shutdown) + the resumed run's restore. The restarted process's start-up
+- lost seconds per preemption = lost steps x seconds per step + the stopping time (signal -> exit, less
+  the steps finished in it that the SIGTERM save kept: they are work, not loss; what remains is the save
+  and the shutdown) + the resumed run's restore. The restarted process's start-up
   is about the same in every scenario and is not counted (the table shows the resumed run's ``startup``
   part: setup and its first step, without Python's imports, the restore set apart);
 - the stall: each save's ``training blocked X s`` from the trainer's log (both runs), median and max of the
@@ -142,15 +143,19 @@ def preemption_cost(
     last_read_step: int, resume_step: int, step_seconds: float, exit_seconds: float, restore_seconds: float
 ) -> dict[str, float]:
     """The seconds one preemption cost: the work redone (a lower bound, see the module's doc), the
-    signal -> exit, and the resumed run's restore."""
+    signal -> exit less the steps finished in it that the SIGTERM save kept (work, not loss), and the
+    resumed run's restore."""
     lost_steps = max(0, last_read_step - resume_step)
     lost_work = lost_steps * step_seconds
+    kept = max(0, resume_step - last_read_step) * step_seconds
+    stopping = max(0.0, exit_seconds - kept)
     return {
         "lost_steps": lost_steps,
         "lost_work_seconds": lost_work,
         "exit_seconds": exit_seconds,
+        "stopping_seconds": stopping,
         "restore_seconds": restore_seconds,
-        "lost_seconds": lost_work + exit_seconds + restore_seconds,
+        "lost_seconds": lost_work + stopping + restore_seconds,
     }
 
 
@@ -184,6 +189,7 @@ ROWS: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
     ("seconds per step", lambda r: f"{r['seconds_per_step']:.3f}"),
     ("lost work s", lambda r: f"{r['lost_work_seconds']:.2f}"),
     ("signal -> exit s", lambda r: f"{r['exit_seconds']:.2f}"),
+    ("  of it stopping (not steps kept) s", lambda r: f"{r['stopping_seconds']:.2f}"),
     ("restore s", lambda r: f"{r['restore_seconds']:.2f}"),
     ("LOST PER PREEMPTION s", lambda r: f"{r['lost_seconds']:.2f}"),
     ("resumed run's startup part s", lambda r: f"{r['resumed_startup_seconds']:.2f}"),

@@ -83,10 +83,12 @@ def test_the_lost_work_arithmetic() -> None:
     assert cost["lost_steps"] == 112
     assert cost["lost_work_seconds"] == pytest.approx(11.2)
     assert cost["lost_seconds"] == pytest.approx(11.2 + 0.05 + 0.2)
-    # SIGTERM: the trainer saved after the step it was on, past the last read: nothing is redone
+    # SIGTERM: the trainer finished the step it was on and saved after it, past the last read: nothing
+    # is redone, and that step's 0.1 s of the 1.5 s to the exit is work kept, not lost
     cost = preemption_cost(272, 273, 0.1, exit_seconds=1.5, restore_seconds=0.2)
     assert cost["lost_steps"] == 0 and cost["lost_work_seconds"] == 0
-    assert cost["lost_seconds"] == pytest.approx(1.7)
+    assert cost["stopping_seconds"] == pytest.approx(1.4)
+    assert cost["lost_seconds"] == pytest.approx(1.6)
 
 
 def test_the_stall_statistics() -> None:
@@ -104,8 +106,8 @@ def _result(key: str, label: str, lost: float, **extra: Any) -> dict[str, Any]:
         "signal": "SIGTERM" if key == "step-term" else "SIGKILL",
         "exit_code": 75 if key == "step-term" else -9,
         "steps_total": 480, "last_read_step": 272, "resume_step": 160, "lost_steps": 112,
-        "seconds_per_step": 0.1, "lost_work_seconds": 11.2, "exit_seconds": 0.05, "restore_seconds": 0.2,
-        "lost_seconds": lost, "resumed_startup_seconds": 1.0, "step_saves": step_saves,
+        "seconds_per_step": 0.1, "lost_work_seconds": 11.2, "exit_seconds": 0.05,
+        "stopping_seconds": 0.05, "restore_seconds": 0.2, "lost_seconds": lost, "resumed_startup_seconds": 1.0, "step_saves": step_saves,
         "sigterm_save": 0.1 if key == "step-term" else None, "epoch_saves": save_stats([0.12]),
         "checkpoint_share": 0.02, **extra,
     }  # fmt: skip
@@ -156,7 +158,8 @@ def test_a_tiny_bench_preempts_three_runs_resumes_them_and_reports(tmp_path: Pat
     for r in runs.values():
         assert r["steps_total"] == 80 and r["target_step"] == 60 and r["last_read_step"] >= 60
         assert r["seconds_per_step"] > 0 and r["restore_seconds"] > 0
-        parts = r["lost_work_seconds"] + r["exit_seconds"] + r["restore_seconds"]
+        assert r["stopping_seconds"] <= r["exit_seconds"]
+        parts = r["lost_work_seconds"] + r["stopping_seconds"] + r["restore_seconds"]
         assert r["lost_seconds"] == pytest.approx(parts)
         assert r["epoch_saves"]["count"] >= 2  # epoch_1 before the preemption, epoch_2 at the end
         assert (Path(r["output_dir"]) / "summary.json").exists()
