@@ -107,7 +107,8 @@ def _result(key: str, label: str, lost: float, **extra: Any) -> dict[str, Any]:
         "exit_code": 75 if key == "step-term" else -9,
         "steps_total": 480, "last_read_step": 272, "resume_step": 160, "lost_steps": 112,
         "seconds_per_step": 0.1, "lost_work_seconds": 11.2, "exit_seconds": 0.05,
-        "stopping_seconds": 0.05, "restore_seconds": 0.2, "lost_seconds": lost, "resumed_startup_seconds": 1.0, "step_saves": step_saves,
+        "stopping_seconds": 0.05, "restore_seconds": 0.2, "lost_seconds": lost,
+        "resumed_startup_seconds": 1.0, "step_saves": step_saves,
         "sigterm_save": 0.1 if key == "step-term" else None, "epoch_saves": save_stats([0.12]),
         "checkpoint_share": 0.02, **extra,
     }  # fmt: skip
