@@ -38,6 +38,8 @@ TRAINER_PARTS = {
     "pets_checkpoint_seconds_total": ("checkpointSeconds", "checkpoint"),
     "pets_restore_seconds": ("restoreSeconds", "restore"),
 }
+# The same gauges as the progress parser reads them: metric -> (field, type, top) (status.READ_FIELDS)
+GAUGE_FIELDS = {metric: (key, float, 2.0**53) for metric, (key, _summary_key) in TRAINER_PARTS.items()}
 ATTEMPTS_KEPT = 10  # older attempts are added into `earlier`
 SECONDS_TOP = 2.0**53
 

@@ -116,6 +116,10 @@ PROGRESS_FIELDS = {
     "pets_resume_step": ("resumeStep", int, PROGRESS_TOP),  # where this attempt began (_work_lost)
 }
 
+# What a progress read keeps (operator/pets_operator/progress.py): the mirrored fields, and the run's time
+# split for status.goodput.
+READ_FIELDS = {**PROGRESS_FIELDS, **goodput.GAUGE_FIELDS}
+
 
 def _mirror_progress(status: dict[str, Any], progress: dict[str, float], now: datetime) -> None:
     changed = False

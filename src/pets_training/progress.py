@@ -36,7 +36,8 @@ GAUGES = {
     ),
     "pets_resume_step": ("resume_step", "global step this run resumed at (0: a fresh start)"),
 }
-# Served too, but the operator does not read them (not in its status.PROGRESS_FIELDS): the checkpoints' cost.
+# Served too; the operator reads the time split (all but pets_checkpoint_last_seconds) into status.goodput
+# (its goodput.GAUGE_FIELDS), not into the fields it mirrors (status.PROGRESS_FIELDS).
 TRAINER_GAUGES = {
     "pets_checkpoint_seconds_total": (
         "checkpoint_seconds_total",

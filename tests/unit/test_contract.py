@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pets_operator import api, builders, pods, status
+from pets_operator import api, builders, goodput, pods, status
+from pets_operator.progress import parse_progress
 
 from pets_training import contract, launch, progress
 from pets_training.config import resolve
@@ -96,6 +97,13 @@ def test_the_trainer_serves_the_gauges_the_operator_reads() -> None:
     assert set(record) <= keys  # every progress.jsonl key is served
     assert keys - set(record) == {"step", "steps_total", "checkpoint_epoch", "checkpoint_step",
                                        "resume_step"}  # set live, not per epoch
+    # The run's time split feeds status.goodput: every part the trainer serves is read, by its name.
+    assert set(goodput.GAUGE_FIELDS) == set(progress.TRAINER_GAUGES) - {"pets_checkpoint_last_seconds"}
+    assert {part for _field, part in goodput.TRAINER_PARTS.values()} == set(progress.TIME_PARTS)
+    page = "".join(f"# TYPE {name} gauge\n{name} {i}.5\n" for i, name in enumerate(progress.TRAINER_GAUGES))
+    read = parse_progress(page)
+    assert read == {name: i + 0.5 for i, name in enumerate(progress.TRAINER_GAUGES) if name in read}
+    assert set(read) == set(goodput.GAUGE_FIELDS)
 
 
 def test_the_permanent_exit_code_is_the_one_the_operator_fails_on() -> None:

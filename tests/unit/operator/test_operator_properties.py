@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
-from pets_operator import pods, status
+from pets_operator import goodput, pods, status
 from pets_operator.progress import PETS_TEXT_CAP, ProgressError, check_progress, parse_progress
 from prometheus_client.utils import floatToGoString
 
@@ -33,9 +33,9 @@ pytestmark = pytest.mark.unit
 PROPERTY = settings(max_examples=100, deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 MARKER = "SECRET-28-MARKER"  # what a hostile pod would like to see echoed into status and Events
-METRICS = list(status.PROGRESS_FIELDS)
+METRICS = list(status.READ_FIELDS)
 TOP = status.PROGRESS_TOP
-KEYS = "|".join(re.escape(key) for key, _kind, _top in status.PROGRESS_FIELDS.values())
+KEYS = "|".join(re.escape(key) for key, _kind, _top in status.READ_FIELDS.values())
 # Every message parse_progress may raise, whole: the kind of failure and the status field, nothing else.
 OWN_MESSAGE = re.compile(rf"not Prometheus text format|pets_\* lines over {PETS_TEXT_CAP // 1024} KiB"
                          rf"|value (?:out of range|of the wrong type|not an integer): (?:{KEYS})")
@@ -47,12 +47,13 @@ def assert_checked(values: object) -> None:
     integer field; and what it mirrors into status is JSON the API server takes."""
     assert isinstance(values, dict)
     for metric, value in values.items():
-        assert metric in status.PROGRESS_FIELDS, metric
-        _key, kind, top = status.PROGRESS_FIELDS[metric]
+        assert metric in status.READ_FIELDS, metric
+        _key, kind, top = status.READ_FIELDS[metric]
         assert type(value) is float and math.isfinite(value) and 0 <= value <= top, (metric, value)
         assert kind is float or value.is_integer(), (metric, value)
     mirrored: dict[str, Any] = {}
     status._mirror_progress(mirrored, values, NOW)
+    goodput.read_attempt(mirrored, 0, None, values)
     json.dumps(mirrored, allow_nan=False)
     for metric, (key, kind, top) in status.PROGRESS_FIELDS.items():
         if metric in values and not key.startswith("lastCheckpoint"):
@@ -163,7 +164,7 @@ def test_the_marker_never_reaches_an_error_wherever_it_is_put(page: str, eol: st
 
 
 def _in_range(metric: str) -> st.SearchStrategy[float | int]:
-    _key, kind, top = status.PROGRESS_FIELDS[metric]
+    _key, kind, top = status.READ_FIELDS[metric]
     if kind is int:
         return st.integers(0, top)
     return st.floats(0, top, allow_nan=False)
@@ -196,7 +197,7 @@ def test_check_progress_of_any_mapping_gives_checked_values_or_our_error(raw: di
     outcome = parse_or_refuse("", lambda _text: check_progress(raw))
     if outcome == "ok":
         for metric, value in raw.items():
-            if metric in status.PROGRESS_FIELDS and not (isinstance(value, float) and math.isnan(value)):
+            if metric in status.READ_FIELDS and not (isinstance(value, float) and math.isnan(value)):
                 assert metric in check_progress(raw)
 
 

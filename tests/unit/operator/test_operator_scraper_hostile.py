@@ -396,7 +396,7 @@ def test_fuzz_the_parser_and_checks_never_raise_else_and_never_pass_a_bad_value(
             continue
         outcomes["ok"] += 1
         for metric, value in values.items():
-            _key, kind, top = status.PROGRESS_FIELDS[metric]
+            _key, kind, top = status.READ_FIELDS[metric]
             assert type(value) is float and math.isfinite(value) and 0 <= value <= top, (text, metric)
             assert kind is float or value.is_integer()
         mirrored: dict[str, Any] = {}
