@@ -753,6 +753,9 @@ STATUS_SCHEMA: dict[str, Any] = _obj("Observed state, written by the operator.",
     "stepsTotal": {"type": "integer", "description": "Optimizer steps of the whole run."},
     "resumeStep": {"type": "integer", "description": "The step the current attempt resumed at (0: from "
                                                      "the start)."},
+    "resumeSkippedCheckpoints": {"type": "integer", "description": "Step checkpoints newer than where the "
+                                 "current run resumed that it could not use (another world size or steps "
+                                 "per epoch); a CheckpointSkipped Event says so."},
     "lastFailure": _obj("The failure that ended the last attempt, classified.", {
         "cause": _str("PermanentError, ExitCode, OOMKilled, Evicted, Preempted, NodeLost or Stopped "
                       "(the trainer saved a step checkpoint on SIGTERM and exited 75: not counted)."),

@@ -114,6 +114,8 @@ PROGRESS_FIELDS = {
     "pets_checkpoint_epoch": ("lastCheckpoint", int, PROGRESS_TOP),  # becomes lastCheckpoint: {epoch, time}
     "pets_checkpoint_step": ("lastCheckpoint.step", int, PROGRESS_TOP),  # and its step (after the epoch)
     "pets_resume_step": ("resumeStep", int, PROGRESS_TOP),  # where this attempt began (_work_lost)
+    # step checkpoints it could not resume from (_checkpoints_skipped)
+    "pets_resume_skipped_checkpoints": ("resumeSkippedCheckpoints", int, PROGRESS_TOP),
 }
 
 # What a progress read keeps (operator/pets_operator/progress.py): the mirrored fields, and the run's time
@@ -161,6 +163,18 @@ def _work_lost(result: Plan, resume_step: Any) -> None:
         f"{int(resume_step)}")))
 
 
+def _checkpoints_skipped(result: Plan, old: dict[str, Any]) -> None:
+    """A run that could not resume from the newest step checkpoint(s) says so once: they count steps of
+    another world size or steps per epoch (an edit while suspended), so it resumed further back."""
+    skipped = result.status.get("resumeSkippedCheckpoints")
+    if not skipped or skipped == old.get("resumeSkippedCheckpoints"):
+        return
+    result.events.append(Event("Warning", "CheckpointSkipped", (
+        f"this run could not resume from the {skipped} newest step checkpoint(s): they were made with "
+        "another world size or steps per epoch (rank 0's log names them and the values), so it resumed "
+        f"further back, at step {result.status.get('resumeStep', 0)} (0: from the start)")))
+
+
 def _mirror_summary(status: dict[str, Any], summary: dict[str, Any], total_epochs: int) -> None:
     status["summary"] = summary  # pods.parse_summary let only numbers a status can hold through
 
@@ -173,6 +187,8 @@ def _mirror_summary(status: dict[str, Any], summary: dict[str, Any], total_epoch
                                  PROGRESS_TOP), ("images_per_second", "imagesPerSecond", PROGRESS_TOP)):
         if (value := number(key, top)) is not None:
             status[field_name] = value
+    if (skipped := number("resume_skipped_checkpoints", PROGRESS_TOP)) is not None:
+        status["resumeSkippedCheckpoints"] = int(skipped)
     if isinstance(summary.get("epochs"), int) and not isinstance(summary["epochs"], bool) and \
             0 <= summary["epochs"] <= PROGRESS_TOP:
         status["epoch"] = summary["epochs"]
@@ -302,6 +318,7 @@ def _plan(body: dict[str, Any], spec: dict[str, Any], observed: Observed, target
     if observed.progress:
         _mirror_progress(status, observed.progress, now)
         goodput.read_attempt(status, target.attempt, observed.rank0_running_since, observed.progress)
+        _checkpoints_skipped(result, old)
         _work_lost(result, observed.progress.get("pets_resume_step"))
 
     phase, reason, message = ws.phase, ws.reason, ws.message
@@ -312,7 +329,8 @@ def _plan(body: dict[str, Any], spec: dict[str, Any], observed: Observed, target
         if observed.summary:
             _mirror_summary(status, observed.summary, spec["epochs"])
             goodput.read_summary(status, target.attempt, observed.summary)
-            _work_lost(result, observed.summary.get("resume_step"))  # finished before a progress read
+            _work_lost(result, observed.summary.get("resume_step"))
+            _checkpoints_skipped(result, old)  # finished before a progress read
         acc = status.get("evalAccuracy")
         message = "training finished" + (f": accuracy {acc:.4f}" if isinstance(acc, float) else "")
         if target.queued:  # it ran, so Kueue admitted it (perhaps between two polls)

@@ -35,6 +35,10 @@ GAUGES = {
         "checkpoint_step", "global step of the newest complete checkpoint, epoch or step (0: none yet)"
     ),
     "pets_resume_step": ("resume_step", "global step this run resumed at (0: a fresh start)"),
+    "pets_resume_skipped_checkpoints": (
+        "resume_skipped_checkpoints",
+        "newer step checkpoints this run could not resume from (another world size or steps per epoch)",
+    ),
 }
 # Served too; the operator reads the time split (all but pets_checkpoint_last_seconds) into status.goodput
 # (its goodput.GAUGE_FIELDS), not into the fields it mirrors (status.PROGRESS_FIELDS).

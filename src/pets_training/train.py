@@ -218,6 +218,7 @@ class RunState:
     run_start: float = 0.0  # perf_counter when this run's first epoch began
     global_step: int = 0
     resume_step: int = 0  # the global step this run started at (0: fresh)
+    skipped_checkpoints: int = 0  # newer step checkpoints it could not resume from (resume)
     steps_this_run: int = 0
     epochs_this_run: int = 0
     # this run's wall time by part; its "checkpoint" is the training loop blocked in checkpoint saves
@@ -271,6 +272,7 @@ def training_function(
         metrics.set("checkpoint_step", state.global_step)
         metrics.set("checkpoint_seconds_total", 0.0)
         metrics.set("resume_step", state.resume_step)
+        metrics.set("resume_skipped_checkpoints", state.skipped_checkpoints)
         _serve_time(metrics, split)
     try:
         for epoch in range(state.start_epoch, cfg.epochs):
@@ -296,7 +298,7 @@ def training_function(
                 return _end(t.accelerator, None)
         _end_of_loop(split, metrics)
         summary = _finish(t.accelerator, t.module, cfg, t.data, state.history, t.output_dir, state.elapsed(),
-                          split.rounded(), state.resume_step)
+                          split.rounded(), state.resume_step, state.skipped_checkpoints)
         return _end(t.accelerator, summary)
     finally:
         if metrics is not None:
@@ -424,7 +426,9 @@ def _step_checkpoint_fits(saved: dict[str, Any], t: Training) -> str:
 def resume(t: Training, cfg: TrainConfig) -> RunState:
     """Continue from the newest checkpoint every process has (load its state, return its history and, for a
     step checkpoint, its position in the epoch). A step checkpoint of another world size or steps per
-    epoch cannot continue exactly: the newest epoch checkpoint does instead (a warning says so)."""
+    epoch cannot continue exactly: the newest epoch checkpoint does instead (a warning says so, and the
+    returned state counts it)."""
+    skipped = 0
     for (epochs, steps), path in _common_checkpoints(t.accelerator, t.checkpoint_dir):
         saved = read_trainer_state(path)
         check_compatible(saved["fingerprint"], _fingerprint(cfg, t.data.num_classes), path)
@@ -432,6 +436,7 @@ def resume(t: Training, cfg: TrainConfig) -> RunState:
             why = _step_checkpoint_fits(saved, t)
             if why:
                 log.warning("resume: skipping step checkpoint %s: %s", path, why)
+                skipped += 1
                 continue
         t.accelerator.load_state(str(path))
         state = RunState(
@@ -439,6 +444,7 @@ def resume(t: Training, cfg: TrainConfig) -> RunState:
             history=saved["history"],
             epoch_seconds=saved["epoch_seconds"],
             elapsed_before=float(saved["elapsed_seconds"]),
+            skipped_checkpoints=skipped,
         )
         if not steps:
             log.info("resume: continuing after epoch %d from %s", epochs, path)
@@ -451,7 +457,7 @@ def resume(t: Training, cfg: TrainConfig) -> RunState:
                  saved["position"]["global_step"], path)
         return state
     log.info("resume: no complete checkpoint in %s; starting fresh", t.checkpoint_dir)
-    return RunState()
+    return RunState(skipped_checkpoints=skipped)
 
 
 def run_epoch(
@@ -710,6 +716,7 @@ def _finish(
     elapsed: float,
     time_seconds: dict[str, float],
     resume_step: int = 0,
+    skipped_checkpoints: int = 0,
 ) -> dict[str, Any] | None:
     accelerator.wait_for_everyone()
     if not accelerator.is_main_process:
@@ -738,6 +745,7 @@ def _finish(
         "elapsed_seconds": round(elapsed, 2),
         "time_seconds": time_seconds,  # this run's wall time by part (rank 0's)
         "resume_step": resume_step,  # the global step this run resumed at (0: fresh): the work lost
+        "resume_skipped_checkpoints": skipped_checkpoints,  # newer step checkpoints it could not use
         "world_size": accelerator.num_processes,
         "model": cfg.model,
         "num_classes": data.num_classes,

@@ -96,7 +96,7 @@ def test_the_trainer_serves_the_gauges_the_operator_reads() -> None:
     keys = {key for key, _ in progress.GAUGES.values()}
     assert set(record) <= keys  # every progress.jsonl key is served
     assert keys - set(record) == {"step", "steps_total", "checkpoint_epoch", "checkpoint_step",
-                                       "resume_step"}  # set live, not per epoch
+                                       "resume_step", "resume_skipped_checkpoints"}  # set live, not per epoch
     # The run's time split feeds status.goodput: every part the trainer serves is read, by its name.
     assert set(goodput.GAUGE_FIELDS) == set(progress.TRAINER_GAUGES) - {"pets_checkpoint_last_seconds"}
     assert {part for _field, part in goodput.TRAINER_PARTS.values()} == set(progress.TIME_PARTS)

@@ -150,3 +150,22 @@ def test_every_field_written_is_in_the_crds_schema() -> None:
     goodput.book_phase(status, None, api.PENDING, at(2))
     goodput.account({}, {**status, "phase": api.RUNNING}, "2026-01-02T03:02:25Z", at(300))
     declared(status["goodput"], api.STATUS_SCHEMA["properties"]["goodput"], "status.goodput")
+
+
+def test_a_run_that_could_not_use_the_newest_step_checkpoint_says_so_once() -> None:
+    """Made with another world size (replicas edited while suspended): it resumed further back."""
+    reading = {"pets_resume_step": 40.0, "pets_step": 41.0, "pets_resume_skipped_checkpoints": 2.0}
+    p = plan(created(), job(active=2), RUNNING, now=at(10), progress=reading)
+    assert p.status["resumeSkippedCheckpoints"] == 2
+    (event,) = [e for e in p.events if e.reason == "CheckpointSkipped"]
+    assert event.type == "Warning" and "the 2 newest step checkpoint(s)" in event.message
+    assert "another world size or steps per epoch" in event.message and "at step 40" in event.message
+    later = {**reading, "pets_step": 45.0}
+    again = plan(created(p.status), job(active=2), RUNNING, now=at(20), progress=later)
+    assert not [e for e in again.events if e.reason == "CheckpointSkipped"]
+    # A run that finished before a progress read: its summary says it.
+    done = job(succeeded=2, conditions=[{"type": "Complete", "status": "True"}])
+    summary = {"status": "succeeded", "epochs": 5, "resume_step": 40, "resume_skipped_checkpoints": 1}
+    finished = plan(created(), done, [], now=at(30), summary=summary)
+    assert finished.status["resumeSkippedCheckpoints"] == 1
+    assert [e.reason for e in finished.events].count("CheckpointSkipped") == 1

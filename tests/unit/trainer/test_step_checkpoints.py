@@ -17,6 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 from pets_training.checkpoint import (
+    STATE_FILE,
     checkpoint_name,
     list_checkpoints,
     list_positions,
@@ -232,3 +233,21 @@ def test_sigterm_saves_a_step_checkpoint_and_exits_75(tmp_path: Path) -> None:
     second, _ = run([str(BIN / "pets-launch"), *_flags(settings), "--max-train-steps", "1"], timeout=120,
                     env={"PETS_EXIT_CODE_FILE": ""})
     assert f"resume: continuing at epoch 1 step {steps} (global step {steps}) from " in second
+
+
+@pytest.mark.timeout(300)
+def test_a_step_checkpoint_of_another_world_size_is_skipped_and_counted(tmp_path: Path) -> None:
+    """Its position counts steps of 2 processes: this 1-process run resumes from the epoch checkpoint
+    before it instead, says so in its log, and counts it in the summary (the operator's Event)."""
+    settings = {**TINY, "output_dir": str(tmp_path), "resume": True}
+    _train(settings, stop_at=11)  # 8 steps per epoch: epoch_1 and epoch_1_step_3
+    state_file = tmp_path / "checkpoints" / "epoch_1_step_3" / STATE_FILE
+    saved = json.loads(state_file.read_text())
+    saved["position"]["world_size"] = 2
+    state_file.write_text(json.dumps(saved))
+    second = _train(settings)
+    assert "resume: skipping step checkpoint" in second
+    assert "world_size=2, this run has world_size=1" in second
+    assert "resume: continuing after epoch 1 from " in second
+    summary = read_json(tmp_path / "summary.json")
+    assert (summary["resume_step"], summary["resume_skipped_checkpoints"]) == (8, 1)
