@@ -93,6 +93,13 @@ def final_line(name: str, status: dict[str, Any]) -> str:
     epoch, total = _int(status.get("epoch")), _int(status.get("totalEpochs"))
     if epoch is not None and total:
         parts.append(f"epoch {epoch}/{total}")
+    book = status.get("goodput")
+    book = book if isinstance(book, dict) else {}
+    ratio, wall = _float(book.get("ratio")), _float(book.get("wallSeconds"))
+    if ratio is not None and wall:
+        kept = f"goodput {100 * ratio:.0f}% of {wall:.0f} s"
+        lost = _float(book.get("lostSeconds"))
+        parts.append(kept + (f" ({lost:.0f} s of work lost to restarts)" if lost else ""))
     if phase != "Succeeded" and status.get("message"):
         parts.append(str(status["message"]))
     return ", ".join(parts)

@@ -269,6 +269,11 @@ def test_final_line() -> None:
     assert final_line("pets", ok) == "pets: Succeeded, final accuracy 0.8750 (87.5%), epoch 2/2"
     assert final_line("pets", {"phase": "Failed", "message": "unknown model"}) == (
         "pets: Failed, unknown model")
+    restarted = {**ok, "goodput": {"ratio": 0.5833, "wallSeconds": 120.0, "lostSeconds": 10.0}}
+    assert final_line("pets", restarted) == ("pets: Succeeded, final accuracy 0.8750 (87.5%), epoch 2/2, "
+                                             "goodput 58% of 120 s (10 s of work lost to restarts)")
+    assert final_line("pets", {**ok, "goodput": {"ratio": 0.9, "wallSeconds": 60.0, "lostSeconds": 0.0}}) \
+        .endswith("epoch 2/2, goodput 90% of 60 s")
 
 
 def test_reporter_draws_the_bar_and_the_lines() -> None:
