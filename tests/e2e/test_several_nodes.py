@@ -118,8 +118,11 @@ def test_node_lost_mid_run_restarts_on_the_other_node_and_resumes(trainings: Tra
             "placement": {"spreadAcrossNodes": True, "nodeLostSeconds": 10},
             "checkpoint": {"intervalSeconds": interval}}
     trainings.create(name, spec)
-    checkpoint = wait_for(f"{name} status.lastCheckpoint",
-                          lambda: trainings.status(name).get("lastCheckpoint"), 900, POLL_S)
+    # An epoch checkpoint (step checkpoints come every 5 s, before the first epoch ends): mid-run.
+    def epoch_checkpoint() -> Any:
+        return (c := trainings.status(name).get("lastCheckpoint") or {}).get("epoch") and c
+
+    checkpoint = wait_for(f"{name} status.lastCheckpoint.epoch", epoch_checkpoint, 900, POLL_S)
     status = trainings.status(name)
     assert status["phase"] == "Running" and status["epoch"] < 4, f"not mid-run: {status}"
     assert status["children"]["outputClaim"] == f"{name}-output", status
