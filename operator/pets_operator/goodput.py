@@ -38,10 +38,10 @@ TRAINER_PARTS = {
     "pets_checkpoint_seconds_total": ("checkpointSeconds", "checkpoint"),
     "pets_restore_seconds": ("restoreSeconds", "restore"),
 }
+SECONDS_TOP = 2.0**53  # as status.PROGRESS_TOP: exact as a JSON number
 # The same gauges as the progress parser reads them: metric -> (field, type, top) (status.READ_FIELDS)
-GAUGE_FIELDS = {metric: (key, float, 2.0**53) for metric, (key, _summary_key) in TRAINER_PARTS.items()}
+GAUGE_FIELDS = {metric: (key, float, SECONDS_TOP) for metric, (key, _summary_key) in TRAINER_PARTS.items()}
 ATTEMPTS_KEPT = 10  # older attempts are added into `earlier`
-SECONDS_TOP = 2.0**53
 
 
 def _seconds(value: Any) -> float | None:

@@ -326,11 +326,11 @@ def _plan(body: dict[str, Any], spec: dict[str, Any], observed: Observed, target
     if phase == api.SUCCEEDED:
         status.pop("pendingSince", None)
         status["completionTime"] = ws.completion_time or timestamp(now)
-        if observed.summary:
+        if observed.summary:  # the run may have finished before a progress read: its summary says it
             _mirror_summary(status, observed.summary, spec["epochs"])
             goodput.read_summary(status, target.attempt, observed.summary)
             _work_lost(result, observed.summary.get("resume_step"))
-            _checkpoints_skipped(result, old)  # finished before a progress read
+            _checkpoints_skipped(result, old)
         acc = status.get("evalAccuracy")
         message = "training finished" + (f": accuracy {acc:.4f}" if isinstance(acc, float) else "")
         if target.queued:  # it ran, so Kueue admitted it (perhaps between two polls)

@@ -101,18 +101,12 @@ def parse_saves(log_text: str) -> list[Save]:
 
 
 def parse_metrics(text: str) -> dict[str, float]:
-    """Prometheus text exposition -> {name: value} for the samples without labels (the trainer's gauges)."""
-    values: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#") or "{" in line:
-            continue
-        parts = line.split()
-        if len(parts) >= 2:
-            try:
-                values[parts[0]] = float(parts[1])
-            except ValueError:
-                continue
-    return values
+    """Prometheus text exposition -> {name: value} for the samples without labels (the trainer's gauges),
+    read by prometheus_client's own parser (the trainer serves the page with that library)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {sample.name: sample.value for family in text_string_to_metric_families(text)
+            for sample in family.samples if not sample.labels}
 
 
 def target_step(steps_total: int, epochs: int, preempt_at: float) -> int:
