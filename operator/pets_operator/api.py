@@ -509,7 +509,12 @@ SPEC_SCHEMA: dict[str, Any] = _obj(
                         "numClasses": _int("Number of classes.", default=37, minimum=2, maximum=1000),
                     }),
                 "persistentVolumeClaim": _claim(
-                    "A PersistentVolumeClaim holding <label>_<n>.jpg images (mounted read-only at /data)."),
+                    "A PersistentVolumeClaim holding the images (mounted read-only at /data); see layout."),
+                "layout": _str(
+                    "How the directory names the classes: flat (<label>_<n>.jpg files, the tutorial's), "
+                    "oxford (the Oxford-IIIT Pet archive unpacked: images/<Breed>_<n>.jpg), imagefolder "
+                    "(a folder per class), or auto (unset): detected. Not for synthetic.",
+                    enum=["auto", "flat", "oxford", "imagefolder"]),
                 "hostPath": _obj(
                     "A directory of <label>_<n>.jpg images on every node (single-node or test clusters).",
                     {"path": _str("Absolute directory on the node.", pattern=ABS_PATH, min_length=1,
@@ -756,6 +761,16 @@ STATUS_SCHEMA: dict[str, Any] = _obj("Observed state, written by the operator.",
     "resumeSkippedCheckpoints": {"type": "integer", "description": "Step checkpoints newer than where the "
                                  "current run resumed that it could not use (another world size or steps "
                                  "per epoch); a CheckpointSkipped Event says so."},
+    "dataset": _obj("What the trainer made of the data before its first step: the counts of its dataset "
+                    "report (dataset.json in the output lists the classes and the skipped files).", {
+        "layout": _str("synthetic, flat, oxford or imagefolder (from the final summary)."),
+        "images": {"type": "integer", "description": "Images found and readable."},
+        "classes": {"type": "integer", "description": "Classes among them."},
+        "skipped": {"type": "integer", "description": "Files left out: not images, unlabelled or "
+                                                      "unreadable."},
+        "trainImages": {"type": "integer", "description": "Images in the training split."},
+        "evalImages": {"type": "integer", "description": "Images in the evaluation split."},
+    }),
     "lastFailure": _obj("The failure that ended the last attempt, classified.", {
         "cause": _str("PermanentError, ExitCode, OOMKilled, Evicted, Preempted, NodeLost or Stopped "
                       "(the trainer saved a step checkpoint on SIGTERM and exited 75: not counted)."),

@@ -162,7 +162,7 @@ def trainer_args(spec: dict[str, Any]) -> list[str]:
             "--synthetic-classes", str(synthetic["numClasses"]),
         ]
     else:
-        args += ["--data", _data_dir(spec, source)]
+        args += ["--data", _data_dir(spec, source), "--data-layout", spec["dataset"].get("layout", "auto")]
     args += ["--summary-path", TERMINATION_LOG, "--metrics-port", str(api.METRICS_PORT)]
     return args
 

@@ -118,9 +118,31 @@ PROGRESS_FIELDS = {
     "pets_resume_skipped_checkpoints": ("resumeSkippedCheckpoints", int, PROGRESS_TOP),
 }
 
-# What a progress read keeps (operator/pets_operator/progress.py): the mirrored fields, and the run's time
-# split for status.goodput.
-READ_FIELDS = {**PROGRESS_FIELDS, **goodput.GAUGE_FIELDS}
+# What the trainer made of the data (its dataset report, dataset.json): gauge -> status.dataset field,
+# and the summary's "dataset" key of each
+DATASET_FIELDS = {
+    "pets_dataset_images": ("images", int, PROGRESS_TOP),
+    "pets_dataset_classes": ("classes", int, PROGRESS_TOP),
+    "pets_dataset_skipped": ("skipped", int, PROGRESS_TOP),
+    "pets_dataset_train_images": ("trainImages", int, PROGRESS_TOP),
+    "pets_dataset_eval_images": ("evalImages", int, PROGRESS_TOP),
+}
+SUMMARY_DATASET_KEYS = {"images": "images", "classes": "classes", "skipped": "skipped",
+                        "train_images": "trainImages", "eval_images": "evalImages"}
+DATASET_LAYOUTS = ("synthetic", "flat", "oxford", "imagefolder")
+
+# What a progress read keeps (operator/pets_operator/progress.py): the mirrored fields, the dataset
+# report's counts, and the run's time split for status.goodput.
+READ_FIELDS = {**PROGRESS_FIELDS, **DATASET_FIELDS, **goodput.GAUGE_FIELDS}
+
+
+def _mirror_dataset(status: dict[str, Any], counts: dict[str, int], layout: Any = None) -> None:
+    """status.dataset: the counts of the trainer's dataset report (and its layout, from the summary)."""
+    dataset = {**(status.get("dataset") or {}), **counts}
+    if layout in DATASET_LAYOUTS:
+        dataset["layout"] = layout
+    if dataset:
+        status["dataset"] = dataset
 
 
 def _mirror_progress(status: dict[str, Any], progress: dict[str, float], now: datetime) -> None:
@@ -142,6 +164,8 @@ def _mirror_progress(status: dict[str, Any], progress: dict[str, float], now: da
         status[key] = value
     if "epoch" in status and "totalEpochs" in status:
         status["progress"] = f"{status['epoch']}/{status['totalEpochs']}"
+    _mirror_dataset(status, {key: int(progress[metric])
+                             for metric, (key, _kind, _top) in DATASET_FIELDS.items() if metric in progress})
     if changed:  # an unchanged scrape writes nothing, so an idle poll costs no API write
         status["lastProgressTime"] = timestamp(now)
 
@@ -189,6 +213,12 @@ def _mirror_summary(status: dict[str, Any], summary: dict[str, Any], total_epoch
             status[field_name] = value
     if (skipped := number("resume_skipped_checkpoints", PROGRESS_TOP)) is not None:
         status["resumeSkippedCheckpoints"] = int(skipped)
+    report = summary.get("dataset")
+    if isinstance(report, dict):
+        counts = {key: report[name] for name, key in SUMMARY_DATASET_KEYS.items()
+                  if isinstance(report.get(name), int) and not isinstance(report[name], bool)
+                  and 0 <= report[name] <= PROGRESS_TOP}
+        _mirror_dataset(status, counts, report.get("layout"))
     if isinstance(summary.get("epochs"), int) and not isinstance(summary["epochs"], bool) and \
             0 <= summary["epochs"] <= PROGRESS_TOP:
         status["epoch"] = summary["epochs"]

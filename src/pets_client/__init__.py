@@ -6,6 +6,7 @@
     name = pets.train(epochs=2, replicas=2)     # validated by the API server; returns the name
     status = pets.wait(name)                    # a live bar from a watch; the final status
     pets.fetch(name, "out/")                    # the outputs, with spec.output.persistentVolumeClaim
+    pets.upload("images/", claim="pets-data")   # a folder into a claim; train(dataset="images/") too
 
 Needs only kubernetes, PyYAML and tqdm (`pip install .[client]`): importing it never imports torch.
 """
@@ -20,8 +21,10 @@ from .errors import (
     PetsClientError,
     TrainingDeletedError,
     TrainingNotFoundError,
+    UploadError,
     WaitTimeoutError,
 )
+from .upload import UploadResult
 
 __all__ = [
     "FetchError",
@@ -31,6 +34,8 @@ __all__ = [
     "PetsTrainingClient",
     "TrainingDeletedError",
     "TrainingNotFoundError",
+    "UploadError",
+    "UploadResult",
     "WaitTimeoutError",
     "build_training",
 ]

@@ -21,7 +21,8 @@ FAILED = "Failed"
 FINISHED_PHASES = (SUCCEEDED, FAILED)
 
 # What a training writes to its output directory (docs/trainer.md), and what `fetch` copies.
-OUTPUT_FILES = ("summary.json", "progress.jsonl", "metrics.png", "model.safetensors", "config.yaml")
+OUTPUT_FILES = ("summary.json", "progress.jsonl", "metrics.png", "model.safetensors", "config.yaml",
+                "dataset.json")
 
 # Pod labels of each backend's workload (the Job controller's and the Kubeflow training-operator's).
 JOB_NAME_LABEL = "job-name"

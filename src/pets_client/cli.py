@@ -1,6 +1,7 @@
 """`kubectl pets`: the kubectl plugin (kubectl runs `kubectl-pets` from PATH), thin over PetsTrainingClient.
 
-    kubectl pets run -f petstraining.yaml [--watch] [--timeout S]
+    kubectl pets run -f petstraining.yaml [--watch] [--timeout S] [--data DIR [--claim NAME] [--data-path P]]
+    kubectl pets upload DIR --claim NAME [--path P]
     kubectl pets wait NAME [--timeout S]
     kubectl pets logs NAME [--rank N] [-f]
     kubectl pets fetch NAME DIR
@@ -25,6 +26,7 @@ from typing import Any
 
 import yaml
 
+from ._api import OUTPUT_FILES
 from .errors import PetsClientError, WaitTimeoutError, terminal_text
 from .progress import final_accuracy
 
@@ -51,6 +53,20 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("-w", "--watch", action="store_true",
                      help="wait with a progress bar; exit 0 on Succeeded, 1 on Failed")
     run.add_argument("--timeout", type=float, help="with --watch: give up after this many seconds")
+    run.add_argument("--data", metavar="DIR",
+                     help="upload this folder of images first and train on it (spec.dataset)")
+    run.add_argument("--claim", help="with --data: the claim to upload into (default: NAME-data)")
+    run.add_argument("--data-path", default="/", help="with --data: the directory in the claim (default /)")
+
+    upload = sub.add_parser("upload", parents=[common],
+                            help="copy a local folder into a PersistentVolumeClaim (made when missing)")
+    upload.add_argument("dir", help="local directory")
+    upload.add_argument("--claim", required=True, help="PersistentVolumeClaim name")
+    upload.add_argument("--path", default="/", help="directory in the claim (default /)")
+    upload.add_argument("--image", help="helper pod image (default: the default trainer image)")
+    upload.add_argument("--access-mode", action="append", choices=["ReadWriteOnce", "ReadWriteMany"],
+                        help="a new claim's access mode (default ReadWriteMany; repeatable)")
+    upload.add_argument("--storage-class", help="a new claim's StorageClass (default: the cluster's default)")
 
     wait = sub.add_parser("wait", parents=[common], help="watch a training with a progress bar until it ends")
     wait.add_argument("name")
@@ -135,7 +151,9 @@ def run(args: argparse.Namespace) -> int:
     pets = _client(args)
     cmd = args.command
     if cmd == "run":
-        name = pets.train(_load_manifest(args.filename), name=args.name)
+        data = {"dataset": args.data, "dataset_claim": args.claim, "dataset_path": args.data_path} \
+            if args.data else {}
+        name = pets.train(_load_manifest(args.filename), name=args.name, **data)
         print(f"petstraining.training.pets.dev/{name} created (namespace {pets.namespace})")
         return _wait(pets, name, args.timeout) if args.watch else 0
     if cmd == "wait":
@@ -152,10 +170,15 @@ def run(args: argparse.Namespace) -> int:
         paths = pets.fetch(args.name, args.dir)
         for path in paths:
             print(path)
-        wanted = {"summary.json", "progress.jsonl", "metrics.png", "model.safetensors", "config.yaml"}
+        wanted = set(OUTPUT_FILES)
         missing = sorted(wanted - {p.name for p in paths})
         if missing:
             print(f"not written (yet): {', '.join(missing)}", file=sys.stderr)
+        return 0
+    if cmd == "upload":
+        result = pets.upload(args.dir, claim=args.claim, path=args.path, image=args.image,
+                             access_modes=args.access_mode, storage_class=args.storage_class)
+        print(result.summary())
         return 0
     if cmd == "plot":
         print(pets.plot(args.name, args.out or f"{args.name}-metrics.png"))
@@ -170,7 +193,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    p = parser()
+    args = p.parse_args(argv)
+    if args.command == "run" and not args.data and (args.claim or args.data_path != "/"):
+        p.error("--claim and --data-path go with --data DIR")
     try:
         return run(args)
     except WaitTimeoutError as exc:

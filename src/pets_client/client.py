@@ -22,7 +22,7 @@ import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from . import _api
 from .errors import (
@@ -32,11 +32,15 @@ from .errors import (
     PetsClientError,
     TrainingDeletedError,
     TrainingNotFoundError,
+    UploadError,
     WaitTimeoutError,
     server_error,
     terminal_text,
 )
-from .progress import BarState, bar_state, final_line, phase_line
+from .progress import BarState, bar_state, dataset_line, final_line, phase_line
+
+if TYPE_CHECKING:
+    from .upload import LocalFile, UploadResult
 
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 WATCH_CHUNK_S = 300  # one watch request at most this long; then it resumes from the last resourceVersion
@@ -123,51 +127,73 @@ def output_claim(training: dict[str, Any]) -> dict[str, Any] | None:
     return output.get("persistentVolumeClaim") or None
 
 
-def fetch_pod(training: dict[str, Any], image: str, files: list[str]) -> dict[str, Any]:
-    """A short-lived pod that mounts the training's output claim read-only, for `fetch`."""
-    name = training["metadata"]["name"]
-    spec = training.get("spec") or {}
-    claim = output_claim(training) or {}
-    mount: dict[str, Any] = {"name": "output", "mountPath": _api.OUTPUT_DIR, "readOnly": True}
-    sub = str(claim.get("path") or "/").strip("/")
+def helper_pod(*, owner: str, component: str, image: str, claim_name: str | None, volume_name: str,
+               mount_path: str, read_only: bool, sub_path: str = "", scheduling: dict[str, Any] | None = None,
+               labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None,
+               lifetime_s: int = 900) -> dict[str, Any]:
+    """A short-lived pod that mounts one claim at ``mount_path`` and sleeps, for the client's exec calls
+    (`fetch` reads through it, `upload` writes). Its container is named ``component``. ``scheduling``: a
+    training spec whose nodeSelector, tolerations, imagePullSecrets and priorityClassName it copies."""
+    mount: dict[str, Any] = {"name": volume_name, "mountPath": mount_path}
+    if read_only:
+        mount["readOnly"] = True
+    sub = sub_path.strip("/")
     if sub:
         mount["subPath"] = sub
+    security: dict[str, Any] = {"runAsNonRoot": True, "runAsUser": FETCH_UID, "runAsGroup": FETCH_UID,
+                                "seccompProfile": {"type": "RuntimeDefault"}}
+    if not read_only:
+        # As the trainer's pods (builders.py): a claim's root made by a provisioner is writable by the
+        # group; OnRootMismatch skips the recursive chown of a claim that already has its data.
+        security |= {"fsGroup": FETCH_UID, "fsGroupChangePolicy": "OnRootMismatch"}
+    volume: dict[str, Any] = {"claimName": claim_name}
+    if read_only:
+        volume["readOnly"] = True
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
-        "activeDeadlineSeconds": 900,  # goes away by itself if the client dies before deleting it
+        "activeDeadlineSeconds": lifetime_s,  # goes away by itself if the client dies before deleting it
         "terminationGracePeriodSeconds": 0,
         "automountServiceAccountToken": False,
         # The trainer's uid and gid (the operator's builders.RUN_AS, the images' user): the trainer writes
-        # model.safetensors 0600, so only its own uid can read it back.
-        "securityContext": {"runAsNonRoot": True, "runAsUser": FETCH_UID, "runAsGroup": FETCH_UID,
-                            "seccompProfile": {"type": "RuntimeDefault"}},
+        # model.safetensors 0600, so only its own uid can read it back, and reads what upload wrote.
+        "securityContext": security,
         "containers": [{
-            "name": "fetch",
+            "name": component,
             "image": image,
             "imagePullPolicy": "IfNotPresent",
-            "command": ["sleep", "900"],
+            "command": ["sleep", str(lifetime_s)],
             "volumeMounts": [mount],
             "resources": {"requests": {"cpu": "50m", "memory": "64Mi"},
                           "limits": {"cpu": "500m", "memory": "256Mi"}},
             "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                                 "capabilities": {"drop": ["ALL"]}},
         }],
-        "volumes": [{"name": "output", "persistentVolumeClaim": {"claimName": claim.get("claimName"),
-                                                                 "readOnly": True}}],
+        "volumes": [{"name": volume_name, "persistentVolumeClaim": volume}],
     }
     for key in ("nodeSelector", "tolerations", "imagePullSecrets", "priorityClassName"):
-        if spec.get(key):
-            pod_spec[key] = copy.deepcopy(spec[key])
+        if (scheduling or {}).get(key):
+            pod_spec[key] = copy.deepcopy((scheduling or {})[key])
     return {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {
-            "generateName": f"{name[:40]}-fetch-",
-            "labels": {"app.kubernetes.io/name": "pets-training", "app.kubernetes.io/component": "fetch",
-                       "app.kubernetes.io/managed-by": "pets-client", f"{_api.GROUP}/fetch-of": name},
-            "annotations": {f"{_api.GROUP}/files": ",".join(files)},
+            "generateName": f"{owner[:40]}-{component}-",
+            "labels": {"app.kubernetes.io/name": "pets-training", "app.kubernetes.io/component": component,
+                       "app.kubernetes.io/managed-by": "pets-client"} | (labels or {}),
+            "annotations": dict(annotations or {}),
         },
         "spec": pod_spec,
     }
+
+
+def fetch_pod(training: dict[str, Any], image: str, files: list[str]) -> dict[str, Any]:
+    """A short-lived pod that mounts the training's output claim read-only, for `fetch`."""
+    name = training["metadata"]["name"]
+    claim = output_claim(training) or {}
+    return helper_pod(owner=name, component="fetch", image=image, claim_name=claim.get("claimName"),
+                      volume_name="output", mount_path=_api.OUTPUT_DIR, read_only=True,
+                      sub_path=str(claim.get("path") or "/"), scheduling=training.get("spec") or {},
+                      labels={f"{_api.GROUP}/fetch-of": name},
+                      annotations={f"{_api.GROUP}/files": ",".join(files)})
 
 
 _SAFE_FILE = re.compile(r"^[A-Za-z0-9_.-][A-Za-z0-9_./-]*$")
@@ -204,12 +230,13 @@ def _check_names(files: list[str]) -> None:
         check_name(f)
 
 
-def list_command(files: list[str]) -> list[str]:
-    """The fetch pod's first command: `<size> <sha256> <name>` for each of ``files`` under /output."""
+def list_command(files: list[str], root: str = _api.OUTPUT_DIR) -> list[str]:
+    """The fetch pod's first command: `<size> <sha256> <name>` for each of ``files`` under ``root``
+    (/output; upload lists what is already in the claim with it)."""
     _check_names(files)
     script = ('cd "$0" || exit 3; for f in ' + " ".join(files) + '; do [ -f "$f" ] && '
               'echo "$(stat -c %s "$f") $(sha256sum "$f" | cut -d " " -f 1) $f"; done; true')
-    return ["sh", "-c", script, _api.OUTPUT_DIR]
+    return ["sh", "-c", script, root]
 
 
 def listing_limit(files: list[str]) -> int:
@@ -424,9 +451,10 @@ class _Reporter:
 
     def update(self, status: dict[str, Any]) -> None:
         if self.enabled:
-            line = phase_line(self.name, self.last, status)
-            if line:
-                self.write(line)
+            for line in (phase_line(self.name, self.last, status),
+                         dataset_line(self.name, self.last, status)):
+                if line:
+                    self.write(line)
             state = bar_state(status)
             if state.total is not None:
                 if self.bar is None:
@@ -453,6 +481,17 @@ class _Reporter:
             self.bar = None
         if self.enabled and status is not None:
             print(terminal_text(final_line(self.name, status)), file=self.file or sys.stdout, flush=True)
+
+
+def _upload_bar(claim: str, total: int, files: int, enabled: bool, file: IO[str] | None) -> Any:
+    """upload's bar: bytes, with the files done as its postfix (tqdm.auto, as _Reporter)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from tqdm.auto import tqdm
+    bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=f"upload to {claim}",
+               file=file, dynamic_ncols=True, disable=not enabled, leave=True)
+    bar.set_postfix_str(f"0/{files} files")
+    return bar
 
 
 # ----------------------------------------------------------------------------- the client
@@ -512,6 +551,7 @@ class PetsTrainingClient:
     # ------------------------------------------------------------------ CRUD
 
     def train(self, spec: dict[str, Any] | None = None, /, *, name: str | None = None,
+              dataset_claim: str | None = None, dataset_path: str = "/", progress: bool = True,
               **fields: Any) -> str:
         """Create a PetsTraining and return its name.
 
@@ -519,8 +559,50 @@ class PetsTrainingClient:
         from a PetsTraining YAML); keyword fields override the dict's spec. The API server applies the
         defaults and validates: a refused spec raises InvalidTrainingError with the server's message,
         which names the field.
+
+        ``dataset=DIR`` (a local folder, not a dict) uploads it first and trains on it: into
+        ``dataset_claim`` (default ``<name>-data``; without a name one is picked here, ``pets-xxxxx``) at
+        ``dataset_path``, with `upload` (made ReadWriteMany when replicas > 1, as the operator's
+        output claims; the image is spec.image or the default trainer image), and sets
+        spec.dataset.persistentVolumeClaim. The spec is checked by the server (a dry run) before the
+        upload; the claim stays if the training is refused, so a second call resumes.
         """
+        data_dir = fields.get("dataset")
+        if isinstance(data_dir, str | os.PathLike):
+            del fields["dataset"]
+            return self._train_on(data_dir, spec, name, dataset_claim, dataset_path, progress, fields)
+        if dataset_claim is not None or dataset_path != "/":
+            raise UploadError("dataset_claim and dataset_path go with dataset=DIR (a local folder)")
         body = build_training(spec, name=name, namespace=self.namespace, **fields)
+        return self._create(body)
+
+    def _train_on(self, data_dir: str | os.PathLike[str], spec: dict[str, Any] | None, name: str | None,
+                  claim: str | None, path: str, progress: bool, fields: dict[str, Any]) -> str:
+        from . import upload as up
+
+        files = up.walk(data_dir)
+        sub = up.claim_dir(path)
+        body = build_training(spec, name=name, namespace=self.namespace, **fields)
+        metadata = body["metadata"]
+        if not metadata.get("name"):
+            alphabet = "bcdfghjklmnpqrstvwxz2456789"  # the API server's generateName alphabet
+            metadata["name"] = (metadata.pop("generateName", None) or _api.GENERATE_NAME) + "".join(
+                secrets.choice(alphabet) for _ in range(5))
+        claim = up.check_claim_name(claim or up.dataset_claim_name(metadata["name"]))
+        up.with_dataset(body, claim, sub)
+        body["metadata"].pop("namespace", None)
+        self._call("checking the PetsTraining (dry run)", self.custom.create_namespaced_custom_object,
+                   _api.GROUP, _api.VERSION, self.namespace, _api.PLURAL, body, dry_run="All")
+        train_spec = body["spec"]
+        result = self._upload(files, claim, sub, image=str(train_spec.get("image") or _api.DEFAULT_IMAGE),
+                              access_modes=up.data_access_modes(int(train_spec.get("replicas") or 1)),
+                              storage_class=None, progress=progress, file=None, timeout=FETCH_POD_START_S,
+                              scheduling=train_spec)
+        if progress:
+            print(result.summary(), flush=True)
+        return self._create(body)
+
+    def _create(self, body: dict[str, Any]) -> str:
         body["metadata"].pop("namespace", None)
         created = self._call("creating the PetsTraining", self.custom.create_namespaced_custom_object,
                              _api.GROUP, _api.VERSION, self.namespace, _api.PLURAL, body)
@@ -687,7 +769,7 @@ class PetsTrainingClient:
     def fetch(self, name: str, dest: str | os.PathLike[str], *, files: builtins.list[str] | None = None,
               timeout: float = FETCH_POD_START_S) -> builtins.list[Path]:
         """Copy the training's outputs (summary.json, progress.jsonl, metrics.png, model.safetensors,
-        config.yaml, or ``files``) into ``dest`` and return the paths copied.
+        config.yaml, dataset.json, or ``files``) into ``dest`` and return the paths copied.
 
         Works when the training writes to a claim (the default: spec.output unset or managedClaim; or
         spec.output.persistentVolumeClaim): a
@@ -711,8 +793,8 @@ class PetsTrainingClient:
                 f"{name} writes its outputs to an emptyDir ({where}), which lived and went with its "
                 "pods: there is nothing left to fetch. Train with spec.output.managedClaim ({} is enough: "
                 "the operator makes the claim) or spec.output.persistentVolumeClaim (claimName: a claim in "
-                "this namespace) to keep summary.json, progress.jsonl, metrics.png, model.safetensors and "
-                "config.yaml; the final summary is in status.summary meanwhile.")
+                "this namespace) to keep summary.json, progress.jsonl, metrics.png, model.safetensors, "
+                "config.yaml and dataset.json; the final summary is in status.summary meanwhile.")
         wanted = builtins.list(files or _api.OUTPUT_FILES)
         _check_names(wanted)
         manifest = fetch_pod(training, self._trainer_image(training), wanted)
@@ -736,7 +818,8 @@ class PetsTrainingClient:
             except ApiException:
                 pass
 
-    def _wait_pod_running(self, pod: str, timeout: float) -> None:
+    def _wait_pod_running(self, pod: str, timeout: float, *, role: str = "fetch",
+                          error: type[PetsClientError] = FetchError) -> None:
         from kubernetes import watch
 
         deadline = time.monotonic() + timeout
@@ -744,7 +827,7 @@ class PetsTrainingClient:
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise FetchError(f"the fetch pod {pod} did not start within {timeout:g} s "
+                raise error(f"the {role} pod {pod} did not start within {timeout:g} s "
                                  f"({terminal_text(last)}); "
                                  f"see `kubectl -n {self.namespace} describe pod {pod}`")
             w = watch.Watch()
@@ -760,7 +843,7 @@ class PetsTrainingClient:
                         if s.state.waiting.reason in ("ErrImagePull", "ImagePullBackOff", "InvalidImageName",
                                                       "ErrImageNeverPull", "CreateContainerConfigError"):
                             w.stop()
-                            raise FetchError(f"the fetch pod {pod} cannot start: {terminal_text(last)}")
+                            raise error(f"the {role} pod {pod} cannot start: {terminal_text(last)}")
                 for c in (got.status.conditions or []) if got.status else []:
                     if c.type == "PodScheduled" and c.status == "False" and c.message:
                         last = f"{c.reason}: {c.message}"
@@ -769,15 +852,17 @@ class PetsTrainingClient:
                     return
                 if phase in ("Failed", "Succeeded"):
                     w.stop()
-                    raise FetchError(f"the fetch pod {pod} ended ({phase}) before it could copy anything")
+                    raise error(f"the {role} pod {pod} ended ({phase}) before it could copy anything")
 
-    def _exec_bytes(self, pod: str, command: builtins.list[str], limit: int) -> bytes:
-        """The stdout of ``command`` in the fetch pod; FetchError when it goes past ``limit`` bytes (the
-        pod's image is the training's: what it prints is not trusted) or the command fails."""
+    def _exec_bytes(self, pod: str, command: builtins.list[str], limit: int, *, role: str = "fetch",
+                    error: type[PetsClientError] = FetchError, doing: str = "reading the outputs") -> bytes:
+        """The stdout of ``command`` in the ``role`` helper pod (its container has that name); ``error``
+        (FetchError) when it goes past ``limit`` bytes (the pod's image is the training's: what it prints
+        is not trusted) or the command fails."""
         from kubernetes.stream import stream
 
-        resp = self._call("exec in the fetch pod", stream, self.core.connect_get_namespaced_pod_exec, pod,
-                          self.namespace, command=command, container="fetch", stdin=False, stdout=True,
+        resp = self._call(f"exec in the {role} pod", stream, self.core.connect_get_namespaced_pod_exec, pod,
+                          self.namespace, command=command, container=role, stdin=False, stdout=True,
                           stderr=True, tty=False, binary=True, _preload_content=False)
         out, err = io.BytesIO(), io.BytesIO()
         try:
@@ -786,7 +871,7 @@ class PetsTrainingClient:
                 if err.tell() < _STDERR_KEPT_BYTES:
                     err.write((stderr or b"")[:_STDERR_KEPT_BYTES - err.tell()])
                 if out.tell() > limit:
-                    raise FetchError(f"the fetch pod sent more than the {limit} bytes its command can "
+                    raise error(f"the {role} pod sent more than the {limit} bytes its command can "
                                      "print: refused (it runs the training's image: is that the trainer?)")
 
             while resp.is_open():
@@ -799,9 +884,123 @@ class PetsTrainingClient:
         finally:
             resp.close()
         if code:
-            raise FetchError(f"reading the outputs failed (exit {code}): "
+            raise error(f"{doing} failed (exit {code}): "
                              f"{terminal_text(err.getvalue().decode(errors='replace').strip())}")
         return out.getvalue()
+
+    # ------------------------------------------------------------------ upload
+
+    def upload(self, local_dir: str | os.PathLike[str], *, claim: str, path: str = "/",
+               image: str | None = None, access_modes: builtins.list[str] | None = None,
+               storage_class: str | None = None, progress: bool = True, file: IO[str] | None = None,
+               timeout: float = FETCH_POD_START_S) -> UploadResult:
+        """Copy every regular file under ``local_dir`` into the claim ``claim`` at ``path`` (relative
+        names kept) and return what was copied and skipped.
+
+        The claim is made when it does not exist: 1.5 times the data rounded up to whole GiB, at least
+        1Gi (upload.claim_size), on the default StorageClass (or ``storage_class``), ReadWriteMany by
+        default (``access_modes``): a data claim is read by every pod of a training, on any node. An
+        existing claim whose capacity is smaller than the data is refused. A helper pod mounts it
+        read-write (``image``: default the operator's default trainer image, pets-training/trainer; no
+        training gives one here) and is deleted at the end. Files already there with the same sha256 are
+        skipped, so a second run resumes; each file copied is checked by its sha256 in the pod before it
+        takes its name. ``timeout`` bounds the wait for that pod to start. Arguments are checked (the
+        folder, its names, the claim name, the path) before anything is created: UploadError.
+        """
+        from . import upload as up
+
+        check = up.check_claim_name(claim)
+        sub = up.claim_dir(path)
+        files = up.walk(local_dir)
+        return self._upload(files, check, sub, image=image or _api.DEFAULT_IMAGE,
+                            access_modes=access_modes or ["ReadWriteMany"], storage_class=storage_class,
+                            progress=progress, file=file, timeout=timeout, scheduling=None)
+
+    def _ensure_claim(self, claim: str, total: int, access_modes: builtins.list[str],
+                      storage_class: str | None) -> bool:
+        """True when the claim was made here; UploadError when an existing one is too small."""
+        from kubernetes.client.exceptions import ApiException
+
+        from . import upload as up
+
+        try:
+            found = self.core.read_namespaced_persistent_volume_claim(claim, self.namespace)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise self._error(exc, f"reading the claim {claim}") from None
+            self._call(f"creating the claim {claim}", self.core.create_namespaced_persistent_volume_claim,
+                       self.namespace, up.claim_manifest(claim, total, access_modes, storage_class))
+            return True
+        capacity = (found.status.capacity or {}).get("storage") if found.status else None
+        resources = found.spec.resources if found.spec else None
+        requested = (resources.requests or {}).get("storage") if resources else None
+        up.check_capacity(claim, capacity or requested, total)
+        return False
+
+    def _upload(self, files: builtins.list[LocalFile], claim: str, sub: str, *, image: str,
+                access_modes: builtins.list[str], storage_class: str | None, progress: bool,
+                file: IO[str] | None, timeout: float, scheduling: dict[str, Any] | None) -> UploadResult:
+        from kubernetes.client.exceptions import ApiException
+
+        from . import upload as up
+
+        total = sum(f.size for f in files)
+        created = self._ensure_claim(claim, total, access_modes, storage_class)
+        pod = self._call("creating the upload pod", self.core.create_namespaced_pod, self.namespace,
+                         up.upload_pod(claim, image, total, scheduling))
+        pod_name = pod.metadata.name
+        root = up.remote_root(sub)
+
+        def run(command: builtins.list[str], limit: int, doing: str) -> bytes:
+            return self._exec_bytes(pod_name, command, limit, role="upload", error=UploadError, doing=doing)
+
+        try:
+            self._wait_pod_running(pod_name, timeout, role="upload", error=UploadError)
+            run(up.prepare_command(root), _STDERR_KEPT_BYTES, f"making {root} in the claim {claim}")
+            listing: builtins.list[tuple[str, int, str]] = []
+            for batch in up.listing_batches([f.name for f in files]):
+                listing += parse_listing(run(list_command(batch, root), listing_limit(batch),
+                                             f"listing the claim {claim}"))
+            copy_, skip = up.plan(files, listing)
+            bar = _upload_bar(claim, sum(f.size for f in copy_), len(copy_), progress, file)
+            try:
+                for done, entry in enumerate(copy_, 1):
+                    self._upload_file(run, root, entry, bar.update)
+                    bar.set_postfix_str(f"{done}/{len(copy_)} files")
+            finally:
+                bar.close()
+            return up.UploadResult(claim=claim, path=up.dataset_path(sub), copied=len(copy_),
+                                   skipped=len(skip), bytes_copied=sum(f.size for f in copy_),
+                                   created_claim=created)
+        finally:
+            try:
+                self.core.delete_namespaced_pod(pod_name, self.namespace, grace_period_seconds=0)
+            except ApiException:
+                pass
+
+    @staticmethod
+    def _upload_file(run: Any, root: str, entry: LocalFile, advance: Any) -> None:
+        """One file: its chunks written (an exec that fails is sent again, CHUNK_TRIES at most), then
+        checked by size and sha256 in the pod and renamed into place."""
+        from . import upload as up
+
+        digest = hashlib.sha256()
+        for first, chunks in up.exec_groups(up.read_chunks(entry.path)):
+            command = up.write_command(root, entry.name, first, chunks)
+            for attempt in range(1, CHUNK_TRIES + 1):
+                try:
+                    run(command, _STDERR_KEPT_BYTES, f"writing {entry.name}")
+                    break
+                except UploadError:
+                    if attempt == CHUNK_TRIES:
+                        raise
+            for chunk in chunks:
+                digest.update(chunk)
+                advance(len(chunk))
+        if digest.hexdigest() != entry.sha256:
+            raise UploadError(f"{entry.path} changed while it was uploaded; upload again")
+        run(up.commit_command(root, entry.name, entry.size, entry.sha256), _STDERR_KEPT_BYTES,
+            f"checking {entry.name}")
 
     def plot(self, name: str, out: str | os.PathLike[str]) -> Path:
         """Fetch progress.jsonl and write its loss and accuracy curves to ``out`` (PNG, matplotlib)."""

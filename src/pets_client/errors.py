@@ -60,6 +60,11 @@ class FetchError(PetsClientError):
     """The outputs cannot be fetched (an emptyDir output, a helper pod that did not start...)."""
 
 
+class UploadError(PetsClientError):
+    """A folder cannot be uploaded into a claim (a bad argument, a claim too small, a copy that does not
+    match its sha256...). Raised for the arguments before anything is created."""
+
+
 class LogsError(PetsClientError):
     """No logs to show: no pod of that rank, or its container has not started."""
 

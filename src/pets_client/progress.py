@@ -80,6 +80,25 @@ def phase_line(name: str, old: dict[str, Any] | None, new: dict[str, Any]) -> st
     return f"{text}: {message}" if message else text
 
 
+def dataset_line(name: str, old: dict[str, Any] | None, new: dict[str, Any]) -> str | None:
+    """One line when status.dataset first says what the trainer made of the data (or it changes)."""
+    dataset: dict[str, Any] = new["dataset"] if isinstance(new.get("dataset"), dict) else {}
+    before = (old or {}).get("dataset")
+    before = before if isinstance(before, dict) else {}
+    images, classes = _int(dataset.get("images")), _int(dataset.get("classes"))
+    if images is None or classes is None or dataset.get("images") == before.get("images"):
+        return None
+    skipped = _int(dataset.get("skipped")) or 0
+    text = f"{name}: dataset: {images} images in {classes} classes"
+    if skipped:
+        files = "file" if skipped == 1 else "files"
+        text += f", {skipped} {files} skipped (dataset.json in the output names them)"
+    train, evals = _int(dataset.get("trainImages")), _int(dataset.get("evalImages"))
+    if train is not None and evals is not None:
+        text += f"; {train} for training, {evals} for evaluation"
+    return text
+
+
 def final_line(name: str, status: dict[str, Any]) -> str:
     """One line for the end: the phase, the accuracy and the epochs, or why it failed."""
     phase = status.get("phase") or "unknown"

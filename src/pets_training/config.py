@@ -42,6 +42,12 @@ class TrainConfig:
     data: str = _f("synthetic", "a directory of <label>_<n>.jpg images, or 'synthetic' for the built-in set")
     synthetic_classes: int = _f(37, "classes in the synthetic set")
     synthetic_images_per_class: int = _f(20, "images per class in the synthetic set")
+    data_layout: str = _f(
+        "auto",
+        "how the directory names classes: flat (<label>_<n>.jpg), oxford (the Oxford-IIIT Pet archive's "
+        "images/ folder), imagefolder (a folder per class), or auto (detected)",
+        choices=("auto", "flat", "oxford", "imagefolder"),
+    )
     train_fraction: float = _f(0.8, "share of the images used for training (seeded split)")
     # model
     model: str = _f("resnet50d", "any timm model name")

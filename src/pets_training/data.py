@@ -10,6 +10,7 @@ still fails to decode later (changed on disk mid-run) stops the run with an erro
 from __future__ import annotations
 
 import colorsys
+import json
 import logging
 import math
 import re
@@ -17,6 +18,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -30,8 +32,11 @@ from .contract import PermanentError
 
 log = logging.getLogger(__name__)
 
-LABEL_PATTERN = re.compile(r"^(.*)_\d+\.jpg$")
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")  # compared lower-case: .JPG counts
+LABEL_PATTERN = re.compile(r"^(.*)_\d+\.(?:jpe?g|png)$", re.IGNORECASE)
 SYNTHETIC = "synthetic"
+# The dataset directory layouts (detect_layout), and "synthetic" for the built-in set in the report.
+LAYOUTS = ("flat", "oxford", "imagefolder")
 
 # The 37 Oxford-IIIT Pet breeds, used as class names of the synthetic set.
 BREEDS = (
@@ -53,28 +58,102 @@ class CorruptImageError(RuntimeError):
 
 
 def extract_label(file_name: str) -> str | None:
-    """``beagle_32.jpg`` -> ``beagle``; None when the name does not follow ``<label>_<n>.jpg``."""
+    """``beagle_32.jpg`` -> ``beagle`` (also ``.jpeg``, ``.png``, any case); None when the name does not
+    follow ``<label>_<n>.<image suffix>``."""
     match = LABEL_PATTERN.match(file_name)
     return match.group(1) if match else None
 
 
-def list_image_files(directory: Path) -> list[Path]:
-    """The ``<label>_<n>.jpg`` files of a directory, sorted so every rank and machine sees one order."""
+def is_image_name(name: str) -> bool:
+    return Path(name).suffix.lower() in IMAGE_SUFFIXES
+
+
+def _check_directory(directory: Path) -> None:
     if not directory.exists():
         raise DataError(f"data: directory {str(directory)!r} does not exist")
     if not directory.is_dir():
         raise DataError(f"data: {str(directory)!r} is not a directory")
-    entries = sorted(p for p in directory.iterdir() if p.is_file())
-    if not entries:
-        raise DataError(f"data: directory {str(directory)!r} is empty")
-    matching = [p for p in entries if extract_label(p.name) is not None]
-    if not matching:
-        examples = ", ".join(p.name for p in entries[:3])
+
+
+def _files(directory: Path) -> list[Path]:
+    """Regular files under a directory, recursively, in one sorted order on every rank and machine."""
+    return sorted(p for p in directory.rglob("*") if p.is_file())
+
+
+def detect_layout(directory: Path) -> str:
+    """Which of the layouts people have a dataset directory follows (``LAYOUTS``):
+
+    - ``oxford``: the Oxford-IIIT Pet archive as unpacked, an ``images/`` folder of ``<Breed>_<n>.jpg``
+      next to ``annotations/``, with no images of its own at the top;
+    - ``imagefolder``: torchvision's ImageFolder, a folder per class and no images at the top;
+    - ``flat``: the tutorial's ``<label>_<n>.jpg`` files in one folder (also the answer for anything else,
+      so its error message says what was expected).
+    """
+    _check_directory(directory)
+    top_images = [p for p in directory.iterdir() if p.is_file() and is_image_name(p.name)]
+    if top_images:
+        return "flat"
+    if (directory / "images").is_dir():
+        return "oxford"
+    if any(p.is_dir() and any(is_image_name(f.name) for f in _files(p)) for p in directory.iterdir()):
+        return "imagefolder"
+    return "flat"
+
+
+@dataclass
+class Listing:
+    """What a dataset directory holds: the image files with their labels, and the files left out with why."""
+
+    layout: str
+    root: Path  # the directory the image paths are relative to (``images/`` of the Oxford layout)
+    samples: list[tuple[Path, str]]
+    skipped: list[tuple[Path, str]]
+
+
+def list_samples(directory: Path, layout: str = "auto") -> Listing:
+    """The labelled image files of a dataset directory in the given layout (``auto``: detected). Files that
+    are not images, or not labelled by the layout's rule, are skipped with the reason; no image at all is
+    a DataError naming the directory and the rule."""
+    if layout not in ("auto", *LAYOUTS):
+        raise DataError(f"data: layout {layout!r} is not one of auto, {', '.join(LAYOUTS)}")
+    _check_directory(directory)
+    chosen = detect_layout(directory) if layout == "auto" else layout
+    root = directory / "images" if chosen == "oxford" else directory
+    _check_directory(root)
+    files = _files(root) if chosen == "imagefolder" else sorted(p for p in root.iterdir() if p.is_file())
+    if not files and not any(root.iterdir()):
+        raise DataError(f"data: directory {str(root)!r} is empty")
+    samples: list[tuple[Path, str]] = []
+    skipped: list[tuple[Path, str]] = []
+    for path in files:
+        relative = path.relative_to(root)
+        if any(part.startswith(".") or part == "__MACOSX" for part in relative.parts):
+            skipped.append((path, "hidden file or archive metadata"))
+        elif not is_image_name(path.name):
+            skipped.append((path, f"not an image (suffix {path.suffix or 'none'!r})"))
+        elif chosen == "imagefolder":
+            if len(relative.parts) < 2:
+                skipped.append((path, "not in a class folder"))
+            else:
+                samples.append((path, relative.parts[0]))
+        elif (label := extract_label(path.name)) is None:
+            skipped.append((path, "name does not follow <label>_<n>.jpg"))
+        else:
+            samples.append((path, label))
+    if not samples:
+        rule = "a folder per class" if chosen == "imagefolder" else \
+            f"<label>_<n>.jpg (regex {LABEL_PATTERN.pattern})"
+        examples = ", ".join(str(p.relative_to(root)) for p in (files or sorted(root.iterdir()))[:3])
         raise DataError(
-            f"data: no file in {str(directory)!r} matches <label>_<n>.jpg (regex {LABEL_PATTERN.pattern}); "
-            f"found for example: {examples}"
+            f"data: no image in {str(root)!r} follows the {chosen} layout ({rule}); found for example: "
+            f"{examples}. Set the layout (spec.dataset.layout, --data-layout) if it was detected wrongly"
         )
-    return matching
+    return Listing(chosen, root, samples, skipped)
+
+
+def list_image_files(directory: Path) -> list[Path]:
+    """The ``<label>_<n>.jpg`` files of a flat directory, sorted so every rank and machine sees one order."""
+    return [path for path, _label in list_samples(directory, "flat").samples]
 
 
 def check_image(path: Path) -> str | None:
@@ -96,7 +175,7 @@ def scan_images(paths: Sequence[Path]) -> tuple[list[Path], list[tuple[Path, str
         if reason is None:
             good.append(path)
         else:
-            bad.append((path, reason))
+            bad.append((path, f"unreadable ({reason})"))
     return good, bad
 
 
@@ -298,10 +377,53 @@ class PetsData:
     classes: list[str]
     skipped: list[tuple[Path, str]]
     source: str  # a line for the log
+    report: dict[str, Any]  # what the trainer made of the data (dataset_report)
 
     @property
     def num_classes(self) -> int:
         return len(self.classes)
+
+
+REPORT_FILE = "dataset.json"
+REPORT_SKIPPED_LIMIT = 1000  # names kept in the report; the count is always whole
+
+
+def dataset_report(layout: str, root: str, labels: Sequence[str], skipped: Sequence[tuple[str, str]],
+                   n_train: int, n_eval: int) -> dict[str, Any]:
+    """What the trainer made of a dataset, written to ``dataset.json`` before the first step: the images
+    found per class, the files skipped with their reasons, and the split. ``status.dataset`` and the
+    summary carry its counts (``report_counts``)."""
+    reasons = Counter(reason.split(" (")[0] for _name, reason in skipped)
+    return {
+        "layout": layout,
+        "root": root,
+        "images": len(labels),
+        "classes": len(set(labels)),
+        "per_class": dict(sorted(Counter(labels).items())),
+        "skipped": len(skipped),
+        "skipped_by_reason": dict(sorted(reasons.items())),
+        "skipped_files": [{"file": name, "reason": why} for name, why in skipped[:REPORT_SKIPPED_LIMIT]],
+        "train_images": n_train,
+        "eval_images": n_eval,
+    }
+
+
+REPORT_COUNTS = ("layout", "images", "classes", "skipped", "train_images", "eval_images")
+
+
+def report_counts(report: dict[str, Any]) -> dict[str, Any]:
+    """The report without its lists: what the summary and status hold."""
+    return {key: report[key] for key in REPORT_COUNTS}
+
+
+def write_report(report: dict[str, Any], output_dir: Path) -> Path:
+    """``dataset.json`` in the output directory, written whole (temp name, then rename)."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    path = output_dir / REPORT_FILE
+    tmp = path.with_name(f".{REPORT_FILE}.tmp")
+    tmp.write_text(json.dumps(report, indent=1) + "\n")
+    tmp.replace(path)
+    return path
 
 
 def _split_datasets(
@@ -370,6 +492,7 @@ def build_data(
     synthetic_classes: int,
     synthetic_images_per_class: int,
     fast_decode: bool = True,
+    layout: str = "auto",
 ) -> PetsData:
     if data == SYNTHETIC:
         samples = synthetic_samples(synthetic_classes, synthetic_images_per_class)
@@ -379,32 +502,31 @@ def build_data(
         labels = [label for _, label in samples]
         train, evals = _split_datasets(loader, labels, seed, train_fraction, image_size, "the synthetic set")
         source = f"synthetic: {synthetic_classes} classes x {synthetic_images_per_class} images (in memory)"
-        return PetsData(train, evals, classes, [], source)
+        report = dataset_report(SYNTHETIC, SYNTHETIC, [classes[label] for label in labels], [], len(train),
+                                len(evals))
+        return PetsData(train, evals, classes, [], source, report)
 
-    directory = Path(data)
-    files, skipped = scan_images(list_image_files(directory))
-    if skipped:
-        shown = "; ".join(f"{p.name}: {reason}" for p, reason in skipped[:5])
-        more = f" (and {len(skipped) - 5} more)" if len(skipped) > 5 else ""
-        log.warning(
-            "skipped %d unreadable image(s) of %d in %s: %s%s",
-            len(skipped),
-            len(files) + len(skipped),
-            directory,
-            shown,
-            more,
-        )
+    listing = list_samples(Path(data), layout)
+    files, unreadable = scan_images([path for path, _label in listing.samples])
+    skipped = sorted(listing.skipped + unreadable)
+    where = repr(str(listing.root))
+    if unreadable:
+        shown = "; ".join(f"{p.relative_to(listing.root)}: {reason}" for p, reason in unreadable[:5])
+        more = f" (and {len(unreadable) - 5} more)" if len(unreadable) > 5 else ""
+        log.warning("skipped %d unreadable image(s) of %d in %s: %s%s", len(unreadable),
+                    len(listing.samples), listing.root, shown, more)
     if not files:
-        raise DataError(
-            f"data: none of the images in {str(directory)!r} could be read ({len(skipped)} corrupt)"
-        )
-    names = [extract_label(p.name) or "" for p in files]
-    ids = label_ids(names, repr(str(directory)))
+        raise DataError(f"data: none of the images in {where} could be read ({len(unreadable)} corrupt)")
+    label_of = dict(listing.samples)
+    names = [label_of[p] for p in files]
+    ids = label_ids(names, where)
     labels = [ids[name] for name in names]
-    train, evals = _split_datasets(
-        _FileLoader(files, fast_decode), labels, seed, train_fraction, image_size, repr(str(directory))
-    )
+    train, evals = _split_datasets(_FileLoader(files, fast_decode), labels, seed, train_fraction, image_size,
+                                   where)
     counts = Counter(names)
     per_class = f"{min(counts.values())}-{max(counts.values())} per class"
-    source = f"{directory}: {len(files)} images, {len(ids)} classes ({per_class})"
-    return PetsData(train, evals, sorted(ids), skipped, source)
+    source = f"{listing.root} ({listing.layout}): {len(files)} images, {len(ids)} classes ({per_class})"
+    report = dataset_report(listing.layout, str(listing.root), names,
+                            [(str(p.relative_to(listing.root)), reason) for p, reason in skipped],
+                            len(train), len(evals))
+    return PetsData(train, evals, sorted(ids), skipped, source, report)

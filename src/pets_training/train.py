@@ -41,9 +41,10 @@ from .checkpoint import (
 )
 from .config import TrainConfig, resolve, to_yaml
 from .contract import PodContract, ProcessContext
-from .data import EpochShuffleSampler, PetsData, build_data, check_fits_world
+from .data import EpochShuffleSampler, PetsData, build_data, check_fits_world, report_counts, write_report
 from .model import create_model, inner_model, resolve_precision, trainable_module
 from .progress import (
+    DATASET_GAUGE_KEYS,
     PLOT_FILE,
     SUMMARY_FILE,
     MetricsServer,
@@ -273,6 +274,9 @@ def training_function(
         metrics.set("checkpoint_seconds_total", 0.0)
         metrics.set("resume_step", state.resume_step)
         metrics.set("resume_skipped_checkpoints", state.skipped_checkpoints)
+        for key, value in report_counts(t.data.report).items():
+            if key in DATASET_GAUGE_KEYS:
+                metrics.set(f"dataset_{key}", value)
         _serve_time(metrics, split)
     try:
         for epoch in range(state.start_epoch, cfg.epochs):
@@ -334,8 +338,11 @@ def setup(cfg: TrainConfig, pod: PodContract, process: ProcessContext) -> Traini
         cfg.synthetic_classes,
         cfg.synthetic_images_per_class,
         cfg.fast_decode,
+        cfg.data_layout,
     )
     log.info("data %s; %d for training, %d for evaluation", data.source, len(data.train), len(data.eval))
+    if accelerator.is_main_process:  # before the world-size check, so a refused set is reported too
+        log.info("dataset report: %s", write_report(data.report, output_dir))
     check_fits_world(len(data.train), len(data.eval), accelerator.num_processes, cfg.batch_size,
                      cfg.train_fraction, data.source)
 
@@ -749,6 +756,7 @@ def _finish(
         "world_size": accelerator.num_processes,
         "model": cfg.model,
         "num_classes": data.num_classes,
+        "dataset": report_counts(data.report),
         "output_dir": str(output_dir),
     }
     write_summary(summary, [output_dir / SUMMARY_FILE, cfg.summary_path])

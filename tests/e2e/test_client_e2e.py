@@ -103,6 +103,68 @@ def test_kubectl_pets_run_watch_fetch_plot_logs(trainings: Trainings, shared_out
     assert listed.stdout.splitlines()[1].split()[:2] == [name, "Succeeded"], listed.stdout
 
 
+def digits_by_class(root: Path, per_class: int) -> Path:
+    """scikit-learn's bundled digits (8x8 grey scans of handwritten digits; real images that no one here
+    made) as a folder per class, in the kinds of files people have: grayscale and CMYK JPEG, RGBA PNG and
+    RGB `.JPG`; plus one file that does not decode."""
+    from PIL import Image
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    kinds = [("L", ".jpg"), ("CMYK", ".jpg"), ("RGBA", ".png"), ("RGB", ".JPG")]
+    chosen = [i for d in range(10) for i in (digits.target == d).nonzero()[0][:per_class]]
+    for i, (pixels, label) in enumerate(zip(digits.images[chosen], digits.target[chosen], strict=True)):
+        mode, suffix = kinds[i % len(kinds)]
+        path = root / f"digit_{label}" / f"{i:04d}{suffix}"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        grey = Image.fromarray((pixels * 255 / 16).astype("uint8")).resize((32, 32))
+        grey.convert(mode).save(path)
+    (root / "digit_0" / "scan_broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 cut off here")
+    return root
+
+
+def test_kubectl_pets_upload_then_run_data_watch_and_fetch_the_report(trainings: Trainings,
+                                                                      shared_output: str,
+                                                                      tmp_path: Path) -> None:
+    """A folder of the user's images goes in with `kubectl pets upload`, a second upload (by `run --data`)
+    copies nothing, the training reads the folder-per-class layout with its mixed image kinds, and the
+    dataset report comes back in status, on the watch, and as dataset.json."""
+    data = digits_by_class(tmp_path / "digits", 40)
+    ns = ["-n", trainings.namespace]
+    first = kubectl_pets("upload", str(data), "--claim", "digits", *ns, timeout=900)
+    assert first.returncode == 0, f"{first.stdout}\n{first.stderr}"
+    assert "copied 401 files" in first.stdout and "(new claim), skipped 0" in first.stdout, first.stdout
+
+    name = "digits"
+    spec = {k: v for k, v in SMALL_SPEC.items() if k != "dataset"}
+    manifest = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "PetsTraining", "metadata": {"name": name},
+                "spec": {**spec, "output": {"persistentVolumeClaim": {"claimName": shared_output}}}}
+    path = tmp_path / "petstraining.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    run = kubectl_pets("run", "-f", str(path), "--data", str(data), "--claim", "digits", "--watch", *ns)
+    assert run.returncode == 0, f"{run.stdout}\n{run.stderr}\n{trainings.describe(name)}"
+    assert "copied 0 files / 0 B into claim digits, skipped 401 already there" in run.stdout, run.stdout
+    assert (f"{name}: dataset: 400 images in 10 classes, 1 file skipped (dataset.json in the output names "
+            "them); 320 for training, 80 for evaluation") in run.stdout, run.stdout
+    status = trainings.status(name)
+    assert status["phase"] == "Succeeded", status
+    assert status["dataset"] == {"layout": "imagefolder", "images": 400, "classes": 10, "skipped": 1,
+                                 "trainImages": 320, "evalImages": 80}, status
+    claim = trainings.get(name)["spec"]["dataset"]["persistentVolumeClaim"]
+    assert (claim["claimName"], claim["path"]) == ("digits", "/"), claim
+
+    out = tmp_path / "out"
+    fetched = kubectl_pets("fetch", name, str(out), *ns, timeout=600)
+    assert fetched.returncode == 0, f"{fetched.stdout}\n{fetched.stderr}"
+    report = json.loads((out / "dataset.json").read_text())
+    assert report["per_class"] == {f"digit_{d}": 40 for d in range(10)}, report
+    (broken,) = report["skipped_files"]
+    assert broken["file"] == "digit_0/scan_broken.jpg" and broken["reason"].startswith("unreadable ("), report
+    uploads = trainings.core.list_namespaced_pod(
+        trainings.namespace, label_selector="app.kubernetes.io/component=upload").items
+    assert all(p.metadata.deletion_timestamp for p in uploads), "an upload pod was left behind"
+
+
 def test_kubectl_pets_fetch_says_why_an_emptydir_cannot_be_fetched(trainings: Trainings,
                                                                    tmp_path: Path) -> None:
     trainings.create("scratch", {**SMALL_SPEC, "suspend": True, "output": {"emptyDir": {}}})

@@ -29,7 +29,7 @@ from pets_client.client import (
     save,
 )
 from pets_client.errors import FetchError, server_error
-from pets_client.progress import BarState, bar_state, final_line, phase_line, postfix
+from pets_client.progress import BarState, bar_state, dataset_line, final_line, phase_line, postfix
 
 pytestmark = pytest.mark.unit
 
@@ -253,6 +253,19 @@ def test_bar_has_no_total_before_steps_are_reported_and_is_full_at_succeeded() -
     done = bar_state({"phase": "Succeeded", "epoch": 3, "totalEpochs": 3, "step": 4, "stepsTotal": 6})
     assert (done.n, done.total, done.desc) == (6, 6, "epoch 3/3")
     assert postfix({"trainLoss": "nan?", "evalAccuracy": None, "imagesPerSecond": True}) == {}
+
+
+def test_the_dataset_line_is_said_once_when_the_report_arrives() -> None:
+    report = {"images": 1796, "classes": 10, "skipped": 1, "trainImages": 1436, "evalImages": 360}
+    running = {"phase": "Running", "dataset": report}
+    assert dataset_line("pets", {"phase": "Running"}, running) == (
+        "pets: dataset: 1796 images in 10 classes, 1 file skipped (dataset.json in the output names them); "
+        "1436 for training, 360 for evaluation")
+    assert dataset_line("pets", running, {**running, "epoch": 1}) is None  # said once
+    assert dataset_line("pets", None, {"phase": "Running"}) is None
+    clean = {"dataset": {"images": 40, "classes": 2}}
+    assert dataset_line("pets", None, clean) == "pets: dataset: 40 images in 2 classes"
+    assert dataset_line("pets", None, {"dataset": "junk"}) is None
 
 
 def test_phase_lines_print_only_changes() -> None:

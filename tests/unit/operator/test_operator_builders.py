@@ -137,6 +137,7 @@ def test_gpu_pvc_and_scheduling_fields() -> None:
     assert c["image"] == "registry.example/trainer:1"
     assert "--pretrained" in c["args"] and "--unfreeze" in c["args"]
     assert c["args"][c["args"].index("--data") + 1] == "/data/images"
+    assert c["args"][c["args"].index("--data-layout") + 1] == "auto"  # unset: the trainer detects it
     mounts = {m["name"]: m for m in c["volumeMounts"]}
     assert mounts["data"]["readOnly"] is True and mounts["output"]["subPath"] == "run1"
     vols = {v["name"]: v for v in pod["volumes"]}

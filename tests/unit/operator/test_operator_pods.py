@@ -470,6 +470,25 @@ def test_last_checkpoint_is_mirrored_from_progress() -> None:
     assert next_epoch.status["lastCheckpoint"] == {"epoch": 4, "step": 48, "time": "2026-01-02T03:04:25Z"}
 
 
+def test_the_dataset_report_is_mirrored_from_progress_then_the_summary() -> None:
+    running = [pod(0, phase="Running"), pod(1, phase="Running")]
+    gauges = {"pets_dataset_images": 1796.0, "pets_dataset_classes": 10.0, "pets_dataset_skipped": 1.0,
+              "pets_dataset_train_images": 1436.0, "pets_dataset_eval_images": 360.0}
+    p = plan(body(), job(active=2), running, progress=gauges)
+    assert p.status["dataset"] == {"images": 1796, "classes": 10, "skipped": 1, "trainImages": 1436,
+                                   "evalImages": 360}
+    done = job(conditions=[{"type": "Complete", "status": "True"}], succeeded=2)
+    report = {"layout": "imagefolder", "images": 1796, "classes": 10, "skipped": 2, "train_images": 1436,
+              "eval_images": 360}
+    finished = plan(body(p.status), done, [], summary={"status": "succeeded", "epochs": 5, "dataset": report})
+    assert finished.status["dataset"] == {"layout": "imagefolder", "images": 1796, "classes": 10,
+                                          "skipped": 2, "trainImages": 1436, "evalImages": 360}
+    # what the pod wrote is checked: a layout we do not know and counts out of range stay out
+    odd = {"layout": "x" * 50, "images": -1, "classes": True, "skipped": 0.5}
+    other = plan(body(), done, [], summary={"status": "succeeded", "epochs": 5, "dataset": odd})
+    assert "dataset" not in other.status
+
+
 def test_stalled_is_set_and_cleared() -> None:
     running = [pod(0, phase="Running"), pod(1, phase="Running")]
     progress = {"pets_step": 10.0, "pets_elapsed_seconds": 100.0}  # 10 s a step -> bound 200 s

@@ -38,7 +38,8 @@ def test_labels_come_from_file_names() -> None:
     assert extract_label("beagle_32.jpg") == "beagle"
     assert extract_label("great_pyrenees_7.jpg") == "great_pyrenees"
     assert extract_label("Abyssinian_100.jpg") == "Abyssinian"
-    assert extract_label("beagle.jpg") is None and extract_label("beagle_1.png") is None
+    assert extract_label("beagle_1.png") == "beagle" and extract_label("Pug_3.JPEG") == "Pug"
+    assert extract_label("beagle.jpg") is None and extract_label("beagle_1.gif") is None
 
 
 def test_split_is_seeded_and_disjoint() -> None:
@@ -91,7 +92,7 @@ def test_missing_empty_and_unmatched_directories_fail_clearly(tmp_path: Path) ->
     other = tmp_path / "other"
     other.mkdir()
     (other / "cat.png").write_bytes(b"x")
-    with pytest.raises(DataError, match=r"no file in '.*other' matches <label>_<n>.jpg .*cat.png"):
+    with pytest.raises(DataError, match=r"no image in '.*other' follows the flat layout .*cat.png"):
         list_image_files(other)
     file = tmp_path / "file.txt"
     file.write_text("x")
