@@ -62,15 +62,17 @@ TRAINER_GAUGES = {
         "restore_seconds",
         "seconds this run's resume took: finding and loading the checkpoint (0: no --resume)",
     ),
-    # what the trainer made of the data (data.dataset_report, dataset.json), for status.dataset
+}
+# What the trainer made of the data (data.dataset_report, dataset.json), served once set up; the operator
+# reads them into status.dataset (its status.DATASET_FIELDS). The summary carries the layout as well.
+DATASET_GAUGES = {
     "pets_dataset_images": ("dataset_images", "images the trainer found and could read"),
     "pets_dataset_classes": ("dataset_classes", "classes among them"),
     "pets_dataset_skipped": ("dataset_skipped", "files left out: not images, unlabelled or unreadable"),
     "pets_dataset_train_images": ("dataset_train_images", "images in the training split"),
     "pets_dataset_eval_images": ("dataset_eval_images", "images in the evaluation split"),
 }
-# the dataset report's counts served as gauges (the summary carries the layout as well)
-DATASET_GAUGE_KEYS = ("images", "classes", "skipped", "train_images", "eval_images")
+DATASET_GAUGE_KEYS = ("images", "classes", "skipped", "train_images", "eval_images")  # dataset_<key>
 
 # The parts of a run's wall time, in the summary's "time_seconds" (TimeSplit)
 TIME_PARTS = ("startup", "train", "eval", "checkpoint", "restore")
@@ -154,7 +156,7 @@ class MetricsServer:
         if key not in self.gauges:
             from prometheus_client import Gauge
 
-            served = {**GAUGES, **TRAINER_GAUGES}
+            served = {**GAUGES, **TRAINER_GAUGES, **DATASET_GAUGES}
             name, doc = next((n, d) for n, (k, d) in served.items() if k == key)
             self.gauges[key] = Gauge(name, doc, registry=self.registry)
         self.values[key] = float(value)

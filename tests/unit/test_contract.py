@@ -10,7 +10,7 @@ import pytest
 from pets_operator import api, builders, goodput, pods, status
 from pets_operator.progress import parse_progress
 
-from pets_training import contract, launch, progress
+from pets_training import contract, data, launch, progress
 from pets_training.config import resolve
 
 pytestmark = pytest.mark.unit
@@ -104,6 +104,14 @@ def test_the_trainer_serves_the_gauges_the_operator_reads() -> None:
     read = parse_progress(page)
     assert read == {name: i + 0.5 for i, name in enumerate(progress.TRAINER_GAUGES) if name in read}
     assert set(read) == set(goodput.GAUGE_FIELDS)
+    # The dataset report's counts feed status.dataset, each by its name, from the report's keys.
+    assert set(progress.DATASET_GAUGES) == set(status.DATASET_FIELDS)
+    assert {key for key, _doc in progress.DATASET_GAUGES.values()} == {
+        f"dataset_{key}" for key in progress.DATASET_GAUGE_KEYS}
+    assert set(progress.DATASET_GAUGE_KEYS) <= set(data.REPORT_COUNTS)
+    assert set(progress.DATASET_GAUGE_KEYS) == set(status.SUMMARY_DATASET_KEYS)
+    page = "".join(f"# TYPE {name} gauge\n{name} {i}\n" for i, name in enumerate(progress.DATASET_GAUGES))
+    assert parse_progress(page) == {name: float(i) for i, name in enumerate(progress.DATASET_GAUGES)}
 
 
 def test_the_permanent_exit_code_is_the_one_the_operator_fails_on() -> None:
