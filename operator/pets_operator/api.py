@@ -256,6 +256,74 @@ def _quantity_rule(rule_id: str, at: str, key: str, example: dict[str, Any]) -> 
     )
 
 
+def _dig(value: Any, keys: tuple[str, ...]) -> Any:
+    """The value below `keys`, or None where a level is missing (CEL's has() on each level)."""
+    for key in keys:
+        if not _has(value, key):
+            return None
+        value = value[key]
+    return value
+
+
+def _has_chain(keys: tuple[str, ...]) -> str:
+    """CEL: every level of self.<keys> is set."""
+    return " && ".join(f"has(self.{'.'.join(keys[:depth])})" for depth in range(1, len(keys) + 1))
+
+
+def _has_no_parent_segment(path: str) -> bool:
+    """Python twin of the CEL in `_no_parent_segment_rule`: no `..` segment in the path."""
+    return "/../" not in f"/{path}/"
+
+
+def _no_parent_segment_rule(rule_id: str, keys: tuple[str, ...], example: dict[str, Any]) -> Rule:
+    """A volume path (spec.<keys>) must not climb out with `..`: Kubernetes refuses `..` in a pod's
+    hostPath and volume sub-paths, so the pods could never be created. On spec, not the path's own
+    object, so the schema of those objects stays as it is."""
+    dotted = ".".join(keys)
+    return Rule(
+        id=rule_id,
+        at="spec",
+        cel=f"!({_has_chain(keys)}) || !('/' + self.{dotted} + '/').contains('/../')",
+        message=f"spec.{dotted} must not have a '..' segment: it would climb out of the directory it "
+                "names, and Kubernetes refuses '..' in a pod's volume paths, so the pods could not be "
+                "created",
+        check=lambda spec: _dig(spec, keys) is None or _has_no_parent_segment(_dig(spec, keys)),
+        example_spec=example,
+        field_path=f".{dotted}",
+    )
+
+
+_DATASET_CLAIM = ("dataset", "persistentVolumeClaim")
+_OUTPUT_CLAIM = ("output", "persistentVolumeClaim")
+
+
+def _as_directory(path: str) -> str:
+    """A claim path with one trailing slash, so that /a and /a/ are the same folder and /ab is not in /a."""
+    return path if path.endswith("/") else path + "/"
+
+
+def _output_nests_with_dataset(spec: dict[str, Any]) -> bool:
+    """Python twin of the CEL of rule output-not-in-dataset: the output and the dataset are the same
+    claim and one folder is the other or inside it."""
+    dataset, output = _dig(spec, _DATASET_CLAIM), _dig(spec, _OUTPUT_CLAIM)
+    if dataset is None or output is None or dataset["claimName"] != output["claimName"]:
+        return False
+    dataset_dir = _as_directory(dataset.get("path") or "/")
+    output_dir = _as_directory(output.get("path") or "/")
+    return dataset_dir.startswith(output_dir) or output_dir.startswith(dataset_dir)
+
+
+def _cel_claim_directory(keys: tuple[str, ...]) -> str:
+    """CEL of `_as_directory` on the path of the claim at self.<keys> ("/" when unset)."""
+    claim = "self." + ".".join(keys)
+    path = f"(has({claim}.path) ? {claim}.path : '/')"
+    return f"({path}.endsWith('/') ? {path} : {path} + '/')"
+
+
+_DATASET_DIR_CEL = _cel_claim_directory(_DATASET_CLAIM)
+_OUTPUT_DIR_CEL = _cel_claim_directory(_OUTPUT_CLAIM)
+
+
 RULES: list[Rule] = [
     Rule(
         id="name",
@@ -364,6 +432,35 @@ RULES: list[Rule] = [
         example_spec={"output": {"persistentVolumeClaim": {"claimName": "out", "readOnly": True}}},
         field_path=".output.persistentVolumeClaim.readOnly",
     ),
+    # The trainer writes checkpoints and the model into its output: inside the dataset's folder they
+    # would be read back as images (and the dataset's own files overwritten).
+    Rule(
+        id="output-not-in-dataset",
+        at="spec",
+        cel=f"!({_has_chain(_DATASET_CLAIM)} && {_has_chain(_OUTPUT_CLAIM)} && "
+            "self.dataset.persistentVolumeClaim.claimName == self.output.persistentVolumeClaim.claimName && "
+            f"({_DATASET_DIR_CEL}.startsWith({_OUTPUT_DIR_CEL}) || "
+            f"{_OUTPUT_DIR_CEL}.startsWith({_DATASET_DIR_CEL})))",
+        message="spec.output.persistentVolumeClaim.path must not be spec.dataset.persistentVolumeClaim.path, "
+                "nor inside it, nor hold it, when both name the same claim: the trainer would write its "
+                "checkpoints into the folder it reads images from; use another claim, or folders side by "
+                "side such as /images and /runs",
+        check=lambda spec: not _output_nests_with_dataset(spec),
+        example_spec={"dataset": {"persistentVolumeClaim": {"claimName": "pets"}},
+                      "output": {"persistentVolumeClaim": {"claimName": "pets", "path": "/runs"}}},
+        field_path=".output.persistentVolumeClaim.path",
+    ),
+    _no_parent_segment_rule("dataset-claim-path-no-parent", ("dataset", "persistentVolumeClaim", "path"),
+                            {"dataset": {"persistentVolumeClaim": {"claimName": "pets",
+                                                                   "path": "/images/../.."}}}),
+    _no_parent_segment_rule("dataset-host-path-no-parent", ("dataset", "hostPath", "path"),
+                            {"dataset": {"hostPath": {"path": "/srv/pets/../../etc"}}}),
+    _no_parent_segment_rule("output-claim-path-no-parent", ("output", "persistentVolumeClaim", "path"),
+                            {"output": {"persistentVolumeClaim": {"claimName": "out", "path": "/runs/.."}}}),
+    _no_parent_segment_rule("pretrained-cache-path-no-parent",
+                            ("pretrainedCache", "persistentVolumeClaim", "path"),
+                            {"pretrainedCache": {"persistentVolumeClaim": {"claimName": "hub",
+                                                                           "path": "/../hub"}}}),
     _quantity_rule("cpu-quantity", "spec.resources", "cpu", {"resources": {"cpu": "0.5.5"}}),
     _quantity_rule("memory-quantity", "spec.resources", "memory", {"resources": {"memory": "-4Gi"}}),
     _quantity_rule("size-limit-quantity", "spec.output.emptyDir", "sizeLimit",

@@ -95,6 +95,149 @@ def policy_yaml() -> str:
     return "".join(f"---\n{yaml.safe_dump(doc, sort_keys=False, width=110)}" for doc in immutability_policy())
 
 
+# ----------------------------------------------------------------------------- admin guardrails
+#
+# The chart's guardrails (values guardrails.*, docs/guardrails.md): what an admin allows at install
+# time, so a PetsTraining cannot read the node's file system, run any image or borrow any
+# ServiceAccount. Admission CEL, like the immutability policy, but with the chart's values in it: the
+# template is this policy with Helm expressions where the values go (`guardrails_policy_yaml`), and
+# tests/unit/operator/test_operator_guardrails.py fails when templates/guardrails-policy.yaml differs.
+
+GUARDRAILS_TEMPLATE = "templates/guardrails-policy.yaml"
+# Cluster-scoped, one per release (two releases each enforce their own guardrails).
+GUARDRAILS_POLICY_NAME = (f"{api.PLURAL}.{api.GROUP}-guardrails-"
+                          "{{ .Release.Namespace }}-{{ .Release.Name }}")
+
+# The values, as CEL list literals (JSON lists of strings are CEL lists). The image allow-list also
+# holds the repository of the chart's trainer.image (the operator's default image) when that is set.
+_TRAINER_REPOSITORY = '(regexReplaceAll "(:[^/:]*)?(@.*)?$" .Values.trainer.image "")'
+GUARDRAILS_VARIABLES_HELM = {
+    "hostPathPrefixes": "{{ .Values.guardrails.hostPathPrefixes | toJson | quote }}",
+    "imagePrefixes": "{{ concat .Values.guardrails.imagePrefixes (ternary (list " + _TRAINER_REPOSITORY
+                     + ") (list) (ne .Values.trainer.image \"\")) | uniq | toJson | quote }}",
+    "serviceAccountNames": "{{ .Values.guardrails.serviceAccountNames | toJson | quote }}",
+}
+# In namespaced mode (watch.namespaces) the guardrails bind only the watched namespaces: trainings
+# elsewhere are another release's business.
+GUARDRAILS_NAMESPACE_SELECTOR_HELM = (
+    "{{ if .Values.watch.namespaces }}{{ dict \"matchExpressions\" (list (dict \"key\" "
+    "\"kubernetes.io/metadata.name\" \"operator\" \"In\" \"values\" .Values.watch.namespaces)) | toJson }}"
+    "{{ else }}{}{{ end }}"
+)
+
+
+def _placeholder(name: str) -> str:
+    return f"HELM__{name}__"
+
+
+def _unchanged(*keys: str) -> str:
+    """CEL: an UPDATE that keeps spec.<keys> as it was (so a training made before the guardrails, or
+    before an admin narrowed them, can still be suspended, labelled and finalized). The new object has
+    the field: the validation checks that first."""
+    levels = " && ".join(f"has(oldObject.spec.{'.'.join(keys[:depth])})" for depth in range(1, len(keys) + 1))
+    field = ".".join(keys)
+    return f"(oldObject != null && {levels} && oldObject.spec.{field} == object.spec.{field})"
+
+
+# CEL: the prefix p as a folder (one trailing slash), so that it matches whole path segments.
+_AS_DIRECTORY_P = "p.endsWith('/') ? p : p + '/'"
+
+
+def _message_expression(field: str, problem: str, variable: str, none: str, advice: str) -> str:
+    """CEL of a refusal: `<field> "<value>" <problem> (allowed: <the list, or none>); <advice>`."""
+    allowed = f"(variables.{variable}.size() == 0 ? '{none}' : variables.{variable}.join(', '))"
+    return f"'{field} \"' + object.{field} + '\" {problem} (allowed: ' + {allowed} + '); {advice}'"
+
+
+def _guardrail(expression: str, message: str, message_expression: str) -> dict[str, str]:
+    return {"expression": expression, "message": message, "messageExpression": message_expression,
+            "reason": "Forbidden"}
+
+
+def guardrails_validations() -> list[dict[str, str]]:
+    """One validation per guardrail; each refusal names the field, its value, what is allowed, and the
+    chart value an admin changes."""
+    host_path = "object.spec.dataset.hostPath.path"
+    image = "object.spec.image"
+    account = "object.spec.serviceAccountName"
+    return [
+        _guardrail(
+            "!has(object.spec.dataset) || !has(object.spec.dataset.hostPath) || "
+            f"{_unchanged('dataset', 'hostPath', 'path')} || "
+            f"variables.hostPathPrefixes.exists(p, {host_path} == p || "
+            f"{host_path}.startsWith({_AS_DIRECTORY_P}))",
+            "spec.dataset.hostPath.path must be one of the chart value guardrails.hostPathPrefixes or inside "
+            "one (by default none: hostPath datasets are off)",
+            _message_expression(
+                "spec.dataset.hostPath.path", "must be one of the chart value guardrails.hostPathPrefixes or "
+                "inside one", "hostPathPrefixes", "none: hostPath datasets are off",
+                "use a persistentVolumeClaim dataset, or ask the cluster admin to add a prefix to "
+                "guardrails.hostPathPrefixes")),
+        _guardrail(
+            f"!has({image}) || {_unchanged('image')} || variables.imagePrefixes.exists(p, {image} == p || "
+            f"{image}.startsWith({_AS_DIRECTORY_P}) || "
+            f"(({image}.startsWith(p + ':') || {image}.startsWith(p + '@')) && "
+            f"!{image}.substring(p.size()).contains('/')))",
+            "spec.image must come from a repository in the chart value guardrails.imagePrefixes; leave it "
+            "unset for the operator's default trainer image",
+            _message_expression(
+                "spec.image", "is not from a repository in the chart value guardrails.imagePrefixes",
+                "imagePrefixes", "none",
+                "leave spec.image unset for the default trainer image, or ask the cluster admin to add its "
+                "repository to guardrails.imagePrefixes")),
+        _guardrail(
+            f"!has({account}) || {_unchanged('serviceAccountName')} || "
+            f"{account} in variables.serviceAccountNames",
+            "spec.serviceAccountName must be one of the chart value guardrails.serviceAccountNames (by "
+            "default none: leave it unset for the namespace's default ServiceAccount)",
+            _message_expression(
+                "spec.serviceAccountName", "is not in the chart value guardrails.serviceAccountNames",
+                "serviceAccountNames", "none",
+                "leave it unset for the default ServiceAccount of the namespace, or ask the cluster admin to "
+                "add it to guardrails.serviceAccountNames")),
+    ]
+
+
+def guardrails_policy() -> list[dict[str, Any]]:
+    """The guardrails' ValidatingAdmissionPolicy and binding, with placeholders where the template puts
+    the chart's values (GUARDRAILS_VARIABLES_HELM, GUARDRAILS_NAMESPACE_SELECTOR_HELM) and the name."""
+    labels = {api.LABEL_PART_OF: "pets-training"}
+    name = _placeholder("name")
+    policy = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "failurePolicy": "Fail",
+            # Spec writes only: the operator's status writes go to the status subresource.
+            "matchConstraints": {"resourceRules": [{
+                "apiGroups": [api.GROUP], "apiVersions": ["*"],
+                "operations": ["CREATE", "UPDATE"], "resources": [api.PLURAL]}]},
+            "variables": [{"name": key, "expression": _placeholder(key)}
+                          for key in GUARDRAILS_VARIABLES_HELM],
+            "validations": guardrails_validations(),
+        },
+    }
+    binding = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"policyName": name, "validationActions": ["Deny"],
+                 "matchResources": {"namespaceSelector": _placeholder("namespaceSelector")}},
+    }
+    return [policy, binding]
+
+
+def guardrails_policy_yaml() -> str:
+    """The body of templates/guardrails-policy.yaml: the policy and binding with the Helm expressions."""
+    text = "".join(f"---\n{yaml.safe_dump(doc, sort_keys=False, width=110)}" for doc in guardrails_policy())
+    helm = {**GUARDRAILS_VARIABLES_HELM, "namespaceSelector": GUARDRAILS_NAMESPACE_SELECTOR_HELM,
+            "name": GUARDRAILS_POLICY_NAME}
+    for key, expression in helm.items():
+        text = text.replace(_placeholder(key), expression)
+    return text
+
+
 def crd_yaml() -> str:
     # The embedded pod-field schemas come from the kubernetes client's models: another client version
     # may generate other schemas, and this line says which one made the committed file.

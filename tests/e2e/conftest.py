@@ -107,6 +107,18 @@ def _on_control_plane(kube_api: Any) -> list[str]:
                           '"effect": "NoSchedule"}]']
 
 
+def _guardrails_these_tests_need() -> list[str]:
+    """Helm flags: the chart's guardrails (docs/guardrails.md) opened exactly as far as these tests go.
+    hostPath datasets: /srv/pets (test_training.py's pod-security row) and the state root's volumes/
+    (its empty_host_dir); images: the missing one of the image row and test_hostile_pods.py's; the
+    ServiceAccount of the service-account row (which does not exist: the pods are refused)."""
+    volumes = Path(os.environ.get("PETS_STATE", "/tmp/pets-training-cluster")) / "volumes"
+    return ["--set-json", f'guardrails.hostPathPrefixes=["/srv/pets", "{volumes}"]',
+            "--set-json", 'guardrails.imagePrefixes=["pets-training/trainer", "localhost/nope/trainer", '
+                          '"pets-training/hostile"]',
+            "--set-json", 'guardrails.serviceAccountNames=["nope"]']
+
+
 @pytest.fixture(scope="session")
 def operator_release(kube_api: Any) -> Iterator[str]:
     """The chart installed with helm, its operator Deployment rolled out. Uninstalled afterwards."""
@@ -119,7 +131,8 @@ def operator_release(kube_api: Any) -> Iterator[str]:
     kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crds))
     subprocess.run([helm, "upgrade", "--install", RELEASE, str(REPO / "charts" / "pets-training"),
                     "--namespace", OPERATOR_NAMESPACE, "--create-namespace",
-                    "--set", "image.pullPolicy=IfNotPresent", *_on_control_plane(kube_api),
+                    "--set", "image.pullPolicy=IfNotPresent", *_guardrails_these_tests_need(),
+                    *_on_control_plane(kube_api),
                     "--wait", "--timeout", "5m"],
                    env=env, check=True)
     yield RELEASE

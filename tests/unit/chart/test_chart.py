@@ -303,11 +303,16 @@ def test_cluster_mode_peering_objects_and_crds(helm: str) -> None:
 
 
 def test_the_immutability_policy_is_installed_unless_turned_off(helm: str) -> None:
-    manifest = render(helm)
     kinds = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
-    assert [one(manifest, kind) for kind in kinds] == crd.immutability_policy()
+
+    def immutability(manifest: Manifest) -> Manifest:
+        return [d for d in manifest
+                if d["kind"] in kinds and d["metadata"]["name"] == api.IMMUTABILITY_POLICY]
+
+    assert immutability(render(helm)) == crd.immutability_policy()
     off = render(helm, set_values=("immutabilityPolicy.create=false",))
-    assert not [d for d in off if d["kind"] in kinds]
+    assert not immutability(off)
+    assert of_kind(off, "ValidatingAdmissionPolicy"), "the guardrails policy is another switch's"
 
 
 # ---------------------------------------------------------------- the helm test pod and names
