@@ -32,6 +32,8 @@ DEFAULT_IMAGE = "pets-training/trainer:0.1.0"
 # spec.output.managedClaim: the claim the operator makes is named <training>-output, of this size unless
 # the spec says otherwise (a resnet50d run keeps about 0.7 GB: two checkpoints and the model).
 OUTPUT_CLAIM_SUFFIX = "-output"
+DATASET_CACHE_PREFIX = "pets-dataset-"  # + a hash of spec.dataset.url and its digest (builders)
+DEFAULT_DATASET_CACHE_SIZE = "5Gi"
 DEFAULT_OUTPUT_CLAIM_SIZE = "5Gi"
 DEFAULT_CHECKPOINT_INTERVAL = 60  # spec.checkpoint.intervalSeconds (why: its description)
 DEFAULT_GRACE_PERIOD = 30  # spec.checkpoint.gracePeriodSeconds (why: its description)
@@ -71,6 +73,9 @@ LABEL_TRAINING = f"{GROUP}/training"
 # On a claim of spec.output.managedClaim: its retentionPolicy (Delete or Retain), so retained claims are
 # found with `kubectl get pvc -l training.pets.dev/output-retention=Retain`.
 LABEL_OUTPUT_RETENTION = f"{GROUP}/output-retention"
+LABEL_DATASET_CACHE = f"{GROUP}/dataset-cache"  # on spec.dataset.url's cache claim: shared, not owned
+ANNOTATION_DATASET_URL = f"{GROUP}/dataset-url"
+DATASET_CACHE_DIR = "/dataset-cache"  # where the dataset init container mounts the cache claim
 MANAGED_BY = "pets-operator"
 ANNOTATION_ATTEMPT = f"{GROUP}/attempt"
 # On the trainer pods: the attempt they belong to, so a selector (spec.placement's spread) can pick
@@ -222,7 +227,7 @@ class Rule:
 
 
 NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
-_DATASET_SOURCES = ["synthetic", "persistentVolumeClaim", "hostPath"]
+DATASET_SOURCES = ["synthetic", "persistentVolumeClaim", "hostPath", "url"]
 _OUTPUT_VOLUMES = ["managedClaim", "persistentVolumeClaim", "emptyDir"]
 
 
@@ -339,9 +344,9 @@ RULES: list[Rule] = [
     Rule(
         id="dataset-exactly-one",
         at="spec.dataset",
-        cel=_exactly_one(_DATASET_SOURCES),
-        message="spec.dataset must set exactly one of " + ", ".join(_DATASET_SOURCES),
-        check=lambda dataset: sum(_has(dataset, k) for k in _DATASET_SOURCES) == 1,
+        cel=_exactly_one(DATASET_SOURCES),
+        message="spec.dataset must set exactly one of " + ", ".join(DATASET_SOURCES),
+        check=lambda dataset: sum(_has(dataset, k) for k in DATASET_SOURCES) == 1,
         example_spec={"dataset": {"synthetic": {}, "hostPath": {"path": "/srv/pets"}}},
     ),
     Rule(
@@ -461,6 +466,42 @@ RULES: list[Rule] = [
                             ("pretrainedCache", "persistentVolumeClaim", "path"),
                             {"pretrainedCache": {"persistentVolumeClaim": {"claimName": "hub",
                                                                            "path": "/../hub"}}}),
+    # spec.dataset.url's companions: the digest of an http(s) archive, where an s3:// URL is served, and
+    # the cache claim of either.
+    Rule(
+        id="dataset-sha256-of-an-archive",
+        at="spec.dataset",
+        cel="!has(self.sha256) || (has(self.url) && !self.url.startsWith('s3://'))",
+        message="spec.dataset.sha256 is the digest of the http(s) archive in spec.dataset.url: set that "
+                "url, or drop sha256 (an s3:// prefix holds many objects, not one archive)",
+        check=lambda dataset: not _has(dataset, "sha256") or (
+            _has(dataset, "url") and not str(dataset["url"]).startswith("s3://")),
+        example_spec={"dataset": {"url": "s3://bucket/pets", "sha256": "0" * 64}},
+        field_path=".sha256",
+    ),
+    Rule(
+        id="dataset-s3-needs-an-s3-url",
+        at="spec.dataset",
+        cel="!has(self.s3) || (has(self.url) && self.url.startsWith('s3://'))",
+        message="spec.dataset.s3 says where an s3:// spec.dataset.url is served: set url to "
+                "s3://bucket/prefix, or drop s3",
+        check=lambda dataset: not _has(dataset, "s3") or (
+            _has(dataset, "url") and str(dataset["url"]).startswith("s3://")),
+        example_spec={"dataset": {"url": "https://example.com/pets.tar.gz",
+                                  "s3": {"endpoint": "http://s3.example:7070"}}},
+        field_path=".s3",
+    ),
+    Rule(
+        id="dataset-cache-needs-a-url",
+        at="spec.dataset",
+        cel="!has(self.cache) || has(self.url)",
+        message="spec.dataset.cache is the claim spec.dataset.url's data is kept in: set url, or drop cache",
+        check=lambda dataset: not _has(dataset, "cache") or _has(dataset, "url"),
+        example_spec={"dataset": {"synthetic": {}, "cache": {"size": "1Gi"}}},
+        field_path=".cache",
+    ),
+    _quantity_rule("dataset-cache-size-quantity", "spec.dataset.cache", "size",
+                   {"dataset": {"url": "https://example.com/pets.tar.gz", "cache": {"size": "lots"}}}),
     _quantity_rule("cpu-quantity", "spec.resources", "cpu", {"resources": {"cpu": "0.5.5"}}),
     _quantity_rule("memory-quantity", "spec.resources", "memory", {"resources": {"memory": "-4Gi"}}),
     _quantity_rule("size-limit-quantity", "spec.output.emptyDir", "sizeLimit",
@@ -595,7 +636,7 @@ SPEC_SCHEMA: dict[str, Any] = _obj(
         "imageSize": _int("Input image size in pixels. Immutable while running.",
                           default=224, minimum=32, maximum=1024),
         "dataset": _obj(
-            "Exactly one source of images: synthetic, persistentVolumeClaim or hostPath. Immutable "
+            "Exactly one source of images: synthetic, persistentVolumeClaim, hostPath or url. Immutable "
             "while running.",
             {
                 "synthetic": _obj(
@@ -612,6 +653,32 @@ SPEC_SCHEMA: dict[str, Any] = _obj(
                     "oxford (the Oxford-IIIT Pet archive unpacked: images/<Breed>_<n>.jpg), imagefolder "
                     "(a folder per class), or auto (unset): detected. Not for synthetic.",
                     enum=["auto", "flat", "oxford", "imagefolder"]),
+                "url": _str(
+                    "Where to fetch the images from: an http(s) archive (.tar, .tar.gz, .tgz or .zip; "
+                    "give its sha256) or an S3 prefix, s3://bucket/prefix (see s3). An init container "
+                    "of each pod fetches it once into a cache claim, pets-dataset-<hash of the url and "
+                    "digest>, that outlives the training, so the next training on the same data "
+                    "downloads nothing; the trainer reads it read-only. A source that cannot be "
+                    "reached, a wrong sha256, refused credentials or an archive without images fail "
+                    "the training at once (exit 78, no restart), naming the field.",
+                    pattern=r"^(https?|s3)://[^\s]+$", max_length=2048),
+                "sha256": _str("The sha256 of the archive at url (64 lower-case hex digits).",
+                               pattern=r"^[0-9a-f]{64}$"),
+                "s3": _obj("Where an s3:// url is served, and with which credentials.", {
+                    "endpoint": _str("The S3 endpoint, http(s)://host[:port]; unset: AWS.",
+                                     pattern=r"^https?://[^\s]+$", max_length=1024),
+                    "region": _str("The bucket's region; unset: us-east-1.", pattern=r"^[a-z0-9-]+$",
+                                   max_length=64),
+                    "credentialsSecret": _str(
+                        "A Secret in the training's namespace with the keys AWS_ACCESS_KEY_ID and "
+                        "AWS_SECRET_ACCESS_KEY, given to the init container only; unset: none (a public "
+                        "bucket).", pattern=DNS_SUBDOMAIN, min_length=1, max_length=253),
+                }),
+                "cache": _obj("The claim url's data is kept in (made by the operator when missing).", {
+                    "size": _quantity(f"Storage requested; unset: {DEFAULT_DATASET_CACHE_SIZE}."),
+                    "storageClassName": _str("StorageClass of the claim; unset: the cluster's default.",
+                                             pattern=DNS_SUBDOMAIN, min_length=1, max_length=253),
+                }, rules=_validations("spec.dataset.cache")),
                 "hostPath": _obj(
                     "A directory of <label>_<n>.jpg images on every node (single-node or test clusters).",
                     {"path": _str("Absolute directory on the node.", pattern=ABS_PATH, min_length=1,

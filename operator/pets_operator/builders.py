@@ -7,6 +7,7 @@ manifests implement is docs/contract.md.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 from collections.abc import Mapping
@@ -114,13 +115,85 @@ def selector(name: str) -> dict[str, str]:
 def dataset_source(spec: dict[str, Any]) -> str:
     """Which dataset source the spec sets; the CRD's CEL rule enforces exactly one on the server."""
     dataset = spec.get("dataset") or {}
-    chosen = [k for k in ("synthetic", "persistentVolumeClaim", "hostPath") if k in dataset]
+    chosen = [k for k in api.DATASET_SOURCES if k in dataset]
     if len(chosen) != 1:
         raise api.SpecError(
-            "spec.dataset must set exactly one of synthetic, persistentVolumeClaim, hostPath; "
+            f"spec.dataset must set exactly one of {', '.join(api.DATASET_SOURCES)}; "
             f"got {sorted(dataset) or 'none'}"
         )
     return chosen[0]
+
+
+DATASET_INIT = "dataset"  # the init container that fetches spec.dataset.url
+
+
+def dataset_cache_name(spec: dict[str, Any]) -> str:
+    """The cache claim of spec.dataset.url: one per source (url, digest, endpoint), shared by every
+    training in the namespace that reads it."""
+    dataset = spec["dataset"]
+    endpoint = (dataset.get("s3") or {}).get("endpoint") or ""
+    key = "\n".join([dataset["url"], dataset.get("sha256") or "", endpoint])
+    return api.DATASET_CACHE_PREFIX + hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
+def build_dataset_cache_claim(spec: dict[str, Any], target: Target) -> dict[str, Any] | None:
+    """The PersistentVolumeClaim spec.dataset.url is fetched into, or None for another source. Not owned
+    by the training (builders.owned): the next training on the same data finds it full."""
+    if dataset_source(spec) != "url":
+        return None
+    cache = spec["dataset"].get("cache") or {}
+    pvc: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {
+            "name": dataset_cache_name(spec),
+            "namespace": target.namespace,
+            "labels": {"app.kubernetes.io/name": "pets-training", api.LABEL_COMPONENT: "dataset-cache",
+                       api.LABEL_DATASET_CACHE: "true"},
+            "annotations": {api.ANNOTATION_DATASET_URL: spec["dataset"]["url"]},
+        },
+        "spec": {
+            # as the output claim: several pods on any node, else one
+            "accessModes": ["ReadWriteMany"] if spec["replicas"] > 1 else ["ReadWriteOnce"],
+            "resources": {"requests": {"storage": str(cache.get("size") or api.DEFAULT_DATASET_CACHE_SIZE)}},
+        },
+    }
+    if cache.get("storageClassName"):
+        pvc["spec"]["storageClassName"] = cache["storageClassName"]
+    return pvc
+
+
+def dataset_init_container(spec: dict[str, Any], trainer: dict[str, Any]) -> dict[str, Any]:
+    """The init container that fetches spec.dataset.url into the cache claim (pets_training.dataset_init),
+    with the trainer's image, resources and hardening; the S3 keys come from the Secret, to it alone."""
+    dataset = spec["dataset"]
+    s3 = dataset.get("s3") or {}
+    args = ["--url", dataset["url"], "--cache", api.DATASET_CACHE_DIR, "--summary-path", TERMINATION_LOG,
+            "--layout", dataset.get("layout", "auto")]
+    if dataset.get("sha256"):
+        args += ["--sha256", dataset["sha256"]]
+    for flag, key in (("--s3-endpoint", "endpoint"), ("--s3-region", "region"),
+                      ("--credentials-secret", "credentialsSecret")):
+        if s3.get(key):
+            args += [flag, s3[key]]
+    container: dict[str, Any] = {
+        "name": DATASET_INIT,
+        "image": trainer["image"],
+        "imagePullPolicy": trainer["imagePullPolicy"],
+        "command": ["pets-dataset-init"],
+        "args": args,
+        "resources": copy.deepcopy(trainer["resources"]),
+        "volumeMounts": [{"name": "data", "mountPath": api.DATASET_CACHE_DIR},
+                         {"name": "tmp", "mountPath": "/tmp"}],
+        "terminationMessagePath": TERMINATION_LOG,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": copy.deepcopy(trainer["securityContext"]),
+    }
+    if s3.get("credentialsSecret"):
+        container["env"] = [{"name": key, "valueFrom": {"secretKeyRef": {"name": s3["credentialsSecret"],
+                                                                         "key": key}}}
+                            for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")]
+    return container
 
 
 def main_address(target: Target, name: str | None = None) -> str:
@@ -168,7 +241,7 @@ def trainer_args(spec: dict[str, Any]) -> list[str]:
 
 
 def _data_dir(spec: dict[str, Any], source: str) -> str:
-    if source == "hostPath":
+    if source in ("hostPath", "url"):
         return api.DATA_DIR
     sub = spec["dataset"]["persistentVolumeClaim"].get("path", "/").strip("/")
     return f"{api.DATA_DIR}/{sub}" if sub else api.DATA_DIR
@@ -208,6 +281,9 @@ def _volumes(spec: dict[str, Any], training: str) -> tuple[list[dict[str, Any]],
         volumes.append({"name": "data", "persistentVolumeClaim": {"claimName": claim["claimName"],
                                                                   "readOnly": True}})
         mounts.append({"name": "data", "mountPath": api.DATA_DIR, "readOnly": True})
+    elif source == "url":  # the cache claim: the init container fills data/, the trainer reads it
+        volumes.append({"name": "data", "persistentVolumeClaim": {"claimName": dataset_cache_name(spec)}})
+        mounts.append({"name": "data", "mountPath": api.DATA_DIR, "readOnly": True, "subPath": "data"})
     elif source == "hostPath":
         volumes.append({"name": "data", "hostPath": {"path": spec["dataset"]["hostPath"]["path"],
                                                      "type": "Directory"}})
@@ -288,6 +364,8 @@ def pod_template(spec: dict[str, Any], target: Target, *, container_name: str = 
         "containers": [container],
         "volumes": volumes,
     }
+    if dataset_source(spec) == "url":
+        pod["initContainers"] = [dataset_init_container(spec, container)]
     # SIGTERM: every rank finishes its step, saves and exits 75 (the trainer's STOPPED_EXIT_CODE).
     pod["terminationGracePeriodSeconds"] = checkpointing(spec)["gracePeriodSeconds"]
     if headless_service:
@@ -427,8 +505,10 @@ def build_output_claim(spec: dict[str, Any], target: Target) -> dict[str, Any] |
 
 
 def owned(manifest: dict[str, Any]) -> bool:
-    """Whether a child goes with its training (an owner reference): all but a Retain output claim."""
-    return (manifest["metadata"].get("labels") or {}).get(api.LABEL_OUTPUT_RETENTION) != "Retain"
+    """Whether a child goes with its training (an owner reference): all but a Retain output claim and a
+    dataset cache (shared by the trainings on the same data)."""
+    found = manifest["metadata"].get("labels") or {}
+    return found.get(api.LABEL_OUTPUT_RETENTION) != "Retain" and api.LABEL_DATASET_CACHE not in found
 
 
 def build_service(spec: dict[str, Any], target: Target) -> dict[str, Any]:
@@ -476,6 +556,10 @@ def build_job(spec: dict[str, Any], target: Target) -> dict[str, Any]:
                 {"action": "FailJob",
                  "onExitCodes": {"containerName": CONTAINER, "operator": "In",
                                  "values": [pods.PERMANENT_EXIT_CODE]}},
+                *([{"action": "FailJob",
+                    "onExitCodes": {"containerName": DATASET_INIT, "operator": "In",
+                                    "values": [pods.PERMANENT_EXIT_CODE]}}]
+                  if dataset_source(spec) == "url" else []),
                 {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
             ]},
             "suspend": created_suspended(spec, target),

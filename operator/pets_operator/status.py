@@ -316,6 +316,9 @@ def _plan(body: dict[str, Any], spec: dict[str, Any], observed: Observed, target
                         f"the claim {claim['metadata']['name']} has retentionPolicy Retain: it stays, with "
                         "the work, when this PetsTraining is deleted; delete it with kubectl delete pvc -n "
                         f"{target.namespace} {claim['metadata']['name']}")))
+            # spec.dataset.url's cache, shared by the trainings on the same data: an existing one is kept
+            if (cache := builders.build_dataset_cache_claim(spec, target)) is not None:
+                result.create.append(cache)
             result.create.append(workload)
             status["workloadActive"] = not builders.created_suspended(spec, target)
             reason = "Created"

@@ -14,10 +14,15 @@ kueue     the controller Deployment: our image, imagePullPolicy Never, a lower C
           of its Configuration in the pod template; optionally more job frameworks enabled in that
           Configuration (integrations.frameworks); unless --visibility-api, the visibility API's
           APIServices left out (written to --dropped, for deletion) and its feature gate off.
+s3        not upstream's: generated here (nothing is read on stdin). The Versity S3 gateway
+          (versitygw, POSIX backend) in namespace pets-s3: a Secret with the root credentials, a
+          one-replica Deployment storing buckets in an emptyDir, a ClusterIP Service
+          http://s3.pets-s3.svc:7070.
 
 usage: addon_manifests.py kubeflow --image IMG --init-image IMG --init-template PATH --webhook-pki DIR
        addon_manifests.py kueue --image IMG [--cpu-request 50m] [--framework kubeflow.org/pytorchjob]...
                                 [--visibility-api | --dropped FILE]
+       addon_manifests.py s3 --image IMG [--access-key KEY --secret-key KEY]
 """
 
 from __future__ import annotations
@@ -192,6 +197,154 @@ def frameworks_of(docs: list[Doc]) -> list[str]:
     return list(config.get("integrations", {}).get("frameworks", []))
 
 
+# ------------------------------------------------------------------ S3 (Versity S3 gateway)
+S3_NAMESPACE = "pets-s3"
+S3_NAME = "s3"  # the Deployment, its container and the Service: http://s3.pets-s3.svc:7070
+S3_SECRET = "s3-credentials"
+S3_PORT = 7070
+S3_REGION = "us-east-1"  # versitygw's default; SigV4 clients must sign for it
+S3_ENDPOINT = f"http://{S3_NAME}.{S3_NAMESPACE}.svc:{S3_PORT}"
+S3_LABELS = {"app.kubernetes.io/name": S3_NAME, "app.kubernetes.io/part-of": "pets-training-tests"}
+# Fixed root credentials, on purpose: this S3 server lives only inside a throwaway local test cluster,
+# holds test data, and is reachable only from that cluster (or through a port-forward); fixed values
+# let a test or a person use it without reading the Secret first. Not for anything real.
+S3_ACCESS_KEY = "pets-s3-root"
+S3_SECRET_KEY = "pets-s3-root-secret-for-tests-only"
+S3_DATA_DIR = "/data"  # the buckets: /data/BUCKET/KEY
+# The objects' metadata (ETag, checksums, ACLs) in plain files here instead of user.* xattrs on
+# /data: no dependence on the node filesystem's xattr support (an emptyDir on tmpfs before Linux
+# 6.6, some overlay setups).
+S3_META_DIR = "/meta"
+S3_USER = 65532  # the image's user (addons-build.sh), like the controllers' images
+S3_REQUESTS = {"cpu": "10m", "memory": "32Mi"}
+S3_LIMITS = {"memory": "512Mi"}
+
+
+def restricted_security_context() -> tuple[Doc, Doc]:
+    """(pod, container) securityContext meeting Pod Security `restricted` (the namespace enforces it)."""
+    pod = {
+        "runAsNonRoot": True,
+        "runAsUser": S3_USER,
+        "runAsGroup": S3_USER,
+        "fsGroup": S3_USER,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    ctr = {
+        "allowPrivilegeEscalation": False,
+        "privileged": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    return pod, ctr
+
+
+def s3(image: str, access_key: str = S3_ACCESS_KEY, secret_key: str = S3_SECRET_KEY) -> list[Doc]:
+    """The S3 add-on's objects: Namespace, credentials Secret, Deployment, Service."""
+    if not access_key or not secret_key:
+        raise ManifestError("the S3 root access key and secret key must not be empty")
+    meta = {"namespace": S3_NAMESPACE, "labels": dict(S3_LABELS)}
+    namespace = {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {
+            "name": S3_NAMESPACE,
+            "labels": {
+                **S3_LABELS,
+                "pod-security.kubernetes.io/enforce": "restricted",
+                "pod-security.kubernetes.io/warn": "restricted",
+            },
+        },
+    }
+    # Keys named as the AWS SDKs read them from the environment, so a pod can `envFrom` a copy of
+    # this Secret (AWS_ENDPOINT_URL: boto3 >= 1.28, the AWS CLI v2).
+    creds = {
+        "AWS_ACCESS_KEY_ID": access_key,
+        "AWS_SECRET_ACCESS_KEY": secret_key,
+        "AWS_ENDPOINT_URL": S3_ENDPOINT,
+        "AWS_REGION": S3_REGION,
+    }
+    secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": S3_SECRET, **meta},
+        "type": "Opaque",
+        "data": {k: base64.b64encode(v.encode()).decode() for k, v in creds.items()},
+    }
+    pod_sc, ctr_sc = restricted_security_context()
+
+    def from_secret(env: str, key: str) -> Doc:
+        return {"name": env, "valueFrom": {"secretKeyRef": {"name": S3_SECRET, "key": key}}}
+
+    ctr = {
+        "name": S3_NAME,
+        "image": image,
+        "imagePullPolicy": "Never",
+        # versitygw reads the root user from ROOT_ACCESS_KEY / ROOT_SECRET_KEY (its --access/--secret).
+        "env": [
+            from_secret("ROOT_ACCESS_KEY", "AWS_ACCESS_KEY_ID"),
+            from_secret("ROOT_SECRET_KEY", "AWS_SECRET_ACCESS_KEY"),
+        ],
+        "args": [
+            f"--port=:{S3_PORT}",
+            f"--region={S3_REGION}",
+            "--health=/health",  # GET /health answers 200 without credentials: the readiness probe
+            "posix",
+            f"--sidecar={S3_META_DIR}",
+            S3_DATA_DIR,
+        ],
+        "ports": [{"name": "s3", "containerPort": S3_PORT, "protocol": "TCP"}],
+        "readinessProbe": {
+            "httpGet": {"path": "/health", "port": "s3"},
+            "periodSeconds": 2,
+            "failureThreshold": 3,
+        },
+        "livenessProbe": {"tcpSocket": {"port": "s3"}, "periodSeconds": 10, "failureThreshold": 6},
+        "resources": {"requests": dict(S3_REQUESTS), "limits": dict(S3_LIMITS)},
+        "securityContext": ctr_sc,
+        "volumeMounts": [
+            {"name": "data", "mountPath": S3_DATA_DIR},
+            {"name": "meta", "mountPath": S3_META_DIR},
+        ],
+    }
+    # Another Secret rolls the pod (the env is read at start only); the data goes with it: an emptyDir.
+    checksum = hashlib.sha256(f"{access_key}\0{secret_key}".encode()).hexdigest()[:16]
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": S3_NAME, **meta},
+        "spec": {
+            "replicas": 1,
+            # one writer of the emptyDir at a time, and no old pod answering beside the new one
+            "strategy": {"type": "Recreate"},
+            "selector": {"matchLabels": {"app.kubernetes.io/name": S3_NAME}},
+            "template": {
+                "metadata": {
+                    "labels": dict(S3_LABELS),
+                    "annotations": {CONFIG_CHECKSUM_ANNOTATION: checksum},
+                },
+                "spec": {
+                    "automountServiceAccountToken": False,
+                    "enableServiceLinks": False,
+                    "securityContext": pod_sc,
+                    "containers": [ctr],
+                    "volumes": [{"name": "data", "emptyDir": {}}, {"name": "meta", "emptyDir": {}}],
+                },
+            },
+        },
+    }
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": S3_NAME, **meta},
+        "spec": {
+            "type": "ClusterIP",
+            "selector": {"app.kubernetes.io/name": S3_NAME},
+            "ports": [{"name": "s3", "port": S3_PORT, "targetPort": "s3", "protocol": "TCP"}],
+        },
+    }
+    return [namespace, secret, deployment, service]
+
+
 # libyaml's C loader and dumper where PyYAML has them (Kueue's manifests are 26,000 lines).
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
@@ -235,9 +388,17 @@ def main(argv: list[str] | None = None) -> int:
     kq.add_argument("--visibility-api", action="store_true", help="keep the aggregated visibility API")
     kq.add_argument("--dropped", type=Path, help="write the objects left out here (YAML)")
     kq.add_argument("--print-frameworks", action="store_true", help="only list the enabled frameworks")
+    s3p = sub.add_parser("s3", help="the Versity S3 gateway (generated, no input)")
+    s3p.add_argument("--image", required=True)
+    s3p.add_argument("--access-key", default=S3_ACCESS_KEY, help="root access key (a fixed test value)")
+    s3p.add_argument("--secret-key", default=S3_SECRET_KEY, help="root secret key (a fixed test value)")
     args = ap.parse_args(argv)
-    docs = load(sys.stdin.read())
     try:
+        if args.addon == "s3":
+            docs = s3(args.image, args.access_key, args.secret_key)
+            sys.stdout.write(dump(docs))
+            return 0
+        docs = load(sys.stdin.read())
         if args.addon == "kubeflow":
             pki = {f: (args.webhook_pki / f).read_bytes() for f in WEBHOOK_PKI_FILES}
             docs = kubeflow(docs, args.image, args.init_image, args.init_template, pki)

@@ -6,11 +6,21 @@
 #   kueue:    `go install sigs.k8s.io/kueue/cmd/kueue@$KUEUE_VERSION` where the Go module proxy serves that
 #             module, else the prebuilt $KUEUE_DIR/kueue.gz (PETS_KUEUE_SOURCE=go|prebuilt forces one)
 #             -> $PETS_BIN/kueue -> image $KUEUE_IMAGE
-# Both images are the project's offline Debian bookworm base (image/build.sh base: its cached rootfs
-# tarball, no Docker needed once that exists) plus the binary as /manager, packed by oci_archive.py.
-# shellcheck shell=bash
+#   s3:       `go install github.com/versity/versitygw/cmd/versitygw@$VERSITYGW_VERSION` (the Versity
+#             S3 gateway, Apache-2.0: a real S3 server over a POSIX directory)
+#             -> $PETS_BIN/versitygw -> image $S3_IMAGE (the binary as /usr/local/bin/versitygw)
+# The images are the project's offline Debian bookworm base (image/build.sh base: its cached rootfs
+# tarball, no Docker needed once that exists) plus the binary (/manager for the controllers), packed
+# by oci_archive.py.
+# shellcheck shell=bash disable=SC2034  # S3_IMAGE is used by addons.sh, which sources this too
 
 REPO_DIR="$(cd "$HERE/../.." && pwd)"
+
+# The S3 add-on's version and image. (Beside TRAINING_OPERATOR_VERSION and KUEUE_VERSION in lib.sh
+# would be their natural place; they are here so that the add-on stays in the add-on files: addons.sh
+# sources this file for them.)
+VERSITYGW_VERSION="${VERSITYGW_VERSION:-v1.0.14}"
+S3_IMAGE="localhost/pets-training/s3:$VERSITYGW_VERSION"
 
 # The offline Debian base's rootfs tarball (made once by image/build.sh base; it needs Docker only then).
 BASE_ROOTFS_TAR=""
@@ -115,4 +125,23 @@ build_kueue() {
     "$KUEUE_VERSION $(sha256sum "$PETS_BIN/kueue" | cut -c1-12) ${BASE_ROOTFS_TAR##*/}" \
     fill_kueue --entrypoint /manager --user 65532:65532
   log "kueue: done in $((SECONDS - t0)) s"
+}
+
+# ------------------------------------------------------------------ S3 (Versity S3 gateway)
+S3_BIN_IN_IMAGE=/usr/local/bin/versitygw
+
+fill_s3() {
+  fill_base "$1"
+  install -D -m 0755 "$PETS_BIN/versitygw" "$1$S3_BIN_IN_IMAGE"
+}
+
+# A cold build compiles about 500 packages (the AWS SDK, Azure's, fiber, NATS, Kafka clients...).
+build_s3() {
+  local t0=$SECONDS
+  go_install versitygw github.com/versity/versitygw/cmd/versitygw "$VERSITYGW_VERSION" \
+    "-X=main.Version=$VERSITYGW_VERSION -X=main.Build=pets-training -X=main.BuildTime=none"
+  find_base_rootfs
+  oci_image "$S3_IMAGE" "$PETS_CACHE/images/s3.tar" "$VERSITYGW_VERSION ${BASE_ROOTFS_TAR##*/}" \
+    fill_s3 --entrypoint "$S3_BIN_IN_IMAGE" --user 65532:65532 --workdir /tmp
+  log "s3: done in $((SECONDS - t0)) s"
 }

@@ -2,18 +2,22 @@
 # shellcheck source-path=SCRIPTDIR
 # Optional add-ons of the local cluster: the real Kubeflow training-operator (PyTorchJob) and the
 # real Kueue, built here (build.sh kubeflow|kueue), imported into the node, installed from upstream's
-# manifests with only the image, pull policy, args and requests changed (addon_manifests.py).
+# manifests with only the image, pull policy, args and requests changed (addon_manifests.py); and an
+# S3 server (the Versity S3 gateway, build.sh s3) whose manifests addon_manifests.py generates:
+# http://s3.pets-s3.svc:7070, root credentials in Secret pets-s3/s3-credentials (s3_harness.py puts
+# test data into it from the host).
 #
-# usage: addons.sh up|down|status kubeflow|kueue     (also: cluster.sh addon-up|addon-down NAME)
+# usage: addons.sh up|down|status kubeflow|kueue|s3     (also: cluster.sh addon-up|addon-down NAME)
 #
-#   up    build (cached), import the image, apply upstream's manifests server-side, wait until the
-#         controller's Deployment is Ready and its webhooks answer a server-side dry-run create.
+#   up    build (cached), import the image, apply the manifests server-side, wait until the
+#         Deployment is Ready and (controllers) its webhooks answer a server-side dry-run create.
 #         Idempotent: a second `up` re-applies the same objects and waits again.
 #   down  remove every object `up` applied (and, for Kueue, the finalizers it left), waiting for it.
 #         Idempotent. The images stay in the node's image store, like the project's other images.
 #
 # Environment (all optional):
 #   TRAINING_OPERATOR_VERSION  training-operator module version           [v1.8.1]
+#   VERSITYGW_VERSION          the S3 add-on's github.com/versity/versitygw version    [v1.0.14]
 #   PETS_KUEUE_DIR             prebuilt Kueue (kueue.gz, manifests.yaml)    [<repo>/../shared/kueue]
 #   PETS_KUEUE_SOURCE          auto|go|prebuilt: where Kueue's binary comes from (auto: go install
 #                              when the Go module proxy serves sigs.k8s.io/kueue, else prebuilt)
@@ -30,6 +34,9 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 LOG_TAG=addons
 # shellcheck source=lib.sh
 source "$HERE/lib.sh"
+# (for VERSITYGW_VERSION and S3_IMAGE; its functions need build.sh's and are not called here)
+# shellcheck source=addons-build.sh
+source "$HERE/addons-build.sh"
 
 ADDON_STATE="$PETS_STATE/addons"
 TIMEOUT="${PETS_ADDON_TIMEOUT:-300}"
@@ -141,8 +148,17 @@ KUEUE_PROBE='apiVersion: kueue.x-k8s.io/v1beta2
 kind: ResourceFlavor
 metadata: {name: pets-addon-probe}'
 
+# ------------------------------------------------------------------ S3 (Versity S3 gateway)
+# Generated (no upstream manifests): Namespace pets-s3, Secret s3-credentials, Deployment and Service s3.
+render_s3() {
+  local out="$1"
+  "$(python_yaml)" "$HERE/addon_manifests.py" s3 --image "$S3_IMAGE" >"$out.tmp"
+  mv "$out.tmp" "$out"
+}
+
 # ------------------------------------------------------------------ common
-# addon_vars NAME: NS, DEPLOY, SELECTOR (its pods), IMAGE, ARCHIVE, PROBE of the add-on.
+# addon_vars NAME: NS, DEPLOY, SELECTOR (its pods), IMAGE, ARCHIVE, PROBE of the add-on (PROBE: an
+# object its webhooks must admit; empty for an add-on without webhooks).
 addon_vars() {
   case "$1" in
     kubeflow)
@@ -153,7 +169,11 @@ addon_vars() {
       NS=kueue-system DEPLOY=kueue-controller-manager IMAGE="$KUEUE_IMAGE" PROBE="$KUEUE_PROBE"
       SELECTOR=control-plane=controller-manager
       ARCHIVE="$PETS_CACHE/images/kueue.tar" ;;
-    *) die "unknown add-on '$1' (expected kubeflow or kueue)" ;;
+    s3)
+      NS=pets-s3 DEPLOY=s3 IMAGE="$S3_IMAGE" PROBE=""
+      SELECTOR=app.kubernetes.io/name=s3
+      ARCHIVE="$PETS_CACHE/images/s3.tar" ;;
+    *) die "unknown add-on '$1' (expected kubeflow, kueue or s3)" ;;
   esac
 }
 
@@ -197,6 +217,10 @@ up() {
   wait_for "the old pods of deployment/$DEPLOY to go" "$TIMEOUT" no_old_pods ||
     die "$name: an old pod of deployment/$DEPLOY is still terminating"
   log "$name: phase controller Ready: $((SECONDS - t)) s"
+  if [[ -z $PROBE ]]; then
+    log "$name up in $((SECONDS - t0)) s"
+    return 0
+  fi
   t=$SECONDS
   log "$name: waiting for its webhook to answer a server-side dry-run create"
   if ! wait_for "$name's webhook" "$TIMEOUT" webhook_answers; then
@@ -258,13 +282,14 @@ status() {
   addon_vars "$name"
   cluster_answers || { echo "$name: no cluster"; return 1; }
   kubectl_ -n "$NS" get deployment "$DEPLOY" -o wide 2>/dev/null || { echo "$name: not installed"; return 1; }
+  [[ -n $PROBE ]] || return 0
   if webhook_answers; then echo "$name: webhook answers"; else echo "$name: webhook does not answer"; return 1; fi
 }
 
 action="${1:-}" name="${2:-}"
 case "$action:$name" in
-  up:kubeflow | up:kueue) up "$name" ;;
-  down:kubeflow | down:kueue) down "$name" ;;
-  status:kubeflow | status:kueue) status "$name" ;;
-  *) die "usage: $0 up|down|status kubeflow|kueue (got '$action' '$name')" ;;
+  up:kubeflow | up:kueue | up:s3) up "$name" ;;
+  down:kubeflow | down:kueue | down:s3) down "$name" ;;
+  status:kubeflow | status:kueue | status:s3) status "$name" ;;
+  *) die "usage: $0 up|down|status kubeflow|kueue|s3 (got '$action' '$name')" ;;
 esac

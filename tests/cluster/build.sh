@@ -12,7 +12,7 @@
 #   kubeflow:      Kubeflow's training-operator (go install) and its image   (addons.sh; only when asked)
 #   kueue:         Kueue (go install where the proxy serves it, else $PETS_KUEUE_DIR/kueue.gz) and its image
 #   local-path:    rancher's local-path-provisioner (go install) and its one-binary image (storage.sh)
-# usage: build.sh [all|control-plane|node|kind|smoke-image|kubeflow|kueue|local-path|print-bin]...  (default: all = control-plane node)
+# usage: build.sh [all|control-plane|node|kind|smoke-image|kubeflow|kueue|local-path|s3|print-bin]...  (default: all = control-plane node)
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -242,8 +242,9 @@ main() {
       kubeflow) build_kubeflow ;;
       kueue) build_kueue ;;
       local-path) build_local_path ;;
+      s3) build_s3 ;;
       print-bin) echo "$PETS_BIN" ;;
-      *) die "unknown build target '$t' (expected all, control-plane, node, kind, smoke-image, kubeflow, kueue, local-path or print-bin)" ;;
+      *) die "unknown build target '$t' (expected all, control-plane, node, kind, smoke-image, kubeflow, kueue, local-path, s3 or print-bin)" ;;
     esac
   done
   if [[ $GOCACHE == "$OWN_GOCACHE" && -d $GOCACHE ]] && go_binaries_all_cached; then

@@ -4,7 +4,8 @@
 #
 # usage: cluster.sh up|down|status [local|kind]          (default: local)
 #        cluster.sh node-lose|node-start NODE             a node of the local cluster lost / back (below)
-#        cluster.sh addon-up|addon-down kubeflow|kueue    the real training-operator / Kueue (addons.sh)
+#        cluster.sh addon-up|addon-down kubeflow|kueue|s3 the real training-operator / Kueue, an S3
+#                                                         server (versitygw) (addons.sh)
 #
 # local: the control plane of control-plane.sh (etcd, kube-apiserver, kube-controller-manager)
 #        plus PETS_NODES nodes on this machine, each with its own containerd + runc, CNI bridge,
@@ -28,7 +29,7 @@
 #   PETS_CONTAINERD_ROOT containerd's image store, kept across up/down    [$PETS_CACHE/containerd; node N: ...-NAME-N]
 #   PETS_KIND_NAME       kind cluster name                                [pets-training]
 #   PETS_KIND_IMAGE      kind node image                                  [kind's default for its version]
-#   PETS_ADDONS          add-ons `up` installs at the end: "kubeflow kueue" (make cluster-up KUBEFLOW=1 KUEUE=1)
+#   PETS_ADDONS          add-ons `up` installs at the end: "kubeflow kueue s3" (make cluster-up KUBEFLOW=1 KUEUE=1 S3=1)
 # Kubeconfig: $PETS_STATE/kubeconfig (local) or $PETS_STATE/kind-kubeconfig (kind).
 set -euo pipefail
 
@@ -761,5 +762,5 @@ case "$action:$flavour" in
   up:kind) up_kind; PETS_CLUSTER=kind up_addons ;;
   down:kind) down_kind ;;
   status:kind) "$(kind_bin)" get nodes --name "$KIND_NAME" ;;
-  *) die "usage: $0 up|down|status [local|kind] | node-lose|node-start NODE | addon-up|addon-down kubeflow|kueue (got '${action}' '${flavour}')" ;;
+  *) die "usage: $0 up|down|status [local|kind] | node-lose|node-start NODE | addon-up|addon-down kubeflow|kueue|s3 (got '${action}' '${flavour}')" ;;
 esac

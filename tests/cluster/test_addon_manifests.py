@@ -249,3 +249,98 @@ def test_init_container_template_waits_with_getent() -> None:
         "runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532, "allowPrivilegeEscalation": False,
         "privileged": False, "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]},
         "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+# ------------------------------------------------------------------ S3 (Versity S3 gateway)
+def s3_objects(**kw: str) -> dict[str, dict[str, Any]]:
+    return {d["kind"]: d for d in am.s3("localhost/pets-training/s3:v1.0.14", **kw)}
+
+
+def test_s3_objects_and_endpoint() -> None:
+    objs = s3_objects()
+    assert list(objs) == ["Namespace", "Secret", "Deployment", "Service"]
+    assert {d["metadata"].get("namespace", d["metadata"]["name"]) for d in objs.values()} == {"pets-s3"}
+    labels = objs["Namespace"]["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
+    svc = objs["Service"]
+    assert svc["metadata"]["name"] == "s3" and svc["spec"]["type"] == "ClusterIP"
+    assert svc["spec"]["ports"] == [{"name": "s3", "port": 7070, "targetPort": "s3", "protocol": "TCP"}]
+    pod_labels = objs["Deployment"]["spec"]["template"]["metadata"]["labels"]
+    assert svc["spec"]["selector"].items() <= pod_labels.items()
+    assert objs["Deployment"]["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    assert am.S3_ENDPOINT == "http://s3.pets-s3.svc:7070"
+
+
+def test_s3_credentials_come_from_the_secret() -> None:
+    objs = s3_objects()
+    data = {k: base64.b64decode(v).decode() for k, v in objs["Secret"]["data"].items()}
+    assert data == {
+        "AWS_ACCESS_KEY_ID": am.S3_ACCESS_KEY,
+        "AWS_SECRET_ACCESS_KEY": am.S3_SECRET_KEY,
+        "AWS_ENDPOINT_URL": "http://s3.pets-s3.svc:7070",
+        "AWS_REGION": "us-east-1",
+    }
+    [c] = objs["Deployment"]["spec"]["template"]["spec"]["containers"]
+    refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in c["env"]}
+    assert refs == {
+        "ROOT_ACCESS_KEY": {"name": "s3-credentials", "key": "AWS_ACCESS_KEY_ID"},
+        "ROOT_SECRET_KEY": {"name": "s3-credentials", "key": "AWS_SECRET_ACCESS_KEY"},
+    }
+    # never on the command line (visible in the pod spec and `ps`)
+    assert not [a for a in c["args"] if am.S3_SECRET_KEY in a or a.startswith(("--access", "--secret"))]
+    other = s3_objects(access_key="ak", secret_key="sk")
+    assert base64.b64decode(other["Secret"]["data"]["AWS_SECRET_ACCESS_KEY"]) == b"sk"
+    ann = am.CONFIG_CHECKSUM_ANNOTATION
+    annotations = [o["Deployment"]["spec"]["template"]["metadata"]["annotations"][ann] for o in (objs, other)]
+    assert annotations[0] != annotations[1]  # other credentials roll the pod
+    with pytest.raises(am.ManifestError, match="must not be empty"):
+        am.s3("i", access_key="")
+
+
+def test_s3_deployment_runs_versitygw_posix_on_emptydirs() -> None:
+    dep = s3_objects()["Deployment"]
+    assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"] == {"type": "Recreate"}
+    spec = dep["spec"]["template"]["spec"]
+    [c] = spec["containers"]
+    assert (c["image"], c["imagePullPolicy"]) == ("localhost/pets-training/s3:v1.0.14", "Never")
+    # global options, then the backend and its options, then its directory (versitygw's CLI order)
+    assert c["args"] == ["--port=:7070", "--region=us-east-1", "--health=/health",
+                         "posix", "--sidecar=/meta", "/data"]
+    assert c["ports"] == [{"name": "s3", "containerPort": 7070, "protocol": "TCP"}]
+    assert c["readinessProbe"]["httpGet"] == {"path": "/health", "port": "s3"}
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    assert mounts == {"/data": "data", "/meta": "meta"}
+    assert spec["volumes"] == [{"name": "data", "emptyDir": {}}, {"name": "meta", "emptyDir": {}}]
+    assert c["resources"]["requests"] and c["resources"]["limits"]["memory"]
+    assert spec["automountServiceAccountToken"] is False
+
+
+def test_s3_pod_meets_pod_security_restricted() -> None:
+    spec = s3_objects()["Deployment"]["spec"]["template"]["spec"]
+    [c] = spec["containers"]
+    sc = {**spec["securityContext"], **c["securityContext"]}
+    assert sc["runAsNonRoot"] is True and sc["runAsUser"] == 65532 and sc["runAsUser"] != 0
+    assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert sc["allowPrivilegeEscalation"] is False and sc["privileged"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["readOnlyRootFilesystem"] is True
+    assert not spec.get("hostNetwork") and not spec.get("hostPID")
+    assert all("hostPath" not in v for v in spec["volumes"])
+
+
+def test_s3_cli_reads_no_input(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr("sys.stdin", io.StringIO("not: [yaml"))  # never read
+    assert am.main(["s3", "--image", "localhost/pets-training/s3:v1.0.14"]) == 0
+    docs = list(yaml.safe_load_all(capsys.readouterr().out))
+    assert [d["kind"] for d in docs] == ["Namespace", "Secret", "Deployment", "Service"]
+    assert docs == am.s3("localhost/pets-training/s3:v1.0.14")
+
+
+def test_s3_harness_repeats_the_add_ons_constants() -> None:
+    """s3_harness.py imports without PyYAML, so it repeats the add-on's endpoint and credentials."""
+    spec = importlib.util.spec_from_file_location("s3_harness", HERE / "s3_harness.py")
+    assert spec and spec.loader
+    h = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(h)
+    assert (h.S3_ACCESS_KEY, h.S3_SECRET_KEY, h.S3_ENDPOINT, h.S3_REGION) == (
+        am.S3_ACCESS_KEY, am.S3_SECRET_KEY, am.S3_ENDPOINT, am.S3_REGION)

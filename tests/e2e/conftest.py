@@ -12,7 +12,7 @@ import os
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -189,6 +189,12 @@ def shared_volume(trainings: Trainings, claim: str) -> Path:
                       lambda: (c := core.read_namespaced_persistent_volume_claim(claim, trainings.namespace))
                       .status.phase == "Bound" and c.spec.volume_name, 120, 1)
     return Path(core.read_persistent_volume(volume).spec.host_path.path)
+
+
+@pytest.fixture
+def shared_claim(kube_api: Any, trainings: Trainings) -> Callable[[str], Path]:
+    """`shared_volume` for the test's namespace: a claim name -> its directory on this machine."""
+    return lambda claim: shared_volume(trainings, claim)
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ t0=$SECONDS
 load_images
 log "images loaded into the node in $((SECONDS - t0)) s"
 t0=$SECONDS
-suites=(tests/e2e/test_cluster_smoke.py tests/e2e/test_training.py tests/e2e/test_client_e2e.py
+suites=(tests/e2e/test_cluster_smoke.py tests/e2e/test_training.py tests/e2e/test_client_e2e.py tests/e2e/test_dataset_sources.py
   tests/e2e/test_hostile_pods.py tests/e2e/test_output_claim.py tests/e2e/test_backends_and_queues.py)
 # Training across nodes and a node lost need two nodes that take pods (make cluster-up NODES=3).
 workers=$(kubectl get nodes -o jsonpath='{range .items[*]}{.spec.taints[*].key}{"\n"}{end}' |

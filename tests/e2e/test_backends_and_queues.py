@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,10 +14,10 @@ from trainings import (  # tests/e2e/trainings.py
     LONGER_SPEC,
     PLURAL,
     POLL_S,
-    REPO,
     SMALL_SPEC,
     VERSION,
     Trainings,
+    addon,
     kubectl,
     pod_logs,
     pod_of_rank,
@@ -26,17 +25,9 @@ from trainings import (  # tests/e2e/trainings.py
 
 pytestmark = pytest.mark.e2e
 
-CLUSTER_SH = REPO / "tests" / "cluster" / "cluster.sh"
 KUEUE_API = ("kueue.x-k8s.io", "v1beta2")
 PYTORCHJOB_API = ("kubeflow.org", "v1", "pytorchjobs")
 
-
-
-def addon(name: str) -> None:
-    """Install an add-on into the running cluster (idempotent; fast when it is already there)."""
-    result = subprocess.run([str(CLUSTER_SH), "addon-up", name], text=True, capture_output=True)
-    if result.returncode != 0:
-        pytest.fail(f"cluster.sh addon-up {name} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
 
 
 @pytest.fixture(scope="module")

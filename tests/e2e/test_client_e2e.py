@@ -15,7 +15,17 @@ from pathlib import Path
 
 import pytest
 import yaml
-from trainings import GROUP, PLURAL, REPO, SMALL_SPEC, TRAIN_TIMEOUT_S, VERSION, Trainings, cluster_kubeconfig
+from trainings import (
+    GROUP,
+    PLURAL,
+    REPO,
+    SMALL_SPEC,
+    TRAIN_TIMEOUT_S,
+    VERSION,
+    Trainings,
+    cluster_kubeconfig,
+    digits_by_class,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -101,26 +111,6 @@ def test_kubectl_pets_run_watch_fetch_plot_logs(trainings: Trainings, shared_out
 
     listed = kubectl_pets("list", *ns, timeout=60)
     assert listed.stdout.splitlines()[1].split()[:2] == [name, "Succeeded"], listed.stdout
-
-
-def digits_by_class(root: Path, per_class: int) -> Path:
-    """scikit-learn's bundled digits (8x8 grey scans of handwritten digits; real images that no one here
-    made) as a folder per class, in the kinds of files people have: grayscale and CMYK JPEG, RGBA PNG and
-    RGB `.JPG`; plus one file that does not decode."""
-    from PIL import Image
-    from sklearn.datasets import load_digits
-
-    digits = load_digits()
-    kinds = [("L", ".jpg"), ("CMYK", ".jpg"), ("RGBA", ".png"), ("RGB", ".JPG")]
-    chosen = [i for d in range(10) for i in (digits.target == d).nonzero()[0][:per_class]]
-    for i, (pixels, label) in enumerate(zip(digits.images[chosen], digits.target[chosen], strict=True)):
-        mode, suffix = kinds[i % len(kinds)]
-        path = root / f"digit_{label}" / f"{i:04d}{suffix}"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        grey = Image.fromarray((pixels * 255 / 16).astype("uint8")).resize((32, 32))
-        grey.convert(mode).save(path)
-    (root / "digit_0" / "scan_broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 cut off here")
-    return root
 
 
 def test_kubectl_pets_upload_then_run_data_watch_and_fetch_the_report(trainings: Trainings,

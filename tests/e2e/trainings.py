@@ -150,3 +150,33 @@ def pod_of_rank(pods: list[Any], rank: int) -> Any:
         if pod.metadata.annotations.get("batch.kubernetes.io/job-completion-index") == str(rank):
             return pod
     pytest.fail(f"no pod of completion index {rank} among {[p.metadata.name for p in pods]}")
+
+
+def digits_by_class(root: Path, per_class: int) -> Path:
+    """scikit-learn's bundled digits (8x8 grey scans of handwritten digits; real images that no one here
+    made) as a folder per class, in the kinds of files people have: grayscale and CMYK JPEG, RGBA PNG and
+    RGB `.JPG`; plus one file that does not decode."""
+    from PIL import Image
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    kinds = [("L", ".jpg"), ("CMYK", ".jpg"), ("RGBA", ".png"), ("RGB", ".JPG")]
+    chosen = [i for d in range(10) for i in (digits.target == d).nonzero()[0][:per_class]]
+    for i, (pixels, label) in enumerate(zip(digits.images[chosen], digits.target[chosen], strict=True)):
+        mode, suffix = kinds[i % len(kinds)]
+        path = root / f"digit_{label}" / f"{i:04d}{suffix}"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        grey = Image.fromarray((pixels * 255 / 16).astype("uint8")).resize((32, 32))
+        grey.convert(mode).save(path)
+    (root / "digit_0" / "scan_broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 cut off here")
+    return root
+
+
+CLUSTER_SH = REPO / "tests" / "cluster" / "cluster.sh"
+
+
+def addon(name: str) -> None:
+    """Install an add-on into the running cluster (idempotent; fast when it is already there)."""
+    result = subprocess.run([str(CLUSTER_SH), "addon-up", name], text=True, capture_output=True)
+    if result.returncode != 0:
+        pytest.fail(f"cluster.sh addon-up {name} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")

@@ -173,6 +173,11 @@ BUILD_CASES = {
             if d["kind"] == api.KIND][0]["spec"],
     "hostpath-suspended": {"dataset": {"hostPath": {"path": "/srv/pets"}}, "suspend": True,
                            "activeDeadlineSeconds": 60, "env": [{"name": "A", "value": "b"}]},
+    # an init container fetches the data into a cache claim (with the S3 keys from a Secret)
+    "s3-dataset": {"replicas": 2, "dataset": {"url": "s3://pets/v1", "layout": "imagefolder", "s3": {
+        "endpoint": "http://s3.pets-s3.svc:7070", "region": "eu-west-1", "credentialsSecret": "s3-keys"},
+        "cache": {"size": "2Gi"}}},
+    "http-dataset": {"dataset": {"url": "https://example.com/pets.tar.gz", "sha256": "ab" * 32}},
 }
 
 
@@ -195,7 +200,8 @@ def test_built_manifests_pass_server_side_dry_run(admin: client.ApiClient, names
         kinds.append(manifest["kind"])
     output = api.output_of(api.resolve_spec(BUILD_CASES[case]))
     claim = ["PersistentVolumeClaim"] if "managedClaim" in output else []
-    assert sorted(kinds) == sorted(["Job", "Service", *claim]), kinds
+    cache = ["PersistentVolumeClaim"] if "url" in api.resolve_spec(BUILD_CASES[case])["dataset"] else []
+    assert sorted(kinds) == sorted(["Job", "Service", *claim, *cache]), kinds
 
 
 @pytest.mark.parametrize("case", sorted(BUILD_CASES))

@@ -278,6 +278,27 @@ def claims(admin: client.ApiClient, ns: str) -> dict[str, Any]:
     return {c.metadata.name: c for c in found}
 
 
+def test_a_url_dataset_gets_a_shared_cache_claim_and_an_init_container(
+        admin: client.ApiClient, operator: OperatorThread, namespace: str) -> None:
+    """Two trainings on the same URL: one cache claim, made before the Jobs, owned by neither (it is
+    there for the next training on the data), mounted by both Jobs' init containers and trainers."""
+    dataset = {"url": "https://example.com/pets.tar.gz", "sha256": "ab" * 32}
+    for name in ("first", "second"):
+        create_training(admin, namespace, name, replicas=2, dataset=dataset)
+    for name in ("first", "second"):
+        pod = the_job(admin, namespace, name).spec.template.spec
+        (init,) = pod.init_containers
+        (volume,) = [v for v in pod.volumes if v.name == "data"]
+        assert init.name == "dataset" and init.command == ["pets-dataset-init"]
+        assert volume.persistent_volume_claim.claim_name.startswith("pets-dataset-")
+    caches = [c for name, c in claims(admin, namespace).items() if name.startswith("pets-dataset-")]
+    assert len(caches) == 1, [c.metadata.name for c in caches]
+    (cache,) = caches
+    assert cache.metadata.owner_references is None, "the cache outlives the trainings"
+    assert cache.metadata.annotations[api.ANNOTATION_DATASET_URL] == dataset["url"]
+    assert cache.spec.access_modes == ["ReadWriteMany"]
+
+
 def test_a_managed_output_claim_is_made_before_the_job_and_follows_its_retention_policy(
         admin: client.ApiClient, operator: OperatorThread, namespace: str) -> None:
     create_training(admin, namespace, "kept", replicas=2,

@@ -288,3 +288,50 @@ def test_the_operators_default_output_from_its_flags() -> None:
                                                               "StorageClass name, got 'Fast_RWX'")]:
         with pytest.raises(ValueError, match=re.escape(words)):
             api.default_output(*args)
+
+
+def test_a_url_dataset_is_fetched_by_an_init_container_into_a_shared_cache_claim() -> None:
+    s = spec(replicas=2, dataset={"url": "s3://pets/v1", "layout": "imagefolder", "s3": {
+        "endpoint": "http://s3.example:7070", "region": "eu-west-1", "credentialsSecret": "s3-keys"}})
+    job = builders.build_job(s, TARGET)
+    pod = job["spec"]["template"]["spec"]
+    (init,) = pod["initContainers"]
+    (trainer,) = pod["containers"]
+    cache = builders.dataset_cache_name(s)
+    assert cache.startswith("pets-dataset-") and len(cache) == len("pets-dataset-") + 12
+    assert {"name": "data", "persistentVolumeClaim": {"claimName": cache}} in pod["volumes"]
+    # the init container writes the cache; the trainer reads its data/ folder, read-only
+    assert {"name": "data", "mountPath": "/dataset-cache"} in init["volumeMounts"]
+    read = {"name": "data", "mountPath": "/data", "readOnly": True, "subPath": "data"}
+    assert read in trainer["volumeMounts"]
+    assert init["command"] == ["pets-dataset-init"] and init["image"] == trainer["image"]
+    args = init["args"]
+    assert args[args.index("--url") + 1] == "s3://pets/v1"
+    assert args[args.index("--layout") + 1] == "imagefolder"
+    assert args[args.index("--s3-endpoint") + 1] == "http://s3.example:7070"
+    assert args[args.index("--credentials-secret") + 1] == "s3-keys"
+    assert trainer["args"][trainer["args"].index("--data") + 1] == "/data"
+    # the keys go to the init container only, from the Secret
+    assert {e["name"]: e["valueFrom"]["secretKeyRef"] for e in init["env"]} == {
+        "AWS_ACCESS_KEY_ID": {"name": "s3-keys", "key": "AWS_ACCESS_KEY_ID"},
+        "AWS_SECRET_ACCESS_KEY": {"name": "s3-keys", "key": "AWS_SECRET_ACCESS_KEY"}}
+    assert not any("AWS" in e["name"] for e in trainer["env"])
+    assert init["securityContext"] == trainer["securityContext"] and init["resources"] == trainer["resources"]
+    # exit 78 of the initializer fails the Job at once, as the trainer's does
+    rules = job["spec"]["podFailurePolicy"]["rules"]
+    assert {"action": "FailJob", "onExitCodes": {"containerName": "dataset", "operator": "In",
+                                                 "values": [78]}} in rules
+    claim = builders.build_dataset_cache_claim(s, TARGET)
+    assert claim is not None and claim["metadata"]["name"] == cache
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert claim["spec"]["resources"]["requests"]["storage"] == api.DEFAULT_DATASET_CACHE_SIZE
+    assert not builders.owned(claim), "the cache outlives the training: the next one on the data reuses it"
+    # one cache per source: another digest or endpoint is another claim, the same source the same
+    assert builders.dataset_cache_name(spec(dataset={"url": "s3://pets/v1", "s3": {
+        "endpoint": "http://s3.example:7070"}})) == cache
+    assert builders.dataset_cache_name(spec(dataset={"url": "s3://pets/v1"})) != cache
+    plain = spec(dataset={"url": "https://example.com/p.tar.gz", "sha256": "ab" * 32})
+    plain_pod = builders.build_job(plain, TARGET)["spec"]["template"]["spec"]
+    assert "env" not in plain_pod["initContainers"][0]
+    assert builders.build_dataset_cache_claim(spec(), TARGET) is None
+    assert "initContainers" not in builders.build_job(spec(), TARGET)["spec"]["template"]["spec"]

@@ -177,6 +177,23 @@ def test_permanent_exit_code_carries_the_trainers_reason() -> None:
     assert f is not None and f.permanent and f.message == "--model resnet9000: not a timm model"
 
 
+def test_the_dataset_init_containers_permanent_failure_is_the_cause() -> None:
+    """spec.dataset.url's initializer failed (a wrong sha256): the trainer never started, its state is
+    waiting; the init container's exit 78 and reason are the failure. One that succeeded is not read."""
+    msg = json.dumps({"status": "failed", "error": "spec.dataset.sha256: the archive at http://x has sha256 "
+                                                   "ab, not the cd the spec expects"})
+    init = {"name": "dataset", "state": {"terminated": {"exitCode": 78, "reason": "Error", "message": msg,
+                                                        "finishedAt": "2026-01-02T03:00:02Z"}}}
+    gang = [pod(0, phase="Failed", waiting="PodInitializing", initContainerStatuses=[init])]
+    f = pods.first_failure(gang, RANK_OF)
+    assert f is not None and f.permanent and f.exit_code == 78
+    assert f.message.startswith("spec.dataset.sha256:")
+    done = {"name": "dataset", "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}
+    ran = [failed(0, 1, "2026-01-02T03:00:09Z", initContainerStatuses=[done])]
+    f = pods.first_failure(ran, RANK_OF)
+    assert f is not None and (f.cause, f.exit_code) == ("ExitCode", 1)
+
+
 def test_a_crash_without_a_message_keeps_the_kubelets_log_tail() -> None:
     logs = "\n".join(f"line {i}" for i in range(30)) + "\n"
     f = pods.first_failure([failed(1, 1, "2026-01-02T03:00:01Z", message=logs)], RANK_OF)

@@ -77,6 +77,17 @@ def test_a_managed_output_claim_is_created_before_the_first_workload_only() -> N
     assert "OutputClaimRetained" not in [e.reason for e in p.events]  # Delete: it goes with the training
 
 
+def test_a_url_datasets_cache_claim_is_created_before_the_workload() -> None:
+    dataset = {"url": "https://example.com/pets.tar.gz"}
+    spec = api.resolve_spec({"replicas": 2, "backend": "job", "dataset": dataset})
+    observed = status.Observed(backend=backends.JOB, workload=None)
+    p = status.plan(body(replicas=2, backend="job", dataset=dataset), spec, observed, TARGET, NOW)
+    kinds = ["Service", "PersistentVolumeClaim", "PersistentVolumeClaim", "Job"]
+    assert [m["kind"] for m in p.create] == kinds
+    assert p.create[2]["metadata"]["name"] == builders.dataset_cache_name(spec)
+    assert not builders.owned(p.create[2])
+
+
 def test_a_retained_claim_is_named_in_an_event_once() -> None:
     output = {"managedClaim": {"retentionPolicy": "Retain"}}
     spec = api.resolve_spec({"output": output})
