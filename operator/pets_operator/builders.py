@@ -124,7 +124,7 @@ def dataset_source(spec: dict[str, Any]) -> str:
     return chosen[0]
 
 
-DATASET_INIT = "dataset"  # the init container that fetches spec.dataset.url
+DATASET_INIT = pods.DATASET_INIT
 
 
 def dataset_cache_name(spec: dict[str, Any]) -> str:

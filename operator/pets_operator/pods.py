@@ -21,6 +21,7 @@ from typing import Any
 # The trainer's exit code for an error a restart cannot fix (docs/contract.md). EX_CONFIG from
 # sysexits.h: "something was found in an unconfigured or misconfigured state".
 PERMANENT_EXIT_CODE = 78
+DATASET_INIT = "dataset"  # the init container that fetches spec.dataset.url (builders.dataset_init_container)
 # The trainer's exit code after a SIGTERM it answered with a step checkpoint (EX_TEMPFAIL): someone
 # stopped the pod (a deletion, a drain, a preemption); the training did not fail.
 STOPPED_EXIT_CODE = 75
@@ -32,7 +33,7 @@ DISRUPTION_REASONS = {"Evicted", "Preempted", "NodeLost", "Shutdown", "Terminate
 
 # Worst first: a user error that waiting cannot fix, then what may resolve itself.
 SEVERITY = ["PodCreateRefused", "ImagePullFailed", "ContainerConfigError", "VolumeNotReady", "Unschedulable",
-            "ContainerCreating", "WaitingForPods"]
+            "FetchingDataset", "ContainerCreating", "WaitingForPods"]
 LOG_TAIL_LINES = 20
 # The trainer's summary is one flat object (docs/contract.md). A 4 KiB termination message can nest 4000
 # deep: past the interpreter's recursion limit json.loads raises RecursionError (found by the property
@@ -166,6 +167,10 @@ def waiting_reason(pod: dict[str, Any], events: list[dict[str, Any]] | None = No
     for ev in events or []:
         if ev.get("reason") in ("FailedMount", "FailedAttachVolume"):
             return Waiting("VolumeNotReady", f"a volume cannot be mounted: {ev.get('message')}")
+    for cs in st.get("initContainerStatuses") or []:
+        if cs.get("name") == DATASET_INIT and (cs.get("state") or {}).get("running"):
+            return Waiting("FetchingDataset", "the dataset init container is fetching spec.dataset.url into "
+                           f"its cache claim (kubectl logs {_name(pod)} -c {DATASET_INIT})")
     if scheduled and scheduled.get("status") == "True":
         return Waiting("ContainerCreating", "containers are being created")
     return Waiting("WaitingForPods", "waiting to be scheduled")

@@ -800,7 +800,8 @@ def _from_pods(result: Plan, spec: dict[str, Any], observed: Observed) -> tuple[
     message = f"{count}/{replicas} pod(s) waiting: {why.message}"
     old_reason = next((c.get("reason") for c in result.status["conditions"]
                        if c["type"] == "Progressing"), None)
-    if why.reason != old_reason and why.reason not in ("ContainerCreating", "WaitingForPods"):
+    routine = ("FetchingDataset", "ContainerCreating", "WaitingForPods")  # said in status, no Warning
+    if why.reason != old_reason and why.reason not in routine:
         result.events.append(Event("Warning", why.reason, message))  # one per new reason, not per poll
     return api.PENDING, why.reason, message
 

@@ -177,6 +177,19 @@ def test_permanent_exit_code_carries_the_trainers_reason() -> None:
     assert f is not None and f.permanent and f.message == "--model resnet9000: not a timm model"
 
 
+def test_a_pod_whose_dataset_init_container_runs_is_fetching_the_dataset() -> None:
+    fetching = {"name": "dataset", "state": {"running": {"startedAt": "2026-01-02T03:00:00Z"}}}
+    p = pod(scheduled=SCHEDULED, waiting="PodInitializing", initContainerStatuses=[fetching])
+    why = pods.waiting_reason(p)
+    assert why is not None and why.reason == "FetchingDataset"
+    assert "kubectl logs pets-0-x -c dataset" in why.message
+    # a pull failure of the init container's image is worse, and said first
+    pulling = {"name": "dataset", "image": "img:1", "state": {"waiting": {"reason": "ErrImagePull"}}}
+    assert pods.waiting_reason(pod(scheduled=SCHEDULED, initContainerStatuses=[pulling])).reason == \
+        "ImagePullFailed"  # type: ignore[union-attr]
+    assert pods.SEVERITY.index("FetchingDataset") < pods.SEVERITY.index("ContainerCreating")
+
+
 def test_the_dataset_init_containers_permanent_failure_is_the_cause() -> None:
     """spec.dataset.url's initializer failed (a wrong sha256): the trainer never started, its state is
     waiting; the init container's exit 78 and reason are the failure. One that succeeded is not read."""
