@@ -12,7 +12,8 @@
 #   kubeflow:      Kubeflow's training-operator (go install) and its image   (addons.sh; only when asked)
 #   kueue:         Kueue (go install where the proxy serves it, else $PETS_KUEUE_DIR/kueue.gz) and its image
 #   local-path:    rancher's local-path-provisioner (go install) and its one-binary image (storage.sh)
-# usage: build.sh [all|control-plane|node|kind|smoke-image|kubeflow|kueue|local-path|s3|print-bin]...  (default: all = control-plane node)
+#   netpol:        the NetworkPolicy enforcer kube-network-policies, from its source tarball (netpol-build.sh)
+# usage: build.sh [all|control-plane|node|kind|smoke-image|kubeflow|kueue|local-path|s3|netpol|print-bin]...  (default: all = control-plane node)
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -193,6 +194,8 @@ build_local_path() {
 
 # shellcheck source=addons-build.sh
 source "$HERE/addons-build.sh"
+# shellcheck source=netpol-build.sh
+source "$HERE/netpol-build.sh"
 
 build_control_plane() {
   apt_install "${CONTROL_PLANE_PACKAGES[@]}"
@@ -243,8 +246,9 @@ main() {
       kueue) build_kueue ;;
       local-path) build_local_path ;;
       s3) build_s3 ;;
+      netpol) build_netpol ;;
       print-bin) echo "$PETS_BIN" ;;
-      *) die "unknown build target '$t' (expected all, control-plane, node, kind, smoke-image, kubeflow, kueue, local-path, s3 or print-bin)" ;;
+      *) die "unknown build target '$t' (expected all, control-plane, node, kind, smoke-image, kubeflow, kueue, local-path, s3, netpol or print-bin)" ;;
     esac
   done
   if [[ $GOCACHE == "$OWN_GOCACHE" && -d $GOCACHE ]] && go_binaries_all_cached; then

@@ -6,6 +6,8 @@
 #        cluster.sh node-lose|node-start NODE             a node of the local cluster lost / back (below)
 #        cluster.sh addon-up|addon-down kubeflow|kueue|s3 the real training-operator / Kueue, an S3
 #                                                         server (versitygw) (addons.sh)
+#        cluster.sh netpol-up|netpol-down NODE            the NetworkPolicy enforcer of a node of the
+#                                                         local cluster (netpol.sh; build.sh netpol first)
 #
 # local: the control plane of control-plane.sh (etcd, kube-apiserver, kube-controller-manager)
 #        plus PETS_NODES nodes on this machine, each with its own containerd + runc, CNI bridge,
@@ -748,9 +750,15 @@ up_addons() {
   for a in ${PETS_ADDONS:-}; do "$HERE/addons.sh" up "$a"; done
 }
 
+# The NetworkPolicy enforcer, per node (not part of `up` yet: issue 24).
+# shellcheck source=netpol.sh
+source "$HERE/netpol.sh"
+
 action="${1:-}"
 case "$action" in
   addon-up | addon-down) exec "$HERE/addons.sh" "${action#addon-}" "${2:-}" ;;
+  netpol-up) netpol_up "${2:?netpol-up needs a node name}"; exit ;;
+  netpol-down) netpol_down "${2:?netpol-down needs a node name}"; exit ;;
   node-lose) lose_node "${2:?node-lose needs a node name}"; exit ;;
   node-start) start_node "${2:?node-start needs a node name}"; exit ;;
 esac
@@ -762,5 +770,5 @@ case "$action:$flavour" in
   up:kind) up_kind; PETS_CLUSTER=kind up_addons ;;
   down:kind) down_kind ;;
   status:kind) "$(kind_bin)" get nodes --name "$KIND_NAME" ;;
-  *) die "usage: $0 up|down|status [local|kind] | node-lose|node-start NODE | addon-up|addon-down kubeflow|kueue|s3 (got '${action}' '${flavour}')" ;;
+  *) die "usage: $0 up|down|status [local|kind] | node-lose|node-start NODE | netpol-up|netpol-down NODE | addon-up|addon-down kubeflow|kueue|s3 (got '${action}' '${flavour}')" ;;
 esac

@@ -1,0 +1,120 @@
+# The NetworkPolicy enforcer (issue 24) on the local cluster: kube-network-policies, one per node
+# (sourced by cluster.sh, after its node helpers: select_node_named, node_kubeconfig, kubectl_ and
+# the per-node variables NODE, SUFFIX, NETNS, IN_NODE). Built by `build.sh netpol` (netpol-build.sh).
+#
+#   netpol_up NODE    start the enforcer of NODE; waits until its NFQUEUE is bound (informers synced,
+#                     nftables rules written)
+#   netpol_down NODE  stop it and remove its nftables table
+#
+# Host process, not upstream's hostNetwork DaemonSet (install.yaml), for these reasons:
+#  - It is what this harness does with the node's other hostNetwork agent: kube-proxy is a
+#    DaemonSet upstream too and a host process here (cluster.sh start_kube_proxy). The enforcer is
+#    started the same way: start_daemon, in the node's network namespace (`nsenter --net` for nodes
+#    2..N, the host's for node 1), pid in $PETS_STATE/pids and log in $LOGS with the node's suffix,
+#    like kubelet$SUFFIX and kube-proxy$SUFFIX (in $LOGS rather than $NODE_STATE, which down_node
+#    removes for nodes 2..N: the logs outlive the cluster).
+#  - Upstream's manifest asks for `privileged: true` (install.yaml, securityContext), which cannot
+#    start here: runc then wants every capability, and this sandbox lacks CAP_SYS_RESOURCE
+#    (docs/cluster.md, the kind section). Without `privileged`, NET_ADMIN alone would do (nftables,
+#    the NFQUEUE netlink socket and conntrack updates all check CAP_NET_ADMIN, which the sandbox
+#    has), and a hostNetwork pod lands in the node's network namespace (the shim inherits
+#    containerd's, which cluster.sh starts inside it). So a DaemonSet could run, but it would need
+#    an image built and imported into every node (no registry), RBAC through a ServiceAccount, and
+#    would come and go with the pods it polices (pets-cri remove-all on down, node-lose kills it
+#    as one of the node's pods). Nothing of it would be tested that the host process does not test:
+#    the enforcement is the same binary, the same flags, the same netfilter rules.
+#  - NRI (containerd's pod-IP feed, install.yaml's /var/run/nri mount) is off: Debian's containerd
+#    1.6 has no NRI v2 socket, and its path (/var/run/nri/nri.sock) is host-wide, so with several
+#    containerds on one host each enforcer could talk to the wrong node's runtime. Pod IPs come
+#    from the API server's pod informer only (upstream's fallback; a pod's first packets before its
+#    IP reaches the informer are not policed: https://issues.k8s.io/85966).
+#
+# Several nodes on one host: the table (`inet kube-network-policies`, fixed in v1.1.1: no flag) and
+# the queue number are per network namespace, and nodes 2..N each have their own, so they do not
+# collide; node 1 shares the host's (and with it any other cluster's node 1 on this machine: give
+# that one another PETS_NETPOL_QUEUE_ID; the table name cannot be changed).
+# shellcheck shell=bash
+
+NETPOL_NAME=kube-network-policies
+NETPOL_TABLE=kube-network-policies  # pkg/dataplane/controller.go Defaults(); not a flag in v1.1.1
+NETPOL_QUEUE_ID="${PETS_NETPOL_QUEUE_ID:-100}"  # upstream's default (install.yaml uses 98)
+NETPOL_METRICS_PORT="${PETS_NETPOL_METRICS_PORT:-9080}"
+# Fail-open (upstream's default): rules queue with `bypass`, so while no enforcer is bound to the
+# queue (not started yet, crashed, killed) traffic passes unpoliced instead of being dropped. A test
+# that expects a refusal therefore fails, rather than passes, when the enforcer is not running.
+NETPOL_FAIL_OPEN="${PETS_NETPOL_FAIL_OPEN:-true}"
+
+# Its identity: a client certificate, bound to upstream's ClusterRole (install.yaml).
+netpol_pki() {
+  [[ -f "$PKI/$NETPOL_NAME.crt" ]] && return 0
+  (
+    cd "$PKI" || exit 1
+    umask 077
+    make_cert "$NETPOL_NAME" "/CN=system:$NETPOL_NAME" clientAuth
+  )
+}
+
+netpol_rbac() {
+  kubectl_ apply -f - >/dev/null <<EOF
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: "pets-training:$NETPOL_NAME"}
+rules:
+- apiGroups: [""]
+  resources: [pods, namespaces]
+  verbs: [list, watch]
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [list, watch]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: "pets-training:$NETPOL_NAME"}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "pets-training:$NETPOL_NAME"}
+subjects:
+- {apiGroup: rbac.authorization.k8s.io, kind: User, name: "system:$NETPOL_NAME"}
+EOF
+}
+
+# The selected node's network namespace has our queue bound: a line of /proc/net/netfilter/nfnetlink_queue
+# (the reader's namespace's) starting with the queue number ("%5u %6u ...", net/netfilter/nfnetlink_queue.c).
+netpol_queue_bound() {
+  "${IN_NODE[@]}" grep -qE "^ *$NETPOL_QUEUE_ID " /proc/net/netfilter/nfnetlink_queue
+}
+
+netpol_up() {
+  select_node_named "$1"
+  local name="$NETPOL_NAME$SUFFIX" exe kubeconfig
+  pid_alive "$name" && { log "$name: running"; return 0; }
+  exe="$(bin "$NETPOL_NAME")"
+  [[ -e /proc/net/netfilter/nfnetlink_queue ]] ||
+    die "$name: this kernel has no nfnetlink_queue (/proc/net/netfilter/nfnetlink_queue); modprobe nfnetlink_queue"
+  netpol_pki
+  netpol_rbac
+  kubeconfig="$(node_kubeconfig "$NETPOL_NAME" "$NETPOL_NAME")"
+  # --hostname-override: it polices the pods whose spec.nodeName is this (the kubelet's
+  # --hostname-override). Metrics on loopback of the node's namespace, as kube-proxy's.
+  start_daemon "$name" "$LOGS/$name.log" "${IN_NODE[@]}" "$exe" \
+    --kubeconfig "$kubeconfig" --hostname-override "$NODE" \
+    --nfqueue-id "$NETPOL_QUEUE_ID" --fail-open="$NETPOL_FAIL_OPEN" --disable-nri \
+    --metrics-bind-address "127.0.0.1:$NETPOL_METRICS_PORT" --v 1
+  wait_for "$name to bind NFQUEUE $NETPOL_QUEUE_ID (log: $LOGS/$name.log)" 60 netpol_queue_bound ||
+    { tail -20 "$LOGS/$name.log" >&2; die "$name did not start"; }
+  log "$name: enforcing NetworkPolicy for the pods of $NODE (queue $NETPOL_QUEUE_ID, fail-open=$NETPOL_FAIL_OPEN)"
+}
+
+netpol_down() {
+  select_node_named "$1"
+  local name="$NETPOL_NAME$SUFFIX"
+  # TERM: it stops, waits its 5 s grace period (cmd/kube-network-policies/standard/main.go) and
+  # exits; with fail-open it leaves its table in place (controller.go Shutdown), so remove it here.
+  stop_daemon "$name"
+  [[ -z "$NETNS" || -e "/run/netns/$NETNS" ]] || return 0  # the namespace, and the table, are gone
+  if command -v nft >/dev/null; then
+    if "${IN_NODE[@]}" nft list table inet "$NETPOL_TABLE" >/dev/null 2>&1; then
+      "${IN_NODE[@]}" nft delete table inet "$NETPOL_TABLE"
+    fi
+  else
+    log "$name: no nft here (Debian nftables) to remove table inet $NETPOL_TABLE; harmless while fail-open"
+  fi
+}
