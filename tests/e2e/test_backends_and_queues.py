@@ -86,18 +86,21 @@ def phases_seen(trainings: Trainings, name: str, until: str, seen: list[str], ti
 def test_pytorchjob_trains_under_the_real_training_operator(trainings: Trainings) -> None:
     name = "pj"
     create(trainings, name, {**LONGER_SPEC, "backend": "pytorchjob"})
-    running_epochs: list[int] = []
 
     def progressed() -> dict[str, Any] | None:
         status = trainings.status(name)
-        if status.get("phase") == "Running" and status.get("evalAccuracy") is not None:
-            running_epochs.append(int(status["epoch"]))
         if status.get("phase") == "Failed":
             pytest.fail(f"Failed: {status}\n{trainings.describe(name)}")
         return status if status.get("phase") == "Succeeded" else None
 
     status = wait_for(f"{name} Succeeded", progressed, 900, 1.0)
-    assert running_epochs, f"rank 0's progress was never mirrored while Running: {status}"
+    # Rank 0's progress was mirrored while it ran, whatever the pace of this machine (a 1 s poll can miss a
+    # short Running phase): status.step comes from a scrape only (the summary carries none), and the last
+    # scrape that moved it came before the completion.
+    reported = next(c for c in status["conditions"] if c["type"] == "ProgressReported")
+    assert (reported["status"], reported["reason"]) == ("True", "Scraped"), reported
+    assert 0 < status["step"] <= status["stepsTotal"], status
+    assert status["lastProgressTime"] <= status["completionTime"], status
     assert status["backend"] == "pytorchjob" and status["backendReason"] == "spec.backend is pytorchjob"
     summary = status["summary"]  # from the Master's termination message
     assert summary["status"] == "succeeded" and summary["world_size"] == 2, summary
