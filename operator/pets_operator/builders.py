@@ -153,8 +153,7 @@ def build_dataset_cache_claim(spec: dict[str, Any], target: Target) -> dict[str,
             "annotations": {api.ANNOTATION_DATASET_URL: spec["dataset"]["url"]},
         },
         "spec": {
-            # as the output claim: several pods on any node, else one
-            "accessModes": ["ReadWriteMany"] if spec["replicas"] > 1 else ["ReadWriteOnce"],
+            "accessModes": gang_access_modes(spec),
             "resources": {"requests": {"storage": str(cache.get("size") or api.DEFAULT_DATASET_CACHE_SIZE)}},
         },
     }
@@ -470,12 +469,16 @@ def output_claim(spec: dict[str, Any], name: str) -> str | None:
     return (output.get("persistentVolumeClaim") or {}).get("claimName")
 
 
+def gang_access_modes(spec: dict[str, Any]) -> list[str]:
+    """A claim every pod of the training mounts: ReadWriteMany when there are several (they may run on
+    several nodes), else ReadWriteOnce. docs/operator.md ("Output") says why."""
+    return ["ReadWriteMany"] if spec["replicas"] > 1 else ["ReadWriteOnce"]
+
+
 def output_access_modes(spec: dict[str, Any]) -> list[str]:
-    """spec.output.managedClaim's access modes; unset: ReadWriteMany when several pods mount the claim
-    (they may run on several nodes), else ReadWriteOnce. docs/operator.md ("Output") says why."""
+    """spec.output.managedClaim's access modes; unset: gang_access_modes."""
     claim = api.output_of(spec)["managedClaim"]
-    several = spec["replicas"] > 1
-    return list(claim.get("accessModes") or (["ReadWriteMany"] if several else ["ReadWriteOnce"]))
+    return list(claim.get("accessModes") or gang_access_modes(spec))
 
 
 def build_output_claim(spec: dict[str, Any], target: Target) -> dict[str, Any] | None:

@@ -199,6 +199,11 @@ def _checkpoints_skipped(result: Plan, old: dict[str, Any]) -> None:
         f"further back, at step {result.status.get('resumeStep', 0)} (0: from the start)")))
 
 
+def _is_count(value: Any) -> bool:
+    """An integer (not a bool) in 0..PROGRESS_TOP: a count from the summary a status can hold."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= PROGRESS_TOP
+
+
 def _mirror_summary(status: dict[str, Any], summary: dict[str, Any], total_epochs: int) -> None:
     status["summary"] = summary  # pods.parse_summary let only numbers a status can hold through
 
@@ -216,11 +221,9 @@ def _mirror_summary(status: dict[str, Any], summary: dict[str, Any], total_epoch
     report = summary.get("dataset")
     if isinstance(report, dict):
         counts = {key: report[name] for name, key in SUMMARY_DATASET_KEYS.items()
-                  if isinstance(report.get(name), int) and not isinstance(report[name], bool)
-                  and 0 <= report[name] <= PROGRESS_TOP}
+                  if _is_count(report.get(name))}
         _mirror_dataset(status, counts, report.get("layout"))
-    if isinstance(summary.get("epochs"), int) and not isinstance(summary["epochs"], bool) and \
-            0 <= summary["epochs"] <= PROGRESS_TOP:
+    if _is_count(summary.get("epochs")):
         status["epoch"] = summary["epochs"]
         status["totalEpochs"] = total_epochs
         status["progress"] = f"{summary['epochs']}/{total_epochs}"

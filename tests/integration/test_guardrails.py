@@ -11,10 +11,7 @@ the field, the value and the chart value an admin changes; what the values allow
 from __future__ import annotations
 
 import json
-import os
 import secrets
-import shutil
-import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
+from conftest import sh, tool
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from pets_operator import api
@@ -37,24 +35,6 @@ CUSTOM_VALUES = [
     "--set-json", 'guardrails.serviceAccountNames=["trainer"]',
     "--set", "trainer.image=mirror.example.com/pets/trainer:0.1.0",
 ]
-
-
-def tool(name: str) -> str:
-    """helm ($PETS_CACHE/bin first) and kubectl, as conftest finds them."""
-    cache = Path(os.environ.get("PETS_CACHE", Path.home() / ".cache" / "pets-training"))
-    if name == "helm" and (cache / "bin" / "helm").is_file():
-        return str(cache / "bin" / "helm")
-    found = shutil.which(name)
-    if not found:
-        pytest.fail(f"{name} not found: run under tests/cluster/run-with-control-plane.sh", pytrace=False)
-    return found
-
-
-def sh(*args: str, stdin: str | None = None) -> str:
-    res = subprocess.run(args, input=stdin, capture_output=True, text=True, timeout=120, check=False)
-    if res.returncode != 0:
-        pytest.fail(f"{' '.join(args)} exited {res.returncode}:\n{res.stdout}\n{res.stderr}", pytrace=False)
-    return res.stdout
 
 
 @dataclass(frozen=True)
