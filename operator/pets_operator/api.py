@@ -794,6 +794,12 @@ SPEC_SCHEMA: dict[str, Any] = _obj(
                         "PyTorchJob; auto: the operator's --auto-backend (job unless the chart's "
                         "autoBackend says pytorchjob) where it is served, else job. "
                         "Immutable while running.", default="auto", enum=["auto", "job", "pytorchjob"]),
+        "networkPolicy": _bool(
+            "A NetworkPolicy around the training's pods (made by the operator, owned by the training): "
+            "they accept connections only from the pods of the same training (the rendezvous and the "
+            "collectives' ports) and, on the progress port, from the operator and the peers the chart "
+            "names (trainingNetworkPolicy.metricsFrom); egress stays open. false: none, where the "
+            "platform manages policy itself. Immutable while running.", True),
         "masterPort": _int("Rendezvous port of the main process. Immutable while running.",
                            default=29500, minimum=1024, maximum=65535),
         "maxRestarts": _int("Gang restarts after a failure before the training is Failed.",
@@ -1010,6 +1016,7 @@ STATUS_SCHEMA: dict[str, Any] = _obj("Observed state, written by the operator.",
         "job": _str("Name of the Job."),
         "service": _str("Name of the headless Service."),
         "pytorchJob": _str("Name of the PyTorchJob."),
+        "networkPolicy": _str("Name of the NetworkPolicy around the training's pods."),
     }),
 })
 

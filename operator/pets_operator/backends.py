@@ -103,12 +103,13 @@ class Backend:
         return builders.build_service(spec, target) if self.uses_service else None
 
     def children(self, spec: dict[str, Any], target: builders.Target) -> list[dict[str, Any]]:
-        """Everything one attempt needs, in creation order (the Service, the managed output claim and the
-        dataset cache claim before the pods that use them)."""
+        """Everything one attempt needs, in creation order (the Service, the NetworkPolicy, the managed
+        output claim and the dataset cache claim before the pods that use them)."""
         service = self.build_service(spec, target)
+        policy = builders.build_network_policy(spec, target)
         claim = builders.build_output_claim(spec, target)
         cache = builders.build_dataset_cache_claim(spec, target)
-        return [c for c in (service, claim, cache) if c] + [self.build_workload(spec, target)]
+        return [c for c in (service, policy, claim, cache) if c] + [self.build_workload(spec, target)]
 
     def children_names(self, name: str, attempt: int) -> dict[str, str]:
         """status.children for one attempt."""

@@ -34,6 +34,17 @@ SCRATCH_DIRS = {"tmp": "/tmp", "home": HOME}
 
 
 @dataclass(frozen=True)
+class NetworkPolicySettings:
+    """The operator-wide side of spec.networkPolicy (the chart's trainingNetworkPolicy values)."""
+
+    enabled: bool = True
+    # NetworkPolicyPeers allowed to the trainers' progress port besides the pods of the training: the
+    # chart puts the operator's own pods first. None at all: that port is open to every source (an
+    # operator run outside the cluster, `pets-operator run` on a laptop, reads it from a node address).
+    metrics_from: tuple[Mapping[str, Any], ...] = ()
+
+
+@dataclass(frozen=True)
 class Target:
     """Where and what: the PetsTraining's identity and the operator-wide settings."""
 
@@ -47,6 +58,7 @@ class Target:
     # What is left of spec.activeDeadlineSeconds for this attempt (status.plan's bookkeeping; None: all
     # of it, as for a first attempt or `pets-operator render`).
     deadline_left: int | None = None
+    network_policy: NetworkPolicySettings = field(default_factory=NetworkPolicySettings)
 
     @property
     def queued(self) -> bool:
@@ -65,7 +77,7 @@ def _digest(value: Any) -> str:
 
 # Defaulted spec fields added after workloads began to carry the digest: left out of it while they hold
 # their defaults, so an operator upgrade does not take every running workload for an edited one.
-ADDED_LATER = ["placement", "checkpoint"]
+ADDED_LATER = ["placement", "checkpoint", "networkPolicy"]
 
 
 def spec_digest(spec: dict[str, Any]) -> str:
@@ -534,6 +546,43 @@ def build_service(spec: dict[str, Any], target: Target) -> dict[str, Any]:
                 {"name": "metrics", "port": api.METRICS_PORT, "targetPort": api.METRICS_PORT,
                  "protocol": "TCP"},
             ],
+        },
+    }
+
+
+def network_policy_name(name: str) -> str:
+    return name
+
+
+def network_policy_wanted(spec: dict[str, Any], target: Target) -> bool:
+    return bool(spec.get("networkPolicy", True)) and target.network_policy.enabled
+
+
+def build_network_policy(spec: dict[str, Any], target: Target) -> dict[str, Any] | None:
+    """The training's pods accept connections from the pods of the same training on every port (the
+    rendezvous, and gloo's and NCCL's collectives, which listen on ports of their own choosing), and on
+    the progress port from the operator's peers; nothing else. torch.distributed's rendezvous has no
+    authentication (PyTorch's SECURITY.md), so no other pod may reach it. One policy per training, not
+    per attempt: two attempts never run at once (the next waits for the previous one's pods to go), so
+    the training's label covers the attempt. Egress is left open: data and weights come from anywhere."""
+    if not network_policy_wanted(spec, target):
+        return None
+    trainers = {"podSelector": {"matchLabels": selector(target.name)}}
+    progress: dict[str, Any] = {"ports": [{"protocol": "TCP", "port": api.METRICS_PORT}]}
+    if target.network_policy.metrics_from:
+        progress["from"] = [copy.deepcopy(dict(peer)) for peer in target.network_policy.metrics_from]
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {
+            "name": network_policy_name(target.name),
+            "namespace": target.namespace,
+            "labels": labels(target.name, "network-policy"),
+        },
+        "spec": {
+            **trainers,
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": [trainers]}, progress],
         },
     }
 

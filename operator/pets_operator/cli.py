@@ -13,11 +13,12 @@ as a YAML stream.
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import sys
 from collections.abc import Callable, Sequence
 
-from pets_operator import api, backends
+from pets_operator import api, backends, builders
 
 DEFAULT_LIVENESS_PORT = 8080
 DEFAULT_METRICS_PORT = 8000
@@ -49,6 +50,25 @@ def _at_least_one(kind: type[int] | type[float]) -> Callable[[str], int | float]
             raise argparse.ArgumentTypeError(f"must be above 0, got {text!r}")
         return value
     return parse
+
+
+PEER_KEYS = {"podSelector", "namespaceSelector", "ipBlock"}  # networking.k8s.io/v1 NetworkPolicyPeer
+
+
+def _peers(text: str) -> tuple[dict[str, object], ...]:
+    """`--metrics-from`: a JSON list of NetworkPolicyPeers (podSelector, namespaceSelector, ipBlock)."""
+    try:
+        peers = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"must be a JSON list of NetworkPolicyPeers, got {text!r}: {exc}") \
+            from None
+    if not isinstance(peers, list):
+        raise argparse.ArgumentTypeError(f"must be a JSON list of NetworkPolicyPeers, got {text!r}")
+    for i, peer in enumerate(peers):
+        if not isinstance(peer, dict) or not peer or set(peer) - PEER_KEYS:
+            raise argparse.ArgumentTypeError(
+                f"item {i} must be a NetworkPolicyPeer (keys {', '.join(sorted(PEER_KEYS))}), got {peer!r}")
+    return tuple(peers)
 
 
 def _priority(text: str) -> int:
@@ -135,6 +155,18 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--default-output-storage-class", default="", metavar="NAME",
         help="StorageClass of that claim (default: the cluster's default StorageClass)",
+    )
+    run.add_argument(
+        "--training-network-policy", choices=["on", "off"], default="on",
+        help="a NetworkPolicy per training: its pods accept connections only from the pods of the same "
+             "training and, on the progress port, from --metrics-from; off: none, whatever "
+             "spec.networkPolicy says (default on)",
+    )
+    run.add_argument(
+        "--metrics-from", type=_peers, default=(), metavar="JSON",
+        help="the NetworkPolicyPeers (a JSON list) that may read the trainers' progress port; the chart "
+             "names the operator's pods and trainingNetworkPolicy.metricsFrom (default: none, so that port "
+             "is open to every source)",
     )
     run.add_argument(
         "--workers", type=_at_least_one(int), default=api.DEFAULT_WORKERS, metavar="N",
@@ -227,6 +259,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 cluster_domain=args.cluster_domain,
                 auto_backend=args.auto_backend,
                 default_output=default_output,
+                network_policy=builders.NetworkPolicySettings(args.training_network_policy == "on",
+                                                              args.metrics_from),
                 workers=args.workers,
                 progress_poll_seconds=args.progress_interval,
                 scrape_concurrency=args.scrape_concurrency,

@@ -95,6 +95,7 @@ class Cluster:
         self.api_client, self.namespace, self.name = api_client, namespace, name
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
+        self.networking = client.NetworkingV1Api(api_client)
         self.key = (namespace, name)
         self.selector = f"{api.LABEL_TRAINING}={name}"
         self._nodes: dict[str, str | None] = {}  # node -> why it is lost (None: not lost), this round
@@ -193,6 +194,10 @@ class Cluster:
                 claim = self.core.create_namespaced_persistent_volume_claim(
                     ns, cast(client.V1PersistentVolumeClaim, manifest))
                 created = self._dict(claim)
+            elif manifest["kind"] == "NetworkPolicy":
+                policy = self.networking.create_namespaced_network_policy(
+                    ns, cast(client.V1NetworkPolicy, manifest))
+                created = self._dict(policy)
             else:
                 raise ValueError(f"no API known for {manifest['apiVersion']} {manifest['kind']}")
         except ApiException as exc:
@@ -211,6 +216,8 @@ class Cluster:
                                                             backend.plural, ref["name"], body=body)
             elif ref["kind"] == "Service":
                 self.core.delete_namespaced_service(ref["name"], ref["namespace"], body=body)
+            elif ref["kind"] == "NetworkPolicy":
+                self.networking.delete_namespaced_network_policy(ref["name"], ref["namespace"], body=body)
             else:
                 raise ValueError(f"no API known for {ref['apiVersion']} {ref['kind']}")
         except ApiException as exc:

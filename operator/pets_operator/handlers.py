@@ -79,6 +79,7 @@ class Context:
     progress_port: int = api.METRICS_PORT
     auto_backend: str = backends.DEFAULT_AUTO  # what spec.backend `auto` runs as (where it is served)
     default_output: dict[str, Any] = field(default_factory=api.default_output)  # where spec.output is unset
+    network_policy: builders.NetworkPolicySettings = field(default_factory=builders.NetworkPolicySettings)
     poll_active: float = POLL_ACTIVE
     workers: int = WORKERS
     scrape_concurrency: int = SCRAPE_CONCURRENCY
@@ -336,7 +337,8 @@ def reconcile_once(ctx: Context, snap: Snapshot, logger: Logger) -> float | None
         return [p for p in snap.pods if _labels_match(p["metadata"].get("labels") or {}, selector)]
 
     target = builders.Target(name, namespace, attempt, ctx.default_image, ctx.cluster_domain,
-                             builders.queue_labels(body["metadata"].get("labels")))
+                             builders.queue_labels(body["metadata"].get("labels")),
+                             network_policy=ctx.network_policy)
     state = None
     rank0 = Rank0()
     pod_list: list[dict[str, Any]] | None = None

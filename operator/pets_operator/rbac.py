@@ -16,6 +16,9 @@ NAMESPACED: list[tuple[str, str, tuple[str, ...]]] = [
     ("batch", "jobs", ("create", "get", "list", "watch", "patch", "delete")),
     # The headless Service is created once and deleted with its training: never patched.
     ("", "services", ("create", "get", "list", "watch", "delete")),
+    # The NetworkPolicy around a training's pods: created once (before its first pods), deleted only when
+    # spec.networkPolicy or the chart's trainingNetworkPolicy.enabled turns it off; never read.
+    ("networking.k8s.io", "networkpolicies", ("create", "delete")),
     # delete: only pods of our trainings, and only those stuck on a node the node controller marked
     # lost (Ready Unknown, or the Node gone), force-deleted (docs/operator.md, "Nodes lost...").
     ("", "pods", ("get", "list", "watch", "delete")),

@@ -14,7 +14,7 @@ import kopf
 import yaml
 from kubernetes import client, config
 
-from pets_operator import api, backends, handlers
+from pets_operator import api, backends, builders, handlers
 
 log = logging.getLogger("pets_operator")
 
@@ -32,6 +32,7 @@ class RunOptions:
     cluster_domain: str = api.DEFAULT_CLUSTER_DOMAIN
     auto_backend: str = backends.DEFAULT_AUTO
     default_output: dict[str, Any] = field(default_factory=api.default_output)  # spec.output unset
+    network_policy: builders.NetworkPolicySettings = field(default_factory=builders.NetworkPolicySettings)
     kubeconfig: str | None = None  # None: in-cluster, else $KUBECONFIG / ~/.kube/config
     progress_poll_seconds: float = handlers.POLL_ACTIVE
     progress_port: int = api.METRICS_PORT  # the trainer's contract port; tests point it elsewhere
@@ -95,6 +96,7 @@ def build(options: RunOptions, cfg: client.Configuration) -> tuple[kopf.Operator
         cluster_domain=options.cluster_domain,
         auto_backend=options.auto_backend,
         default_output=options.default_output,
+        network_policy=options.network_policy,
         poll_active=options.progress_poll_seconds,
         progress_port=options.progress_port,
         fixed_namespaces=bool(options.namespaces),

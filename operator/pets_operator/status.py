@@ -92,6 +92,28 @@ def _set_condition(conditions: list[dict[str, Any]], ctype: str, status: bool | 
     conditions.append(new)
 
 
+def _network_policy(result: Plan, spec: dict[str, Any], target: builders.Target, made: str | None, *,
+                    started_without: bool) -> dict[str, Any] | None:
+    """The training's NetworkPolicy, if it is to have one. It is made once, with the first workload and
+    before it (plan's creating branch), and then named in status.children; a training that an operator
+    without policies started (its status names children, but no policy) gets it in this round. The one
+    the operator made is deleted when spec.networkPolicy or the chart's switch turns it off. No watch is
+    needed: the policy is owned by the training, and a create of an existing one is a no-op."""
+    policy = builders.build_network_policy(spec, target)
+    if policy is not None:
+        if made:
+            result.status["children"]["networkPolicy"] = policy["metadata"]["name"]
+        elif started_without:
+            result.create.append(policy)
+            result.status["children"]["networkPolicy"] = policy["metadata"]["name"]
+    elif made:
+        result.delete.append({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "name": made,
+                              "namespace": target.namespace})
+        # null, not a missing key: the status is written as a merge patch, which keeps what it omits
+        result.status["children"]["networkPolicy"] = None
+    return policy
+
+
 def _ref(obj: dict[str, Any]) -> dict[str, Any]:
     meta = obj.get("metadata") or {}
     return {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"), "name": meta.get("name"),
@@ -279,6 +301,9 @@ def _plan(body: dict[str, Any], spec: dict[str, Any], observed: Observed, target
     result.delete += [_ref(w) for w in observed.stale]
     _force_delete_lost(result, observed)
 
+    if made_policy := (old.get("children") or {}).get("networkPolicy"):
+        status["children"]["networkPolicy"] = made_policy
+
     if old_phase in api.FINISHED_PHASES:
         # Terminal: nothing is created again. Only the TTL remains.
         status["workloadActive"] = False
@@ -289,6 +314,7 @@ def _plan(body: dict[str, Any], spec: dict[str, Any], observed: Observed, target
     service = backend.build_service(spec, target)
     if service is not None and observed.service is None:
         result.create.append(service)
+    policy = _network_policy(result, spec, target, made_policy, started_without=bool(old.get("children")))
     ws = _ranks_decide_success(observed.workload_state(spec["replicas"]), observed, spec["replicas"])
     if observed.workload is None or ws is None:
         status["workloadActive"] = False
@@ -311,6 +337,9 @@ def _plan(body: dict[str, Any], spec: dict[str, Any], observed: Observed, target
         else:
             built_for = target if left is None else replace(target, deadline_left=max(1, math.ceil(left)))
             workload = backend.build_workload(spec, built_for)
+            if policy is not None and not made_policy and policy not in result.create:
+                result.create.append(policy)  # before the first pods
+                status["children"]["networkPolicy"] = policy["metadata"]["name"]
             # The managed output claim before the pods that mount it; made once (an existing one is kept).
             if (claim := builders.build_output_claim(spec, target)) is not None:
                 result.create.append(claim)
@@ -436,7 +465,8 @@ def _rebuild(result: Plan, spec: dict[str, Any], observed: Observed, target: bui
     status = result.status
     assert observed.workload is not None
     status["attempt"] = target.attempt + 1
-    status["children"] = observed.backend.children_names(target.name, target.attempt + 1)
+    policy = {k: v for k, v in status["children"].items() if k == "networkPolicy"}  # one for all attempts
+    status["children"] = observed.backend.children_names(target.name, target.attempt + 1) | policy
     result.delete.append(_ref(observed.workload))
     kind, name = observed.workload["kind"], observed.workload["metadata"]["name"]
     message = (f"spec changed (generation {generation}) since {kind} {name} was built: "
@@ -870,7 +900,9 @@ def _progress_reported(result: Plan, observed: Observed, now: datetime, generati
     if unreachable(observed.progress_error):
         reason = "EndpointUnreachable"
         message = (f"rank 0's progress cannot be read: {observed.progress_error}; the operator must reach "
-                   f"the trainer's metrics port (NetworkPolicy: the chart's networkPolicy.enabled)")
+                   f"the trainer's metrics port (NetworkPolicy: the training's own admits the operator's "
+                   f"pods and the chart's trainingNetworkPolicy.metricsFrom; a namespace's other policies "
+                   f"may deny it, see the chart's networkPolicy.enabled)")
     else:
         reason = "ProgressRefused"
         message = (f"rank 0's progress was refused: {observed.progress_error}; its metrics endpoint must "

@@ -193,6 +193,9 @@ def test_built_manifests_pass_server_side_dry_run(admin: client.ApiClient, names
         elif manifest["kind"] == "PersistentVolumeClaim":  # the default output: a claim the operator makes
             got = client.CoreV1Api(admin).create_namespaced_persistent_volume_claim(
                 namespace, manifest, dry_run="All", field_validation="Strict")
+        elif manifest["kind"] == "NetworkPolicy":
+            got = client.NetworkingV1Api(admin).create_namespaced_network_policy(
+                namespace, manifest, dry_run="All", field_validation="Strict")
         else:
             got = client.BatchV1Api(admin).create_namespaced_job(namespace, manifest, dry_run="All",
                                                                 field_validation="Strict")
@@ -201,7 +204,7 @@ def test_built_manifests_pass_server_side_dry_run(admin: client.ApiClient, names
     output = api.output_of(api.resolve_spec(BUILD_CASES[case]))
     claim = ["PersistentVolumeClaim"] if "managedClaim" in output else []
     cache = ["PersistentVolumeClaim"] if "url" in api.resolve_spec(BUILD_CASES[case])["dataset"] else []
-    assert sorted(kinds) == sorted(["Job", "Service", *claim, *cache]), kinds
+    assert sorted(kinds) == sorted(["Job", "Service", "NetworkPolicy", *claim, *cache]), kinds
 
 
 @pytest.mark.parametrize("case", sorted(BUILD_CASES))

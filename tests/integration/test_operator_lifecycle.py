@@ -177,7 +177,7 @@ def test_training_creates_one_service_and_one_job(admin: client.ApiClient, opera
     assert env["PETS_MAIN_ADDR"] == f"pets-0.pets.{namespace}.svc.cluster.local"
     assert env["PETS_NUM_MACHINES"] == "2"
     status = wait_phase(admin, namespace, "pets", api.PENDING)["status"]
-    assert status["children"] == {"job": "pets", "service": "pets"}
+    assert status["children"] == {"job": "pets", "service": "pets", "networkPolicy": "pets"}
     assert status["observedGeneration"] == pt["metadata"]["generation"]
     wait_for("a Created event on the PetsTraining", lambda: [
         e for e in client.CoreV1Api(admin).list_namespaced_event(
@@ -269,8 +269,46 @@ def test_deletion_removes_every_child(admin: client.ApiClient, operator: Operato
     client.CustomObjectsApi(admin).delete_namespaced_custom_object(
         api.GROUP, api.VERSION, namespace, api.PLURAL, "pets")
     wait_for("the PetsTraining to be gone", lambda: get_training(admin, namespace, "pets") is None)
-    wait_for("the garbage collector to remove the Job and the Service",
-             lambda: not jobs(admin, namespace) and not services(admin, namespace))
+    wait_for("the garbage collector to remove the Job, the Service and the NetworkPolicy",
+             lambda: not jobs(admin, namespace) and not services(admin, namespace)
+             and not network_policies(admin, namespace))
+
+
+def network_policies(admin: client.ApiClient, ns: str) -> dict[str, Any]:
+    found = client.NetworkingV1Api(admin).list_namespaced_network_policy(ns).items
+    return {p.metadata.name: p for p in found}
+
+
+def test_each_training_gets_a_network_policy_around_its_pods_unless_it_opts_out(
+        admin: client.ApiClient, operator: OperatorThread, namespace: str) -> None:
+    """Made by the operator under the chart's RBAC, owned by the training, accepted by the API server
+    (networking.k8s.io/v1's own validation); none for spec.networkPolicy: false; and the policy it made is
+    deleted when a suspended training turns it off."""
+    pt = create_training(admin, namespace, "guarded", replicas=2)
+    create_training(admin, namespace, "open", replicas=2, networkPolicy=False)
+    policy = wait_for("the NetworkPolicy", lambda: network_policies(admin, namespace).get("guarded"))
+    assert owner_of(policy) == (api.KIND, "guarded", True)
+    assert policy.metadata.owner_references[0].uid == pt["metadata"]["uid"]
+    trainers = the_job(admin, namespace, "guarded").spec.template.metadata.labels
+    assert policy.spec.pod_selector.match_labels.items() <= trainers.items()
+    assert policy.spec.policy_types == ["Ingress"]
+    same_training, progress = policy.spec.ingress
+    assert same_training.ports is None and same_training._from[0].pod_selector == policy.spec.pod_selector
+    assert [(p.protocol, p.port) for p in progress.ports] == [("TCP", api.METRICS_PORT)]
+    the_job(admin, namespace, "open")
+    assert "open" not in network_policies(admin, namespace)
+    assert "networkPolicy" not in wait_phase(admin, namespace, "open", api.PENDING)["status"]["children"]
+
+    custom = client.CustomObjectsApi(admin)
+    custom.patch_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL, "guarded",
+                                          {"spec": {"suspend": True}})
+    wait_for("its workload suspended (status.workloadActive false)", lambda: (get_training(
+        admin, namespace, "guarded") or {}).get("status", {}).get("workloadActive") is False)
+    custom.patch_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL, "guarded",
+                                          {"spec": {"networkPolicy": False, "suspend": False}})
+    wait_for("the policy it made to go", lambda: "guarded" not in network_policies(admin, namespace))
+    wait_for("status.children without it", lambda: "networkPolicy" not in (
+        (get_training(admin, namespace, "guarded") or {}).get("status", {}).get("children", {})))
 
 
 def claims(admin: client.ApiClient, ns: str) -> dict[str, Any]:
@@ -483,7 +521,7 @@ def test_pytorchjob_backend(admin: client.ApiClient, operator: OperatorThread, p
     assert pj[0]["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 2
     assert not jobs(admin, namespace) and not services(admin, namespace)
     st = wait_phase(admin, namespace, "pj", api.PENDING)["status"]
-    assert st["backend"] == "pytorchjob" and st["children"] == {"pytorchJob": "pj"}
+    assert st["backend"] == "pytorchjob" and st["children"] == {"pytorchJob": "pj", "networkPolicy": "pj"}
     assert st["backendReason"] == "spec.backend is pytorchjob"
     t = now()
     custom.patch_namespaced_custom_object_status("kubeflow.org", "v1", namespace, "pytorchjobs", "pj", {

@@ -106,6 +106,12 @@ Every verb and resource is named: no wildcards. Keep in step with operator/pets_
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch", "delete"]
+# The NetworkPolicy around a training's pods (trainingNetworkPolicy): created once, owned by the
+# training; deleted by the operator only when spec.networkPolicy or trainingNetworkPolicy.enabled turns
+# it off. Never patched.
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["create", "delete"]
 # The output claim (spec.output.managedClaim, or the default output): created once before the first
 # workload; get while the training waits, to say in status whether its claim is Pending. The garbage
 # collector deletes it with its training (owner reference), so no delete here.

@@ -445,6 +445,35 @@ def test_network_policy_lets_the_operator_read_progress_and_the_gang_talk(helm: 
     assert trainers.items() <= pod["metadata"]["labels"].items()
 
 
+def test_each_training_gets_a_policy_that_admits_the_operator_to_its_progress_port(helm: str) -> None:
+    """trainingNetworkPolicy: on by default; the operator's own pods (in the release's namespace) come
+    first among the peers that may read the trainers' progress port, then metricsFrom (Prometheus)."""
+    from pets_operator.cli import build_parser
+
+    manifest = render(helm)
+    args = build_parser().parse_args(container(manifest)["args"])
+    assert args.training_network_policy == "on"
+    operator_pods = one(manifest, "Deployment")["spec"]["selector"]["matchLabels"]
+    in_release_namespace = {"matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}}
+    assert args.metrics_from == ({"namespaceSelector": in_release_namespace,
+                                  "podSelector": {"matchLabels": operator_pods}},)
+    prometheus = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    more = render(helm, set_values=(
+        "trainingNetworkPolicy.enabled=false",
+        "trainingNetworkPolicy.metricsFrom[0].namespaceSelector.matchLabels.kubernetes\\.io/metadata\\.name"
+        "=monitoring"))
+    args = build_parser().parse_args(container(more)["args"])
+    assert args.training_network_policy == "off"
+    assert args.metrics_from[1:] == (prometheus,)
+    # The operator may create and delete them (and nothing else of them) in the trainings' namespaces.
+    (role,) = [r for r in of_kind(manifest, "ClusterRole") if any(
+        "networkpolicies" in rule["resources"] for rule in r["rules"])]
+    (rule,) = [rule for rule in role["rules"] if "networkpolicies" in rule["resources"]]
+    assert rule["apiGroups"] == ["networking.k8s.io"] and rule["verbs"] == ["create", "delete"]
+    wrong = run_helm(helm, *template_args(set_values=("trainingNetworkPolicy.metricsFrom[0].pods=x",)))
+    assert wrong.returncode != 0 and "metricsFrom" in wrong.stderr
+
+
 def test_network_policy_needs_namespaces_in_cluster_mode(helm: str) -> None:
     result = run_helm(helm, *template_args(set_values=("networkPolicy.enabled=true",)))
     assert result.returncode != 0 and "networkPolicy.enabled" in result.stderr

@@ -10,7 +10,8 @@ pytestmark = pytest.mark.unit
 
 def test_job_backend_children_in_creation_order() -> None:
     children = backends.JOB.children(spec(), TARGET)
-    assert [m["kind"] for m in children] == ["Service", "PersistentVolumeClaim", "Job"]  # the claim first
+    # the Service, the policy and the claim before the pods
+    assert [m["kind"] for m in children] == ["Service", "NetworkPolicy", "PersistentVolumeClaim", "Job"]
     assert backends.JOB.children_names("pets", 1) == {"service": "pets", "job": "pets-r1"}
     assert backends.for_kind("batch/v1", "Job") is backends.JOB
     assert backends.for_kind("v1", "Service") is None
@@ -33,7 +34,8 @@ def test_pytorchjob_workload() -> None:
     assert rs["Master"]["template"] is not rs["Worker"]["template"]
     single = backends.PYTORCHJOB.build_workload(spec(replicas=1), TARGET)
     assert "Worker" not in single["spec"]["pytorchReplicaSpecs"]
-    assert backends.PYTORCHJOB.children(spec(), TARGET) == [builders.build_output_claim(spec(), TARGET), pj]
+    assert backends.PYTORCHJOB.children(spec(), TARGET) == [builders.build_network_policy(spec(), TARGET),
+                                                            builders.build_output_claim(spec(), TARGET), pj]
     assert backends.PYTORCHJOB.children_names("pets", 0) == {"pytorchJob": "pets"}
 
 

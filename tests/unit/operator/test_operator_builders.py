@@ -244,7 +244,7 @@ def test_render_shows_the_managed_claim_before_the_job() -> None:
     from pets_operator import backends
 
     kinds = [m["kind"] for m in backends.JOB.children(spec(output={"managedClaim": {}}), TARGET)]
-    assert kinds == ["Service", "PersistentVolumeClaim", "Job"]
+    assert kinds == ["Service", "NetworkPolicy", "PersistentVolumeClaim", "Job"]
 
 
 @pytest.mark.parametrize(("replicas", "managed", "modes"), [

@@ -32,10 +32,11 @@ def test_render_every_sample(path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert trainings, f"{path} has no PetsTraining"
     output = trainings[0]["spec"].get("output") or {"managedClaim": {}}  # unset: the default, a claim
     claim = ["PersistentVolumeClaim"] if "managedClaim" in output else []
+    policy = ["NetworkPolicy"] if trainings[0]["spec"].get("networkPolicy", True) else []
     if trainings[0]["spec"].get("backend") == "pytorchjob":
-        assert kinds == sorted(["PyTorchJob", *claim])
+        assert kinds == sorted(["PyTorchJob", *policy, *claim])
     else:
-        assert kinds == sorted(["Job", "Service", *claim])
+        assert kinds == sorted(["Job", "Service", *policy, *claim])
 
 
 def test_root_sample_is_small_and_distributed() -> None:

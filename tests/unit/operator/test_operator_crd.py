@@ -46,7 +46,8 @@ IMMUTABLE_WHILE_RUNNING = [
     "replicas", "processesPerReplica", "epochs", "batchSize", "learningRate", "mixedPrecision", "seed",
     "model", "pretrained", "weights", "pretrainedCache", "freezeBackbone", "imageSize", "dataset", "output",
     "image", "imagePullPolicy", "imagePullSecrets", "resources", "nodeSelector", "tolerations", "affinity",
-    "placement", "checkpoint", "priorityClassName", "serviceAccountName", "env", "backend", "masterPort",
+    "placement", "checkpoint", "priorityClassName", "serviceAccountName", "env", "backend", "networkPolicy",
+    "masterPort",
     "activeDeadlineSeconds",
 ]
 MUTABLE_WHILE_RUNNING = ["maxRestarts", "ttlSecondsAfterFinished", "scheduling", "suspend"]

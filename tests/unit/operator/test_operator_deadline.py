@@ -84,7 +84,8 @@ def test_the_jobs_own_deadline_ending_it_is_not_a_gang_restart() -> None:
 
 
 def test_a_gang_restart_gives_the_next_job_what_is_left() -> None:
-    after_restart = {"phase": api.RESTARTING, "startTime": ts(25), "restarts": 1, "attempt": 1}
+    after_restart = {"phase": api.RESTARTING, "startTime": ts(25), "restarts": 1, "attempt": 1,
+                     "children": {"networkPolicy": "pets"}}  # made with attempt 0
     p = plan(body(after_restart), None)
     assert [m["metadata"]["name"] for m in p.create] == ["pets-output", "pets-r1"]  # the claim first
     assert p.create[-1]["spec"]["activeDeadlineSeconds"] == 35

@@ -40,7 +40,8 @@ def test_an_edit_while_suspended_rebuilds_the_workload_from_the_new_spec() -> No
     old_spec = {"replicas": 2, "epochs": 5, "suspend": True}
     new_spec = {"replicas": 3, "epochs": 9, "suspend": False}  # edited, then resumed in one apply
     suspended = job(suspend=True, conditions=[{"type": "Suspended"}])
-    p = run(body({"phase": api.SUSPENDED, "backend": "job"}, **new_spec), suspended, built_from=old_spec)
+    made = {"phase": api.SUSPENDED, "backend": "job", "children": {"job": "pets", "networkPolicy": "pets"}}
+    p = run(body(made, **new_spec), suspended, built_from=old_spec)
     # The old workload goes, as a new attempt that is not a restart; nothing is unsuspended.
     assert p.delete == [{"apiVersion": "batch/v1", "kind": "Job", "name": "pets", "namespace": "ns"}]
     assert p.suspend is None

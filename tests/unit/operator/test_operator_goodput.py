@@ -73,7 +73,8 @@ def test_a_training_with_one_restart_adds_up_to_its_wall_time_part_by_part() -> 
 
 
 def test_an_idle_poll_writes_nothing() -> None:
-    p = plan(created(), job(active=2), RUNNING, now=at(10), progress=gauges(5, 0, 3.0, 2.0))
+    made = {"children": {"job": "pets", "networkPolicy": "pets"}}
+    p = plan(created(made), job(active=2), RUNNING, now=at(10), progress=gauges(5, 0, 3.0, 2.0))
     again = plan(created(p.status), job(active=2), RUNNING, now=at(40), progress=gauges(5, 0, 3.0, 2.0))
     assert again.status == p.status
     moved = plan(created(p.status), job(active=2), RUNNING, now=at(40), progress=gauges(9, 0, 3.0, 6.0))

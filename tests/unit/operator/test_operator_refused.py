@@ -186,12 +186,15 @@ def plan_creating_both() -> tuple[dict[str, Any], status.Plan]:
 def test_carry_out_fails_the_training_and_deletes_the_service_it_made(
         events: list[tuple[str, str, str]]) -> None:
     b, plan = plan_creating_both()
-    assert [m["kind"] for m in plan.create] == ["Service", "PersistentVolumeClaim", "Job"]
+    assert [m["kind"] for m in plan.create] == ["Service", "NetworkPolicy", "PersistentVolumeClaim", "Job"]
     cl = FakeCluster({"Job": refusal(403, VAP)})
     delay = handlers._carry_out(handlers.Context(api_client=None), cl, b, plan,  # type: ignore[arg-type]
                                 logging.getLogger("test"))
-    assert cl.created == ["Service/pets", "PersistentVolumeClaim/pets-output"]
-    assert cl.deleted == ["Service/pets"]  # the claim goes with the training (its owner reference)
+    assert cl.created == ["Service/pets", "NetworkPolicy/pets", "PersistentVolumeClaim/pets-output"]
+    # the claim goes with the training (its owner reference); the policy is not named in status, so a
+    # later attempt makes it again
+    assert cl.deleted == ["Service/pets", "NetworkPolicy/pets"]
+    assert "networkPolicy" not in cl.statuses[-1].get("children", {})
     assert cl.statuses[-1]["phase"] == api.FAILED and VAP in cl.statuses[-1]["message"]
     assert [(t, r) for t, r, _ in events] == [("Warning", "ChildRejected")]
     assert delay is None  # Failed: nothing to look at again (a new spec wakes it)
@@ -202,8 +205,8 @@ def test_carry_out_waits_on_a_quota_and_keeps_the_service(events: list[tuple[str
     cl = FakeCluster({"Job": refusal(403, QUOTA)})
     delay = handlers._carry_out(handlers.Context(api_client=None), cl, b, plan,  # type: ignore[arg-type]
                                 logging.getLogger("test"))
-    assert cl.created == ["Service/pets", "PersistentVolumeClaim/pets-output"] and cl.deleted == []
-    assert cl.statuses[-1]["phase"] == api.PENDING
+    assert cl.created == ["Service/pets", "NetworkPolicy/pets", "PersistentVolumeClaim/pets-output"]
+    assert cl.deleted == [] and cl.statuses[-1]["phase"] == api.PENDING
     assert next(c for c in cl.statuses[-1]["conditions"] if c["type"] == "Progressing")["reason"] == \
         "ChildCreateRetrying"
     assert [(t, r) for t, r, _ in events] == [("Warning", "ChildCreateRetrying")]
@@ -220,7 +223,7 @@ def test_a_quota_that_refuses_the_output_claim_says_the_work_is_not_durable(
     cl = FakeCluster({"PersistentVolumeClaim": refusal(403, quota)})
     delay = handlers._carry_out(handlers.Context(api_client=None), cl, b, plan,  # type: ignore[arg-type]
                                 logging.getLogger("test"))
-    assert cl.created == ["Service/pets"] and cl.deleted == []
+    assert cl.created == ["Service/pets", "NetworkPolicy/pets"] and cl.deleted == []
     written = cl.statuses[-1]
     assert written["phase"] == api.PENDING and "waiting to create PersistentVolumeClaim pets-output" in \
         written["message"]
@@ -259,7 +262,7 @@ def test_carry_out_still_deletes_what_the_plan_meant_to_delete(events: list[tupl
     cl = FakeCluster({"Job": refusal(422, "invalid")})
     handlers._carry_out(handlers.Context(api_client=None), cl, b, plan,  # type: ignore[arg-type]
                         logging.getLogger("test"))
-    assert sorted(cl.deleted) == ["Job/pets-r0", "Service/pets"]
+    assert sorted(cl.deleted) == ["Job/pets-r0", "NetworkPolicy/pets", "Service/pets"]
 
 
 def test_status_writes_within_a_phase_are_at_most_one_per_interval(
@@ -284,4 +287,5 @@ def test_status_writes_within_a_phase_are_at_most_one_per_interval(
     b2, both = plan_creating_both()
     both.status["phase"] = (b2.get("status") or {}).get("phase")  # same phase, but children to make
     handlers._carry_out(ctx, cl, b2, both, log)
-    assert cl.created == ["Service/pets", "PersistentVolumeClaim/pets-output", "Job/pets"]
+    assert cl.created == ["Service/pets", "NetworkPolicy/pets", "PersistentVolumeClaim/pets-output",
+                          "Job/pets"]

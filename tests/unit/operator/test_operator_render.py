@@ -239,8 +239,9 @@ def test_render_backend_decides_auto_and_every_pod_is_locked_down(backend: str,
     assert cli.main(["render", "-f", str(REPO / "petstraining.yaml"), "--backend", backend]) == 0
     manifests = list(yaml.safe_load_all(capsys.readouterr().out))
     kinds = {m["kind"] for m in manifests}
-    claim = {"PersistentVolumeClaim"}  # the sample sets no spec.output: the default, a managed claim
-    assert kinds == ({"Service", "Job"} | claim if backend == "job" else {"PyTorchJob"} | claim)
+    # the sample sets no spec.output (the default, a managed claim) and no spec.networkPolicy (one)
+    made = {"PersistentVolumeClaim", "NetworkPolicy"}
+    assert kinds == ({"Service", "Job"} | made if backend == "job" else {"PyTorchJob"} | made)
     pods = [p for m in manifests for p in _pod_specs(m)]
     assert len(pods) == (1 if backend == "job" else 2)  # PyTorchJob: Master and Worker
     for pod in pods:

@@ -52,10 +52,11 @@ def test_new_training_creates_service_and_job_once() -> None:
     spec = api.resolve_spec({"replicas": 2, "backend": "job"})
     observed = status.Observed(backend=backends.JOB, workload=None, backend_reason="spec.backend is job")
     p = status.plan(body(replicas=2, backend="job"), spec, observed, TARGET, NOW)
-    assert [m["kind"] for m in p.create] == ["Service", "PersistentVolumeClaim", "Job"]
+    assert [m["kind"] for m in p.create] == ["Service", "NetworkPolicy", "PersistentVolumeClaim", "Job"]
     assert p.status["phase"] == api.PENDING
     assert p.status["observedGeneration"] == 3
-    assert p.status["children"] == {"service": "pets", "job": "pets", "outputClaim": "pets-output"}
+    assert p.status["children"] == {"service": "pets", "job": "pets", "outputClaim": "pets-output",
+                                    "networkPolicy": "pets"}
     assert p.status["workloadActive"] is True and p.status["attempt"] == 0
     assert p.status["backendReason"] == "spec.backend is job"
     assert cond(p, "Progressing")["status"] == "True"
@@ -70,8 +71,8 @@ def test_a_managed_output_claim_is_created_before_the_first_workload_only() -> N
     spec = api.resolve_spec({"replicas": 2, "backend": "job", "output": {"managedClaim": {}}})
     observed = status.Observed(backend=backends.JOB, workload=None)
     p = status.plan(body(replicas=2, backend="job", output={"managedClaim": {}}), spec, observed, TARGET, NOW)
-    assert [m["kind"] for m in p.create] == ["Service", "PersistentVolumeClaim", "Job"]
-    assert p.create[1]["metadata"]["name"] == "pets-output"
+    assert [m["kind"] for m in p.create] == ["Service", "NetworkPolicy", "PersistentVolumeClaim", "Job"]
+    assert p.create[2]["metadata"]["name"] == "pets-output"
     p2 = run(body(p.status, replicas=2, output={"managedClaim": {}}), job())
     assert p2.create == []
     assert "OutputClaimRetained" not in [e.reason for e in p.events]  # Delete: it goes with the training
@@ -82,10 +83,10 @@ def test_a_url_datasets_cache_claim_is_created_before_the_workload() -> None:
     spec = api.resolve_spec({"replicas": 2, "backend": "job", "dataset": dataset})
     observed = status.Observed(backend=backends.JOB, workload=None)
     p = status.plan(body(replicas=2, backend="job", dataset=dataset), spec, observed, TARGET, NOW)
-    kinds = ["Service", "PersistentVolumeClaim", "PersistentVolumeClaim", "Job"]
+    kinds = ["Service", "NetworkPolicy", "PersistentVolumeClaim", "PersistentVolumeClaim", "Job"]
     assert [m["kind"] for m in p.create] == kinds
-    assert p.create[2]["metadata"]["name"] == builders.dataset_cache_name(spec)
-    assert not builders.owned(p.create[2])
+    assert p.create[3]["metadata"]["name"] == builders.dataset_cache_name(spec)
+    assert not builders.owned(p.create[3])
 
 
 def test_a_retained_claim_is_named_in_an_event_once() -> None:
@@ -143,8 +144,8 @@ def test_succeeded_takes_the_summary() -> None:
 
 def test_failure_restarts_the_gang_then_fails() -> None:
     failed = job([{"type": "Failed", "reason": "BackoffLimitExceeded", "message": "pod failed"}])
-    p = run(body({"phase": api.RUNNING}, maxRestarts=2), failed,
-            summary={"status": "failed", "error": "CUDA out of memory"})
+    made = {"phase": api.RUNNING, "children": {"job": "pets", "service": "pets", "networkPolicy": "pets"}}
+    p = run(body(made, maxRestarts=2), failed, summary={"status": "failed", "error": "CUDA out of memory"})
     assert p.status["phase"] == api.RESTARTING and p.status["restarts"] == 1
     assert p.delete == [{"apiVersion": "batch/v1", "kind": "Job", "name": "pets", "namespace": "ns"}]
     assert p.create == []
@@ -300,9 +301,10 @@ def test_backend_unavailable_plan_waits_pending() -> None:
 
 
 def test_target_attempt_names_the_workload_after_a_restart() -> None:
-    p = run(body({"phase": api.RESTARTING, "restarts": 2}), None)
+    p = run(body({"phase": api.RESTARTING, "restarts": 2, "children": {"networkPolicy": "pets"}}), None)
     assert [m["metadata"]["name"] for m in p.create] == ["pets-output", "pets-r2"]
-    assert p.status["children"] == {"service": "pets", "job": "pets-r2", "outputClaim": "pets-output"}
+    assert p.status["children"] == {"service": "pets", "job": "pets-r2", "outputClaim": "pets-output",
+                                    "networkPolicy": "pets"}
 
 
 @pytest.mark.parametrize(("output", "says"), [
