@@ -1,0 +1,182 @@
+"""End to end, with NetworkPolicy enforced: the policy the operator makes around each training.
+
+NOT YET IN `make e2e` (tests/e2e/run.sh): run on a 3-node cluster on 2026-11-26, both tests FAIL. The
+enforcer starts on every node and writes its nftables rules (after an "initial nftables sync failed:
+netlink receive: no such file or directory" it syncs every second), but a pod in another namespace still
+opened a TCP connection to rank 0's rendezvous port, and a deny-all policy did not stop the operator's
+progress reads. So the refusals are not enforced yet in this harness; the tests are kept as the check
+that has to pass before the module joins run.sh. Run it alone with
+`.venv/bin/pytest -m e2e tests/e2e/test_network_policy.py` on a running cluster.
+
+The local cluster's bridge CNI enforces no NetworkPolicy, so this module runs the SIG Network enforcer
+kube-network-policies on every node for its duration (`cluster.sh netpol-up NODE`; left running when the
+cluster was brought up with it, `make cluster-up POLICY=1`). It runs fail-open: while no enforcer is bound
+to its queue, packets pass, so a test that expects a refusal fails, rather than passes, without one.
+
+- A training trains to Succeeded with its policy in place (across two nodes where there are two workers),
+  its progress read by the operator all along.
+- While it trains, a pod in another namespace and a pod of another training in the same namespace cannot
+  open a TCP connection to rank 0's rendezvous port; once the policy is deleted, the same connection from
+  the same pod succeeds, which proves the refusals came from the policy.
+- Progress the operator cannot read, because a NetworkPolicy denies it, is said in a condition.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import yaml
+from polling import wait_for
+from trainings import (
+    CLUSTER_SH,
+    LONGER_SPEC,
+    POLL_S,
+    REPO,
+    Trainings,
+    dedicated_control_plane,
+    kubectl,
+    pod_of_rank,
+)
+
+pytestmark = pytest.mark.e2e
+
+IMAGE = "pets-training/trainer:0.1.0"
+RENDEZVOUS_PORT = 29500  # spec.masterPort's default
+PROGRESS_PORT = 9090
+REFUSED_WITHIN_S = 3  # a dropped SYN: the connect attempt times out
+
+
+def state_root() -> str:
+    return os.environ.get("PETS_STATE", "/tmp/pets-training-cluster")
+
+
+@pytest.fixture(scope="module")
+def enforcer(kube_api: Any) -> Iterator[list[str]]:
+    """The enforcer on every node of the local cluster, for this module; the names of the nodes."""
+    from kubernetes import client
+
+    nodes = [n.metadata.name for n in client.CoreV1Api(kube_api).list_node().items]
+    if os.environ.get("PETS_CLUSTER") == "kind":
+        yield nodes  # kind's CNI (kindnet, v0.24 and later) enforces NetworkPolicy itself
+        return
+    kept = os.path.exists(os.path.join(state_root(), "netpol-enabled"))  # make cluster-up POLICY=1
+    build = subprocess.run([str(REPO / "tests" / "cluster" / "build.sh"), "netpol"], text=True,
+                           capture_output=True)
+    if build.returncode != 0:
+        pytest.fail(f"build.sh netpol failed:\n{build.stdout[-3000:]}\n{build.stderr[-3000:]}")
+    for node in nodes:
+        up = subprocess.run([str(CLUSTER_SH), "netpol-up", node], text=True, capture_output=True)
+        if up.returncode != 0:
+            pytest.fail(f"cluster.sh netpol-up {node} failed:\n{up.stdout[-3000:]}\n{up.stderr[-3000:]}")
+    yield nodes
+    if not kept:
+        for node in nodes:
+            subprocess.run([str(CLUSTER_SH), "netpol-down", node], check=False)
+
+
+def prober(namespace: str, name: str, labels: dict[str, str] | None = None) -> str:
+    """A pod that only waits, to open connections from (the trainer image, the trainers' hardening)."""
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels or {"app": name}},
+           "spec": {"securityContext": {"runAsNonRoot": True, "runAsUser": 65532,
+                                        "seccompProfile": {"type": "RuntimeDefault"}},
+                    "terminationGracePeriodSeconds": 0,
+                    "containers": [{"name": "probe", "image": IMAGE, "imagePullPolicy": "IfNotPresent",
+                                    "command": ["python3", "-c", "import time; time.sleep(3600)"],
+                                    "resources": {"requests": {"cpu": "10m", "memory": "64Mi"},
+                                                  "limits": {"cpu": "200m", "memory": "256Mi"}},
+                                    "securityContext": {"allowPrivilegeEscalation": False,
+                                                        "capabilities": {"drop": ["ALL"]},
+                                                        "readOnlyRootFilesystem": True}}]}}
+    kubectl("-n", namespace, "apply", "-f", "-", input_text=yaml.safe_dump(pod))
+    kubectl("-n", namespace, "wait", "--for=condition=Ready", f"pod/{name}", "--timeout=180s")
+    return name
+
+
+def connects(namespace: str, pod: str, ip: str, port: int) -> bool:
+    """Whether `pod` can open a TCP connection to ip:port (and close it at once, sending nothing)."""
+    code = (f"import socket; socket.create_connection(({ip!r}, {port}), timeout={REFUSED_WITHIN_S}).close()")
+    result = kubectl("-n", namespace, "exec", pod, "--", "python3", "-c", code, check=False)
+    return result.returncode == 0
+
+
+def progress_condition(trainings: Trainings, name: str, status: str) -> Callable[[], dict[str, Any] | None]:
+    def probe() -> dict[str, Any] | None:
+        conds = trainings.status(name).get("conditions") or []
+        return next((c for c in conds if c["type"] == "ProgressReported" and c["status"] == status), None)
+    return probe
+
+
+def unreadable_events(trainings: Trainings, name: str) -> list[str]:
+    return kubectl("-n", trainings.namespace, "get", "events", "--field-selector",
+                   f"involvedObject.name={name},reason=ProgressUnreadable", "-o", "name").stdout.split()
+
+
+def test_only_the_trainings_own_pods_reach_its_rendezvous_and_it_trains(
+        enforcer: list[str], trainings: Trainings, other_tenant: Trainings, kube_api: Any) -> None:
+    from kubernetes import client
+
+    workers = [n for n in client.CoreV1Api(kube_api).list_node().items if not dedicated_control_plane(n)]
+    name = "guarded"
+    spec = {**LONGER_SPEC, "epochs": 3}
+    if len(workers) >= 2:
+        spec["placement"] = {"spreadAcrossNodes": True}
+    trainings.create(name, spec)
+    # Probes started while the training starts: another tenant's pod, and a pod labelled as the trainer
+    # of another training of the same namespace (what the policy sees of one).
+    outsider = prober(other_tenant.namespace, "outsider")
+    neighbour = prober(trainings.namespace, "neighbour",
+                       {"training.pets.dev/training": "other", "app.kubernetes.io/component": "trainer"})
+    policy = kubectl("-n", trainings.namespace, "get", "networkpolicy", name, "-o", "json").stdout
+    assert '"training.pets.dev/training": "guarded"' in policy, policy
+    # Mid-run: rank 0's rendezvous store is up for the whole run, and progress has been read (step > 0).
+    wait_for(f"{name} status.step > 0", lambda: (trainings.status(name).get("step") or 0) > 0, 600, POLL_S)
+    rank0 = pod_of_rank(trainings.pods(name), 0)
+    ip = rank0.status.pod_ip
+    if len(workers) >= 2:
+        assert len({p.spec.node_name for p in trainings.pods(name)}) == 2, "the ranks on two nodes"
+
+    assert not connects(other_tenant.namespace, outsider, ip, RENDEZVOUS_PORT), \
+        f"a pod in {other_tenant.namespace} reached {name}'s rendezvous {ip}:{RENDEZVOUS_PORT}"
+    assert not connects(trainings.namespace, neighbour, ip, RENDEZVOUS_PORT), \
+        f"a pod of another training reached {name}'s rendezvous {ip}:{RENDEZVOUS_PORT}"
+    assert not connects(other_tenant.namespace, outsider, ip, PROGRESS_PORT), \
+        "the progress port is the operator's (and the chart's metricsFrom), not any pod's"
+    assert progress_condition(trainings, name, "True")(), trainings.status(name).get("conditions")
+
+    # The same connection with the policy gone succeeds: the refusals above were the policy's.
+    kubectl("-n", trainings.namespace, "delete", "networkpolicy", name)
+    wait_for(f"{outsider} to reach {ip}:{RENDEZVOUS_PORT} once the policy is gone",
+             lambda: connects(other_tenant.namespace, outsider, ip, RENDEZVOUS_PORT), 30, POLL_S)
+
+    status = trainings.wait_phase(name, "Succeeded")
+    assert status["restarts"] == 0, status
+    assert progress_condition(trainings, name, "True")(), status.get("conditions")
+    assert unreadable_events(trainings, name) == [], "progress was unreadable at some point"
+
+
+def test_progress_a_network_policy_denies_is_said_in_a_condition(enforcer: list[str],
+                                                                 trainings: Trainings) -> None:
+    """spec.networkPolicy: false, and a policy of the namespace's that admits nothing to the training's
+    pods: the operator cannot read rank 0's progress, and says so; with that policy gone, it reads again."""
+    name = "no-progress"
+    trainings.create(name, {**LONGER_SPEC, "replicas": 1, "epochs": 4, "networkPolicy": False})
+    trainings.wait_phase(name, "Running")
+    rank0 = wait_for("rank 0's pod IP",
+                     lambda: (p := pod_of_rank(trainings.pods(name), 0)).status.pod_ip and p, 60, POLL_S)
+    assert kubectl("-n", trainings.namespace, "get", "networkpolicy", "-o", "name").stdout == ""
+    deny = {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": {"name": "deny-all"},
+            "spec": {"podSelector": {"matchLabels": {"training.pets.dev/training": name}},
+                     "policyTypes": ["Ingress"]}}
+    kubectl("-n", trainings.namespace, "apply", "-f", "-", input_text=yaml.safe_dump(deny))
+    # 30 s of start-up grace after rank 0's container started, then reads failing for 15 s.
+    cond = wait_for("ProgressReported=False", progress_condition(trainings, name, "False"), 120, POLL_S)
+    assert cond["reason"] == "EndpointUnreachable", cond
+    assert f"{rank0.status.pod_ip}:{PROGRESS_PORT}" in cond["message"], cond
+    assert len(unreadable_events(trainings, name)) == 1
+    kubectl("-n", trainings.namespace, "delete", "networkpolicy", "deny-all")
+    wait_for("ProgressReported=True again", progress_condition(trainings, name, "True"), 60, POLL_S)
+
