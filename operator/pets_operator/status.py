@@ -101,9 +101,7 @@ def _network_policy(result: Plan, spec: dict[str, Any], target: builders.Target,
     needed: the policy is owned by the training, and a create of an existing one is a no-op."""
     policy = builders.build_network_policy(spec, target)
     if policy is not None:
-        if made:
-            result.status["children"]["networkPolicy"] = policy["metadata"]["name"]
-        elif started_without:
+        if not made and started_without:  # (a made one is already named: plan carries it over)
             result.create.append(policy)
             result.status["children"]["networkPolicy"] = policy["metadata"]["name"]
     elif made:
