@@ -42,7 +42,7 @@ from .checkpoint import (
 from .config import TrainConfig, resolve, to_yaml
 from .contract import PodContract, ProcessContext
 from .data import EpochShuffleSampler, PetsData, build_data, check_fits_world, report_counts, write_report
-from .model import create_model, inner_model, resolve_precision, trainable_module
+from .model import cpu_runs_bf16_natively, create_model, inner_model, resolve_precision, trainable_module
 from .progress import (
     DATASET_GAUGE_KEYS,
     PLOT_FILE,
@@ -376,7 +376,7 @@ def _make_accelerator(
 ) -> tuple[Accelerator, int]:
     """The Accelerator, the seed, and this process's threads; returns it and the DataLoader workers."""
     requested = cfg.mixed_precision or process.mixed_precision or "fp16"
-    precision = resolve_precision(requested, on_gpu)
+    precision = resolve_precision(requested, on_gpu, on_gpu or cpu_runs_bf16_natively())
     accelerator = Accelerator(
         cpu=not on_gpu,
         mixed_precision=precision.mixed_precision,

@@ -29,7 +29,6 @@ SPEC: dict[str, Any] = {
     "imageSize": 64,
     "model": "resnet18",
     "pretrained": False,  # no internet here: random init (the default, pretrained, needs the hub or a cache)
-    "mixedPrecision": "bf16",
     "dataset": {"synthetic": {"numClasses": 4, "imagesPerClass": 16}},
     "resources": {"cpu": "800m", "memory": "2Gi"},
 }

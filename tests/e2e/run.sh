@@ -38,5 +38,6 @@ fi
 # test_backends_and_queues.py installs the real training-operator and Kueue (cluster.sh addon-up).
 # tee-sys: what the tests print (the numbers they measure: the operator's peak memory beside hostile pods,
 # a lost node's restart time) shows in the log as they run, and pytest still reports it with a failure.
-.venv/bin/pytest -m e2e --capture=tee-sys "${suites[@]}" "$@"
+# --durations=0: every test's time at the end, so a slow CI run says where its time went.
+.venv/bin/pytest -m e2e --capture=tee-sys --durations=0 "${suites[@]}" "$@"
 log "e2e suite passed in $((SECONDS - t0)) s"

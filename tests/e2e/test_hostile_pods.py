@@ -1,8 +1,8 @@
 """End to end: one tenant's hostile training pods cannot hurt the operator, the client or another tenant.
 
-The hostile image (tests/e2e/hostile/) is the trainer image with its entry point and `sh` replaced, as a
-tenant who controls `spec.image` could ship it. Its rank 0 serves one attack on the operator's scraper per
-HOSTILE_MODE; its `sh` adds entries to the listing of the client's `fetch` pod.
+The hostile image (tests/e2e/hostile/) is the operator image with the trainer's entry point and a `sh` of
+its own, as a tenant who controls `spec.image` could ship it. Its rank 0 serves one attack on the operator's
+scraper per HOSTILE_MODE; its `sh` adds entries to the listing of the client's `fetch` pod.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from trainings import (
 pytestmark = pytest.mark.e2e
 
 HOSTILE_IMAGE = "pets-training/hostile:0.1.0"
-TRAINER_IMAGE = "pets-training/trainer:0.1.0"
+BASE_IMAGE = "pets-training/operator:0.1.0"  # on every node already (tests/e2e/lib.sh load_images)
 
 # Each mode of tests/e2e/hostile/pets-launch, and the words its training's ProgressReported=False says.
 EXPECTED_FAILURE = {
@@ -55,11 +55,11 @@ PROGRESS_INTERVAL_S = 10  # the operator's default --progress-interval
 
 @pytest.fixture(scope="session")
 def hostile_image(kube_api: Any) -> Iterator[str]:
-    """The hostile image, built on the trainer image (which tests/e2e/run.sh built and loaded) and loaded
-    into the nodes that run pods; removed from them afterwards (it shares the trainer's 6 GB layers, so
-    once the trainer is rebuilt it would hold the old ones on every node)."""
+    """The hostile image, built on the operator image (which tests/e2e/run.sh built and loaded on every
+    node, so a node imports only the hostile layer) and loaded into the nodes that run pods; removed from
+    them afterwards (it would hold a superseded operator's layers)."""
     subprocess.run(["docker", "build", "-q", "-t", HOSTILE_IMAGE,
-                    "--build-arg", f"TRAINER_IMAGE={TRAINER_IMAGE}", str(REPO / "tests" / "e2e" / "hostile")],
+                    "--build-arg", f"BASE_IMAGE={BASE_IMAGE}", str(REPO / "tests" / "e2e" / "hostile")],
                    check=True, env={**os.environ, "DOCKER_BUILDKIT": "0"})
     subprocess.run([str(REPO / "tests" / "cluster" / "load-image.sh"), HOSTILE_IMAGE], check=True)
     yield HOSTILE_IMAGE

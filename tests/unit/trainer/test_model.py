@@ -8,6 +8,7 @@ from safetensors.torch import save_file
 from pets_training.model import (
     FrozenBackboneClassifier,
     ModelError,
+    cpu_runs_bf16_natively,
     create_model,
     inner_model,
     resolve_precision,
@@ -22,6 +23,17 @@ def test_fp16_becomes_bf16_on_cpu_with_a_note() -> None:
     assert cpu.mixed_precision == "bf16" and cpu.note and "fp16" in cpu.note
     assert resolve_precision("fp16", on_gpu=True).mixed_precision == "fp16"
     assert resolve_precision("no", on_gpu=False).note is None
+    assert resolve_precision("bf16", on_gpu=False).note is None
+
+
+def test_on_a_cpu_without_bf16_instructions_fp16_becomes_none_and_bf16_is_kept_with_a_note() -> None:
+    fp16 = resolve_precision("fp16", on_gpu=False, cpu_bf16=False)
+    assert fp16.mixed_precision == "no" and fp16.note and "AVX-512 BF16" in fp16.note
+    bf16 = resolve_precision("bf16", on_gpu=False, cpu_bf16=False)
+    assert bf16.mixed_precision == "bf16" and bf16.note and "mixedPrecision: no" in bf16.note
+    assert resolve_precision("no", on_gpu=False, cpu_bf16=False).note is None
+    assert resolve_precision("fp16", on_gpu=True, cpu_bf16=False) == resolve_precision("fp16", on_gpu=True)
+    assert isinstance(cpu_runs_bf16_natively(), bool)
     with pytest.raises(ModelError, match="got 'fp8'"):
         resolve_precision("fp8", on_gpu=False)
 
