@@ -82,6 +82,27 @@ netpol_queue_bound() {
   "${IN_NODE[@]}" grep -qE "^ *$NETPOL_QUEUE_ID " /proc/net/netfilter/nfnetlink_queue
 }
 
+# kube-network-policies sends a new connection's first packet to user space with nftables' `queue`
+# statement, which needs the kernel's nft_queue (CONFIG_NFT_QUEUE). Without it every rule sync fails
+# with "netlink receive: no such file or directory" and, fail-open, nothing is policed: the 2-core
+# sandbox's kernel (6.18, firecracker) lacks it, while it has the iptables NFQUEUE target and
+# nfnetlink_queue. Probed with a rule in a chain no hook reaches (the kernel checks the statement
+# when the rule is added), in a scratch table removed at once.
+netpol_kernel_queues() {
+  command -v nft >/dev/null || { log "no nft here to check the kernel's nft_queue; starting anyway"; return 0; }
+  local probe=pets-nft-queue-probe out
+  if out=$("${IN_NODE[@]}" nft -f - 2>&1 <<EOF
+add table inet $probe
+add chain inet $probe probe
+add rule inet $probe probe queue num $NETPOL_QUEUE_ID bypass
+delete table inet $probe
+EOF
+  ); then
+    return 0
+  fi
+  die "kube-network-policies cannot enforce on this kernel ($(uname -r)): nftables' queue statement is refused (${out%%$'\n'*}); the kernel needs CONFIG_NFT_QUEUE (nft_queue). See docs/cluster.md, NetworkPolicy enforcement"
+}
+
 netpol_up() {
   select_node_named "$1"
   local name="$NETPOL_NAME$SUFFIX" exe kubeconfig
@@ -89,6 +110,7 @@ netpol_up() {
   exe="$(bin "$NETPOL_NAME")"
   [[ -e /proc/net/netfilter/nfnetlink_queue ]] ||
     die "$name: this kernel has no nfnetlink_queue (/proc/net/netfilter/nfnetlink_queue); modprobe nfnetlink_queue"
+  netpol_kernel_queues
   netpol_pki
   netpol_rbac
   kubeconfig="$(node_kubeconfig "$NETPOL_NAME" "$NETPOL_NAME")"

@@ -1,12 +1,13 @@
 """End to end, with NetworkPolicy enforced: the policy the operator makes around each training.
 
-NOT YET IN `make e2e` (tests/e2e/run.sh): run on a 3-node cluster on 2026-11-26, both tests FAIL. The
-enforcer starts on every node and writes its nftables rules (after an "initial nftables sync failed:
-netlink receive: no such file or directory" it syncs every second), but a pod in another namespace still
-opened a TCP connection to rank 0's rendezvous port, and a deny-all policy did not stop the operator's
-progress reads. So the refusals are not enforced yet in this harness; the tests are kept as the check
-that has to pass before the module joins run.sh. Run it alone with
-`.venv/bin/pytest -m e2e tests/e2e/test_network_policy.py` on a running cluster.
+NOT IN `make e2e` (tests/e2e/run.sh): run on a 3-node cluster on 2026-11-26, both tests FAILED, because
+this machine's kernel lacks nftables' `queue` statement (CONFIG_NFT_QUEUE), which every rule of the
+enforcer ends in: each sync failed ("netlink receive: no such file or directory"), fail-open let every
+packet through, and a pod in another namespace opened a TCP connection to rank 0's rendezvous port.
+`cluster.sh netpol-up` now refuses to start there, naming the missing kernel feature, so on such a
+kernel this module errors in its fixture. The tests are kept as the check an enforcer that works here
+has to pass before the module joins run.sh (docs/cluster.md, NetworkPolicy enforcement). Run it alone
+with `.venv/bin/pytest -m e2e tests/e2e/test_network_policy.py` on a running cluster.
 
 The local cluster's bridge CNI enforces no NetworkPolicy, so this module runs the SIG Network enforcer
 kube-network-policies on every node for its duration (`cluster.sh netpol-up NODE`; left running when the
