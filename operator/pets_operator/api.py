@@ -601,7 +601,8 @@ SPEC_SCHEMA: dict[str, Any] = _obj(
             "default": 0.03, "exclusiveMinimum": True, "minimum": 0, "maximum": 10,
         },
         "mixedPrecision": _str(
-            "Mixed precision: no, fp16 or bf16 (on CPU fp16 becomes bf16, or no where the CPU lacks bf16 instructions). Immutable while running.",
+            "Mixed precision: no, fp16 or bf16 (on CPU fp16 becomes bf16, or no where the CPU lacks bf16 "
+            "instructions). Immutable while running.",
             default="fp16", enum=["no", "fp16", "bf16"]),
         "seed": _int("Random seed (split, init, augmentation). Immutable while running.",
                      default=42, minimum=0, maximum=2**31 - 1),

@@ -74,7 +74,8 @@ class TrainConfig:
     seed: int = _f(42, "seed for the split, the shuffling and the augmentation")
     mixed_precision: str | None = _f(
         None,
-        "no, fp16 or bf16 (on CPU fp16 becomes bf16, or no without bf16 instructions); default: what accelerate launch says, else fp16",
+        "no, fp16 or bf16 (on CPU fp16 becomes bf16, or no without bf16 instructions); "
+        "default: what accelerate launch says, else fp16",
         choices=MIXED_PRECISION_CHOICES,
     )
     # speed (none of these change what is computed, only how fast)
