@@ -472,7 +472,7 @@ def _carry_out(ctx: Context, cl: Cluster, body: dict[str, Any], result: status.P
         result = refused
     new_status = result.status
     if new_status != old_status:
-        ctx.written[cl.key] = _kept(cl.patch_status(new_status))
+        ctx.written[cl.key] = _kept(cl.patch_status(status.merge_patch(old_status, new_status)))
         ctx.status_written[cl.key] = time.monotonic()
     # Pods on lost nodes go after the status write too: the attempt they fail is recorded (restarted)
     # first, so a crash in between never leaves a running workload short of a pod it would replace.

@@ -138,8 +138,9 @@ def test_turned_off_the_policy_it_made_is_deleted_and_no_other() -> None:
     p = plan(body(made, networkPolicy=False, suspend=True), None)
     assert {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "name": "pets",
             "namespace": "ns"} in p.delete
-    # null: the status is written as a merge patch, where a missing key would keep the stored one
-    assert p.status["children"]["networkPolicy"] is None
+    assert "networkPolicy" not in p.status["children"]
+    # written as a merge patch that nulls it (a patch that only omitted it would keep the stored name)
+    assert status.merge_patch(made, p.status)["children"]["networkPolicy"] is None
     assert "NetworkPolicy" not in [m["kind"] for m in p.create]
     # One the operator did not make (not in status.children) is not touched.
     never_made = plan(body({"phase": api.SUSPENDED}, networkPolicy=False, suspend=True), None)

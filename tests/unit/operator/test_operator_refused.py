@@ -139,6 +139,19 @@ def test_pending_timeout_bounds_a_transient_refusal() -> None:
 # ----------------------------------------------------------------------------- the adapter
 
 
+def apply_merge_patch(target: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    """RFC 7386's application, for the fake API server below."""
+    out = dict(target)
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, dict):
+            out[key] = apply_merge_patch(out.get(key) if isinstance(out.get(key), dict) else {}, value)
+        else:
+            out[key] = value
+    return out
+
+
 class FakeCluster:
     """Cluster's calls that _carry_out makes; create refuses the kinds in `refuse`."""
 
@@ -150,6 +163,7 @@ class FakeCluster:
         self.created: list[str] = []
         self.deleted: list[str] = []
         self.statuses: list[dict[str, Any]] = []
+        self.stored: dict[str, Any] = {}  # the status the API server has
 
     def create(self, manifest: dict[str, Any]) -> dict[str, Any] | None:
         if manifest["kind"] in self.refuse:
@@ -157,7 +171,9 @@ class FakeCluster:
         self.created.append(f"{manifest['kind']}/{manifest['metadata']['name']}")
         return manifest
 
-    def patch_status(self, st: dict[str, Any]) -> dict[str, Any]:
+    def patch_status(self, patch: dict[str, Any]) -> dict[str, Any]:
+        """As the API server does: the merge patch applied to the stored status (kept in `statuses`)."""
+        st = self.stored = apply_merge_patch(self.stored, patch)
         self.statuses.append(st)
         return {"metadata": {"name": self.name, "namespace": self.namespace}, "status": st}
 
@@ -273,6 +289,7 @@ def test_status_writes_within_a_phase_are_at_most_one_per_interval(
     b = body()
     b["status"] = {"phase": api.PENDING, "message": "2/2 pod(s) waiting: waiting to be scheduled"}
     cl = FakeCluster({})
+    cl.stored = dict(b["status"])
     log = logging.getLogger("test")
     creating = "containers are being created"
     scheduled = status.Plan(status={**b["status"], "message": f"2/2 pod(s) waiting: {creating}"})

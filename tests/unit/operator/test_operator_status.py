@@ -413,3 +413,29 @@ def test_a_claim_left_by_a_deleted_training_of_the_same_name_is_waited_for() -> 
     ours = claim | {"metadata": {**claim["metadata"], "ownerReferences": [{"uid": "u1"}]}}
     for usable in (ours, claim):
         assert [m["kind"] for m in run(body(), None, output_claim=usable).create][-1] == "Job"
+
+
+def test_the_status_patch_removes_what_the_plan_removed_and_sends_only_what_changed() -> None:
+    old = {"phase": api.PENDING, "pendingSince": "2026-01-02T03:04:05Z", "restarts": 0,
+           "output": {"emptyDir": {}},
+           "children": {"job": "pets", "service": "pets", "networkPolicy": "pets"},
+           "conditions": [{"type": "Ready", "status": "False"}]}
+    new = {"phase": api.RUNNING, "restarts": 0, "children": {"job": "pets", "service": "pets"},
+           "conditions": [{"type": "Ready", "status": "True"}], "epoch": 1}
+    assert status.merge_patch(old, new) == {
+        "phase": api.RUNNING, "pendingSince": None, "output": None, "children": {"networkPolicy": None},
+        "conditions": [{"type": "Ready", "status": "True"}], "epoch": 1}
+    assert status.merge_patch(new, new) == {}
+    assert status.merge_patch({}, new) == new
+    # a dict where there was none is sent whole; one that became a scalar replaces it
+    assert status.merge_patch({"queue": "q"}, {"queue": {"name": "q"}}) == {"queue": {"name": "q"}}
+    assert status.merge_patch({"queue": {"name": "q"}}, {"queue": "q"}) == {"queue": "q"}
+
+
+def test_a_training_that_leaves_pending_loses_pending_since_in_the_stored_status() -> None:
+    """The plan pops pendingSince once pods run; the patch it is written with must null it."""
+    pending = {"phase": api.PENDING, "pendingSince": "2026-01-02T03:04:05Z", "attempt": 0,
+               "children": {"job": "pets", "service": "pets"}}
+    p = run(body(pending, replicas=2), job(active=2, ready=2))
+    assert "pendingSince" not in p.status
+    assert status.merge_patch(pending, p.status)["pendingSince"] is None
