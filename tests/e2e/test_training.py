@@ -112,7 +112,8 @@ def test_worker_crash_mid_training_restarts_gang_and_resumes(trainings: Training
     jobs = trainings.jobs(name)
     assert len(jobs) == 1, [j.metadata.name for j in jobs]
     rank0 = pod_logs(trainings.namespace, pod_of_rank(trainings.pods(name), 0).metadata.name)
-    assert "resume: continuing after epoch" in rank0, rank0[-3000:]
+    # after an epoch, or at a step checkpoint that came after it (every 60 s by default)
+    assert "resume: continuing" in rank0, rank0[-3000:]
 
 
 def test_operator_deleted_mid_run_keeps_one_job_and_resumes_status(trainings: Trainings,
