@@ -24,6 +24,8 @@ def test_fp16_becomes_bf16_on_cpu_with_a_note() -> None:
     assert resolve_precision("fp16", on_gpu=True).mixed_precision == "fp16"
     assert resolve_precision("no", on_gpu=False).note is None
     assert resolve_precision("bf16", on_gpu=False).note is None
+    with pytest.raises(ModelError, match="got 'fp8'"):
+        resolve_precision("fp8", on_gpu=False)
 
 
 def test_on_a_cpu_without_bf16_instructions_fp16_becomes_none_and_bf16_is_kept_with_a_note() -> None:
@@ -34,8 +36,6 @@ def test_on_a_cpu_without_bf16_instructions_fp16_becomes_none_and_bf16_is_kept_w
     assert resolve_precision("no", on_gpu=False, cpu_bf16=False).note is None
     assert resolve_precision("fp16", on_gpu=True, cpu_bf16=False) == resolve_precision("fp16", on_gpu=True)
     assert isinstance(cpu_runs_bf16_natively(), bool)
-    with pytest.raises(ModelError, match="got 'fp8'"):
-        resolve_precision("fp8", on_gpu=False)
 
 
 def test_frozen_backbone_wrapper_computes_what_the_model_computes() -> None:
