@@ -112,32 +112,57 @@ case "${1:-}" in
       remove_superseded "$ref"
     fi
     pending=()
+    updates=()  # per pending node: whether it holds an earlier build of this image (then: slim)
     for sock in "${sockets[@]}"; do
       if ctr_ images ls "name==$ref" | grep -q "$ID_LABEL=$id"; then
         log "$ref is already in containerd of $(node_of "$sock") (docker image ${id:7:12}): nothing to load"
         continue
       fi
-      remove_superseded "$ref"
-      remove_orphans
+      if ctr_ images ls -q "name==$ref" | grep -q .; then
+        updates+=(true)  # the earlier build goes after the import: its unpacked layers are reused
+      else
+        updates+=(false)
+        remove_orphans
+      fi
       pending+=("$sock")
     done
     [[ ${#pending[@]} -gt 0 ]] || exit 0
     # One `docker save`, imported by every node that needs it at once (a fifo each): the trainer's
-    # 6 GB is read from docker once, however many workers there are.
+    # 6 GB is read from docker once, however many workers there are. A node that holds an earlier
+    # build gets slim_image_archive.py's OCI layout without the layers it has unpacked (the trainer's
+    # 5.9 GB of dependencies, unless they changed), and then drops the layers' blobs, as its unpacked
+    # snapshots are all a pod needs; a node without one gets docker's archive as it is.
     fifos=$(mktemp -d)
     trap 'rm -rf "$fifos"' EXIT
-    pids=()
-    for sock in "${pending[@]}"; do
-      mkfifo "$fifos/${#pids[@]}"
-      ctr_ images import - <"$fifos/${#pids[@]}" >/dev/null &
+    pids=() outs=()
+    for i in "${!pending[@]}"; do
+      sock=${pending[$i]}
+      mkfifo "$fifos/$i"
+      outs+=("$fifos/$i")
+      if [[ ${updates[$i]} == true ]]; then
+        { ctr_ snapshots ls; ctr_ content ls; } >"$fifos/present-$i"
+        (python3 "$HERE/slim_image_archive.py" "$fifos/present-$i" "$PETS_CACHE/docker-layer-chains" \
+          <"$fifos/$i" | ctr_ images import - >/dev/null) &
+      else
+        ctr_ images import - <"$fifos/$i" >/dev/null &
+      fi
       pids+=($!)
     done
-    log "docker save $1 | ctr import, into $(for sock in "${pending[@]}"; do node_of "$sock"; done | paste -sd, -)"
-    docker save "$1" | tee "$fifos"/* >/dev/null
+    log "docker save $1 | ctr import, into $(for i in "${!pending[@]}"; do
+      echo "$(node_of "${pending[$i]}")$([[ ${updates[$i]} == true ]] && echo " (slim)")"; done | paste -sd, -)"
+    docker save "$1" | tee "${outs[@]}" >/dev/null
     for i in "${!pids[@]}"; do
       wait "${pids[$i]}" || die "importing $1 into $(node_of "${pending[$i]}") failed"
     done
-    for sock in "${pending[@]}"; do ctr_ images label "$ref" "$ID_LABEL=$id" >/dev/null; done
+    for i in "${!pending[@]}"; do
+      sock=${pending[$i]}
+      ctr_ images label "$ref" "$ID_LABEL=$id" >/dev/null
+      [[ ${updates[$i]} == true ]] || continue
+      remove_orphans
+      mapfile -t layers < <(ctr_ content get "$(ctr_ images ls "name==$ref" | awk 'NR == 2 { print $3 }')" |
+        python3 -c 'import json, sys; print(*(layer["digest"] for layer in json.load(sys.stdin)["layers"]), sep="\n")')
+      ctr_ content rm "${layers[@]}" >/dev/null 2>&1 || true  # blobs left out were never there
+    done
     ;;
 esac
 log "loaded in $((SECONDS - t0)) s"
