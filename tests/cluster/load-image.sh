@@ -6,12 +6,12 @@
 #
 # usage: load-image.sh [--all-nodes] IMAGE | --archive FILE | --remove IMAGE
 #        load-image.sh IMAGE            docker save IMAGE | ctr images import -  (needs docker); a no-op
-#                                       when containerd has that docker image already, and the image the
-#                                       name pointed to before is removed
+#                                       when containerd has that docker image already; a node with an
+#                                       earlier build gets only the layers it lacks, and the earlier
+#                                       build is removed after the import
 #        load-image.sh --archive FILE   an OCI or docker archive made elsewhere (no docker needed)
 #        load-image.sh --remove IMAGE   remove IMAGE (every name of it) from every node's containerd, the
-#                                       control-plane node's included: a test's image built on the
-#                                       trainer holds a superseded trainer's 12 GB per node until removed
+#                                       control-plane node's included (a test's own image, when done)
 # PETS_CLUSTER=kind loads into the kind cluster instead (kind load docker-image / image-archive).
 # Pods then use the image with imagePullPolicy IfNotPresent or Never. Docker names are imported
 # as containerd normalises them: pets-training/trainer:0.1.0 -> docker.io/pets-training/trainer:0.1.0,
@@ -105,12 +105,8 @@ case "${1:-}" in
     id=$(docker image inspect --format '{{.Id}}' "$1" 2>/dev/null) ||
       die "image '$1' is not in docker (docker images lists what is)"
     ref=$(containerd_ref "$1")
-    # A copy on a control-plane node this image no longer goes to (loaded there before the node was
-    # dedicated) would keep its gigabytes for ever.
-    if [[ ! " ${sockets[*]} " == *" $first "* ]]; then
-      sock=$first
-      remove_superseded "$ref"
-    fi
+    # A control-plane node this image does not go to keeps the build it has (a single-node cluster
+    # loaded it, the demo's): its unpacked layers, about 6 GB, make the next single-node load slim.
     pending=()
     updates=()  # per pending node: whether it holds an earlier build of this image (then: slim)
     for sock in "${sockets[@]}"; do
