@@ -34,12 +34,32 @@ netpol_source_dir() {
   echo "$dir"
 }
 
+# kube-router's network policy controller (cloudnativelabs/kube-router; Apache-2.0), the enforcer
+# where the kernel lacks nft_queue (lib.sh netpol_enforcer). v2.1.0 is the only version the Go module
+# proxy serves here; its pinned dependencies have had security reports since, which matters little
+# for a test harness's policy enforcer but would for a production cluster. It runs iptables and
+# ipset (Debian's ipset, installed here).
+KUBE_ROUTER_VERSION="${KUBE_ROUTER_VERSION:-v2.1.0}"
+
+build_kube_router() {
+  apt_install ipset
+  go_install kube-router github.com/cloudnativelabs/kube-router/v2/cmd/kube-router "$KUBE_ROUTER_VERSION" \
+    "-X github.com/cloudnativelabs/kube-router/v2/pkg/version.Version=$KUBE_ROUTER_VERSION"
+}
+
+# build.sh netpol: the enforcer that netpol.sh will start on this kernel.
 build_netpol() {
+  apt_install nftables  # nft: the kernel probe, and the removal of kube-network-policies' table
+  case "$(netpol_enforcer)" in
+    kube-router) build_kube_router ;;
+    *) build_kube_network_policies ;;
+  esac
+}
+
+build_kube_network_policies() {
   local t0=$SECONDS sum key src
   [[ -f $NETPOL_TARBALL ]] || die "kube-network-policies $NETPOL_VERSION: no source tarball at $NETPOL_TARBALL \
 (the Go module proxy refuses the module; set PETS_NETPOL_TARBALL to upstream's \`git archive\` of the tag)"
-  # nft: netpol.sh removes the enforcer's table with it (fail-open leaves the table on exit).
-  apt_install nftables
   sum="$(sha256sum "$NETPOL_TARBALL" | cut -c1-16)"
   key="$NETPOL_VERSION $sum"
   is_cached kube-network-policies "$key" && { log "kube-network-policies $NETPOL_VERSION: cached"; return 0; }

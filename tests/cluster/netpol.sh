@@ -83,28 +83,19 @@ netpol_queue_bound() {
 }
 
 # kube-network-policies sends a new connection's first packet to user space with nftables' `queue`
-# statement, which needs the kernel's nft_queue (CONFIG_NFT_QUEUE). Without it every rule sync fails
-# with "netlink receive: no such file or directory" and, fail-open, nothing is policed: the 2-core
+# statement (lib.sh nft_queue_works). Without the kernel's nft_queue every rule sync fails with
+# "netlink receive: no such file or directory" and, fail-open, nothing is policed: the 2-core
 # sandbox's kernel (6.18, firecracker) lacks it, while it has the iptables NFQUEUE target and
-# nfnetlink_queue. Probed with a rule in a chain no hook reaches (the kernel checks the statement
-# when the rule is added), in a scratch table removed at once.
+# nfnetlink_queue. There lib.sh netpol_enforcer picks kube-router (below).
 netpol_kernel_queues() {
   command -v nft >/dev/null || { log "no nft here to check the kernel's nft_queue; starting anyway"; return 0; }
-  local probe=pets-nft-queue-probe out
-  if out=$("${IN_NODE[@]}" nft -f - 2>&1 <<EOF
-add table inet $probe
-add chain inet $probe probe
-add rule inet $probe probe queue num $NETPOL_QUEUE_ID bypass
-delete table inet $probe
-EOF
-  ); then
-    return 0
-  fi
-  die "kube-network-policies cannot enforce on this kernel ($(uname -r)): nftables' queue statement is refused (${out%%$'\n'*}); the kernel needs CONFIG_NFT_QUEUE (nft_queue). See docs/cluster.md, NetworkPolicy enforcement"
+  nft_queue_works "${IN_NODE[@]}" ||
+    die "kube-network-policies cannot enforce on this kernel ($(uname -r)): nftables' queue statement is refused; the kernel needs CONFIG_NFT_QUEUE (nft_queue), or PETS_NETPOL_ENFORCER=kube-router. See docs/cluster.md, NetworkPolicy enforcement"
 }
 
 netpol_up() {
   select_node_named "$1"
+  [[ $(netpol_enforcer) == kube-router ]] && { kube_router_up; return; }
   local name="$NETPOL_NAME$SUFFIX" exe kubeconfig
   pid_alive "$name" && { log "$name: running"; return 0; }
   exe="$(bin "$NETPOL_NAME")"
@@ -127,6 +118,7 @@ netpol_up() {
 
 netpol_down() {
   select_node_named "$1"
+  [[ $(netpol_enforcer) == kube-router ]] && { kube_router_down; return; }
   local name="$NETPOL_NAME$SUFFIX"
   # TERM: it stops, waits its 5 s grace period (cmd/kube-network-policies/standard/main.go) and
   # exits; with fail-open it leaves its table in place (controller.go Shutdown), so remove it here.
@@ -139,4 +131,82 @@ netpol_down() {
   else
     log "$name: no nft here (Debian nftables) to remove table inet $NETPOL_TABLE; harmless while fail-open"
   fi
+}
+
+# kube-router (--run-firewall only: no routing, no service proxy, no CNI), where the kernel has no
+# nft_queue. The same host process as above, in the node's network namespace. It matches a pod's
+# packets in the node's FORWARD chain (the bridge's too: bridge-nf-call-iptables=1) against
+# per-policy chains and ipsets of pod IPs, and drops what no policy allows, for the pods of its node
+# (spec.nodeName == --hostname-override). Unlike kube-network-policies it is not fail-open: its rules
+# stay while it is down, until kube_router_down's --cleanup-config.
+KUBE_ROUTER_NAME=kube-router
+
+kube_router_pki() {
+  [[ -f "$PKI/$KUBE_ROUTER_NAME.crt" ]] && return 0
+  (
+    cd "$PKI" || exit 1
+    umask 077
+    make_cert "$KUBE_ROUTER_NAME" "/CN=system:$KUBE_ROUTER_NAME" clientAuth
+  )
+}
+
+# What its policy controller reads (upstream's daemonset manifests' ClusterRole, less what routing,
+# the service proxy and the load balancer allocator need).
+kube_router_rbac() {
+  kubectl_ apply -f - >/dev/null <<EOF
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: "pets-training:$KUBE_ROUTER_NAME"}
+rules:
+- apiGroups: [""]
+  resources: [namespaces, pods, services, nodes, endpoints]
+  verbs: [get, list, watch]
+- apiGroups: [discovery.k8s.io]
+  resources: [endpointslices]
+  verbs: [get, list, watch]
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [get, list, watch]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: "pets-training:$KUBE_ROUTER_NAME"}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "pets-training:$KUBE_ROUTER_NAME"}
+subjects:
+- {apiGroup: rbac.authorization.k8s.io, kind: User, name: "system:$KUBE_ROUTER_NAME"}
+EOF
+}
+
+# Its first full sync is done when its top-level chain is hooked into FORWARD.
+kube_router_synced() {
+  "${IN_NODE[@]}" iptables -S FORWARD | grep -q -- '-j KUBE-ROUTER-FORWARD'
+}
+
+kube_router_up() {
+  local name="$KUBE_ROUTER_NAME$SUFFIX" exe kubeconfig
+  pid_alive "$name" && { log "$name: running"; return 0; }
+  exe="$(bin "$KUBE_ROUTER_NAME")"
+  command -v ipset >/dev/null || die "$name needs ipset: tests/cluster/build.sh netpol installs it"
+  kube_router_pki
+  kube_router_rbac
+  kubeconfig="$(node_kubeconfig "$KUBE_ROUTER_NAME" "$KUBE_ROUTER_NAME")"
+  # Health and metrics ports off: several nodes share the host's loopback only for node 1, and
+  # nothing here scrapes them.
+  start_daemon "$name" "$LOGS/$name.log" "${IN_NODE[@]}" "$exe" \
+    --kubeconfig "$kubeconfig" --hostname-override "$NODE" \
+    --run-firewall=true --run-router=false --run-service-proxy=false --enable-cni=false \
+    --enable-pod-egress=false --service-cluster-ip-range "$SERVICE_CIDR" \
+    --health-port 0 --metrics-port 0 -v 1
+  wait_for "$name to hook its chains into FORWARD (log: $LOGS/$name.log)" 60 kube_router_synced ||
+    { tail -20 "$LOGS/$name.log" >&2; die "$name did not start"; }
+  log "$name: enforcing NetworkPolicy for the pods of $NODE (iptables and ipset)"
+}
+
+kube_router_down() {
+  local name="$KUBE_ROUTER_NAME$SUFFIX"
+  stop_daemon "$name"
+  [[ -z "$NETNS" || -e "/run/netns/$NETNS" ]] || return 0  # the namespace, and its rules, are gone
+  # Its chains and ipsets stay after it exits (and would go on dropping): --cleanup-config removes them.
+  "${IN_NODE[@]}" "$(bin "$KUBE_ROUTER_NAME")" --cleanup-config >>"$LOGS/$name.log" 2>&1 ||
+    log "$name: --cleanup-config failed; see $LOGS/$name.log"
 }
