@@ -654,6 +654,7 @@ down_node() {
     "$PETS_BIN/pets-cri" -endpoint "unix://$CONTAINERD_SOCK" remove-all >&2 ||
       log "some pod sandboxes of $NODE could not be removed; sweeping below"
   fi
+  (netpol_down_if_running) || log "the NetworkPolicy enforcer of $NODE did not stop cleanly"
   stop_daemon "kube-proxy$SUFFIX"
   if [[ -x "$PETS_BIN/kube-proxy" ]]; then "${IN_NODE[@]}" "$PETS_BIN/kube-proxy" --cleanup >/dev/null 2>&1 || true; fi
   stop_daemon "kubelet$SUFFIX"

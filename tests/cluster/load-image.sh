@@ -128,6 +128,7 @@ case "${1:-}" in
     # build gets slim_image_archive.py's OCI layout without the layers it has unpacked (the trainer's
     # 5.9 GB of dependencies, unless they changed), and then drops the layers' blobs, as its unpacked
     # snapshots are all a pod needs; a node without one gets docker's archive as it is.
+    keep="$ref-load-image-previous"
     fifos=$(mktemp -d)
     trap 'rm -rf "$fifos"' EXIT
     pids=() outs=()
@@ -136,6 +137,10 @@ case "${1:-}" in
       mkfifo "$fifos/$i"
       outs+=("$fifos/$i")
       if [[ ${updates[$i]} == true ]]; then
+        # The import moves $ref to the new build, after which the CRI may drop the earlier build's
+        # last name and containerd collect its snapshots while the new one is unpacked onto them
+        # (seen once: "parent snapshot ... does not exist"). A name of our own keeps them until then.
+        ctr_ images tag --force "$ref" "$keep" >/dev/null
         { ctr_ snapshots ls; ctr_ content ls; } >"$fifos/present-$i"
         (python3 "$HERE/slim_image_archive.py" "$fifos/present-$i" "$PETS_CACHE/docker-layer-chains" \
           <"$fifos/$i" | ctr_ images import - >/dev/null) &
@@ -148,12 +153,18 @@ case "${1:-}" in
       echo "$(node_of "${pending[$i]}")$([[ ${updates[$i]} == true ]] && echo " (slim)")"; done | paste -sd, -)"
     docker save "$1" | tee "${outs[@]}" >/dev/null
     for i in "${!pids[@]}"; do
-      wait "${pids[$i]}" || die "importing $1 into $(node_of "${pending[$i]}") failed"
+      wait "${pids[$i]}" && continue
+      [[ ${updates[$i]} == true ]] || die "importing $1 into $(node_of "${pending[$i]}") failed"
+      # A slim import that failed is done again whole: slower, and it needs nothing of the node's.
+      sock=${pending[$i]}
+      log "the slim import into $(node_of "$sock") failed; importing docker's whole archive there"
+      docker save "$1" | ctr_ images import - >/dev/null || die "importing $1 into $(node_of "$sock") failed"
     done
     for i in "${!pending[@]}"; do
       sock=${pending[$i]}
       ctr_ images label "$ref" "$ID_LABEL=$id" >/dev/null
       [[ ${updates[$i]} == true ]] || continue
+      ctr_ images rm --sync "$keep" >/dev/null
       remove_orphans
       mapfile -t layers < <(ctr_ content get "$(ctr_ images ls "name==$ref" | awk 'NR == 2 { print $3 }')" |
         python3 -c 'import json, sys; print(*(layer["digest"] for layer in json.load(sys.stdin)["layers"]), sep="\n")')

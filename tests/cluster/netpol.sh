@@ -118,7 +118,17 @@ netpol_up() {
 
 netpol_down() {
   select_node_named "$1"
-  [[ $(netpol_enforcer) == kube-router ]] && { kube_router_down; return; }
+  if [[ $(netpol_enforcer) == kube-router ]]; then kube_router_down; else kube_network_policies_down; fi
+}
+
+# On `cluster.sh down`, for the selected node: an enforcer netpol-down never stopped (its test was
+# killed) goes too, whichever it is, before the node's namespace does.
+netpol_down_if_running() {
+  if pid_alive "$KUBE_ROUTER_NAME$SUFFIX"; then kube_router_down; fi
+  if pid_alive "$NETPOL_NAME$SUFFIX"; then kube_network_policies_down; fi
+}
+
+kube_network_policies_down() {
   local name="$NETPOL_NAME$SUFFIX"
   # TERM: it stops, waits its 5 s grace period (cmd/kube-network-policies/standard/main.go) and
   # exits; with fail-open it leaves its table in place (controller.go Shutdown), so remove it here.
@@ -138,7 +148,7 @@ netpol_down() {
 # packets in the node's FORWARD chain (the bridge's too: bridge-nf-call-iptables=1) against
 # per-policy chains and ipsets of pod IPs, and drops what no policy allows, for the pods of its node
 # (spec.nodeName == --hostname-override). Unlike kube-network-policies it is not fail-open: its rules
-# stay while it is down, until kube_router_down's --cleanup-config.
+# stay while it is down, until kube_router_down removes them.
 KUBE_ROUTER_NAME=kube-router
 
 kube_router_pki() {
@@ -206,7 +216,26 @@ kube_router_down() {
   local name="$KUBE_ROUTER_NAME$SUFFIX"
   stop_daemon "$name"
   [[ -z "$NETNS" || -e "/run/netns/$NETNS" ]] || return 0  # the namespace, and its rules, are gone
-  # Its chains and ipsets stay after it exits (and would go on dropping): --cleanup-config removes them.
-  "${IN_NODE[@]}" "$(bin "$KUBE_ROUTER_NAME")" --cleanup-config >>"$LOGS/$name.log" 2>&1 ||
-    log "$name: --cleanup-config failed; see $LOGS/$name.log"
+  kube_router_cleanup || log "$name: its iptables rules or ipsets could not all be removed"
+}
+
+# Its rules stay after it exits and go on rejecting (a later pod that gets a policed pod's address
+# would be refused), and v2.1.0's own --cleanup-config panics (a nil pointer in its service proxy's
+# cleanup, before it reaches the policy rules). So: delete the jumps from the built-in chains into
+# its chains, flush and delete its chains (KUBE-ROUTER-*, a KUBE-POD-FW-* per policed pod,
+# KUBE-NWPLCY-* per policy), all in one iptables-restore --noflush, then destroy its ipsets.
+kube_router_cleanup() {
+  local rules chains set
+  rules=$("${IN_NODE[@]}" iptables-save -t filter)
+  chains=$(grep -oE '^:KUBE-(ROUTER|POD-FW|NWPLCY)-[^ ]+' <<<"$rules" | cut -c2- || true)
+  {
+    echo '*filter'
+    grep -E '^-A (INPUT|FORWARD|OUTPUT) .*-j KUBE-ROUTER-' <<<"$rules" | sed 's/^-A /-D /' || true
+    for chain in $chains; do echo "-F $chain"; done
+    for chain in $chains; do echo "-X $chain"; done
+    echo COMMIT
+  } | "${IN_NODE[@]}" iptables-restore --noflush
+  for set in $("${IN_NODE[@]}" ipset list -n | grep -E '^(KUBE-(SRC|DST)-|kube-router-)' || true); do
+    "${IN_NODE[@]}" ipset destroy "$set"
+  done
 }

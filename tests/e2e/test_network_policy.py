@@ -1,18 +1,13 @@
 """End to end, with NetworkPolicy enforced: the policy the operator makes around each training.
 
-NOT IN `make e2e` (tests/e2e/run.sh): run on a 3-node cluster on 2026-11-26, both tests FAILED, because
-this machine's kernel lacks nftables' `queue` statement (CONFIG_NFT_QUEUE), which every rule of the
-enforcer ends in: each sync failed ("netlink receive: no such file or directory"), fail-open let every
-packet through, and a pod in another namespace opened a TCP connection to rank 0's rendezvous port.
-`cluster.sh netpol-up` now refuses to start there, naming the missing kernel feature, so on such a
-kernel this module errors in its fixture. The tests are kept as the check an enforcer that works here
-has to pass before the module joins run.sh (docs/cluster.md, NetworkPolicy enforcement). Run it alone
-with `.venv/bin/pytest -m e2e tests/e2e/test_network_policy.py` on a running cluster.
-
-The local cluster's bridge CNI enforces no NetworkPolicy, so this module runs the SIG Network enforcer
-kube-network-policies on every node for its duration (`cluster.sh netpol-up NODE`; left running when the
-cluster was brought up with it, `make cluster-up POLICY=1`). It runs fail-open: while no enforcer is bound
-to its queue, packets pass, so a test that expects a refusal fails, rather than passes, without one.
+The local cluster's bridge CNI enforces no NetworkPolicy, so this module runs an enforcer on every
+node for its duration (`cluster.sh netpol-up NODE`, then `netpol-down`): SIG Network's
+kube-network-policies where the kernel takes nftables' `queue` statement, else kube-router's policy
+controller (tests/cluster/lib.sh netpol_enforcer; docs/cluster.md, NetworkPolicy enforcement). The
+2-core CI machine's kernel lacks that statement (CONFIG_NFT_QUEUE), so kube-router enforces there: on
+2026-11-26 both tests failed with kube-network-policies (fail-open, it policed nothing) and passed with
+kube-router. A refusal the tests expect is a connection attempt that times out; the same connection
+succeeding once the policy is deleted proves the refusal was the policy's.
 
 - A training trains to Succeeded with its policy in place (across two nodes where there are two workers),
   its progress read by the operator all along.
@@ -51,10 +46,6 @@ PROGRESS_PORT = 9090
 REFUSED_WITHIN_S = 3  # a dropped SYN: the connect attempt times out
 
 
-def state_root() -> str:
-    return os.environ.get("PETS_STATE", "/tmp/pets-training-cluster")
-
-
 @pytest.fixture(scope="module")
 def enforcer(kube_api: Any) -> Iterator[list[str]]:
     """The enforcer on every node of the local cluster, for this module; the names of the nodes."""
@@ -64,7 +55,6 @@ def enforcer(kube_api: Any) -> Iterator[list[str]]:
     if os.environ.get("PETS_CLUSTER") == "kind":
         yield nodes  # kind's CNI (kindnet, v0.24 and later) enforces NetworkPolicy itself
         return
-    kept = os.path.exists(os.path.join(state_root(), "netpol-enabled"))  # make cluster-up POLICY=1
     build = subprocess.run([str(REPO / "tests" / "cluster" / "build.sh"), "netpol"], text=True,
                            capture_output=True)
     if build.returncode != 0:
@@ -74,9 +64,8 @@ def enforcer(kube_api: Any) -> Iterator[list[str]]:
         if up.returncode != 0:
             pytest.fail(f"cluster.sh netpol-up {node} failed:\n{up.stdout[-3000:]}\n{up.stderr[-3000:]}")
     yield nodes
-    if not kept:
-        for node in nodes:
-            subprocess.run([str(CLUSTER_SH), "netpol-down", node], check=False)
+    for node in nodes:
+        subprocess.run([str(CLUSTER_SH), "netpol-down", node], check=False)
 
 
 def prober(namespace: str, name: str, labels: dict[str, str] | None = None) -> str:

@@ -8,9 +8,7 @@ watches it through the real API server while real pods train across two machine 
 from __future__ import annotations
 
 import os
-import subprocess
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -287,45 +285,6 @@ def test_empty_dataset_fails_at_once_without_restarts(trainings: Trainings, empt
     assert status["restarts"] == 0, status
     assert "empty" in status["message"], status
     assert status["lastFailure"]["cause"] == "PermanentError", status
-
-
-@contextmanager
-def port_blocked(node: str, pod_ip: str, port: int) -> Iterator[None]:
-    """What a NetworkPolicy denying the operator would do, on the node: REJECT new connections to
-    `pod_ip:port` in the FORWARD chain that bridged pod traffic crosses (br_netfilter)."""
-    rule = ["FORWARD", "-d", pod_ip, "-p", "tcp", "--dport", str(port), "-j", "REJECT",
-            "--reject-with", "tcp-reset"]
-    # The local cluster's node is this machine; a kind node is a container named after the node.
-    prefix = ["docker", "exec", node] if os.environ.get("PETS_CLUSTER") == "kind" else []
-    subprocess.run([*prefix, "iptables", "-I", *rule], check=True)
-    try:
-        yield
-    finally:
-        subprocess.run([*prefix, "iptables", "-D", *rule], check=True)
-
-
-def test_unreadable_progress_is_said_in_a_condition(trainings: Trainings) -> None:
-    name = "no-progress"
-    trainings.create(name, {**LONGER_SPEC, "epochs": 4})
-    trainings.wait_phase(name, "Running")
-    rank0 = wait_for("rank 0's pod IP",
-                     lambda: (p := pod_of_rank(trainings.pods(name), 0)).status.pod_ip and p, 60, POLL_S)
-
-    def progress_condition(status: str) -> Callable[[], dict[str, Any] | None]:
-        def probe() -> dict[str, Any] | None:
-            conds = trainings.status(name).get("conditions") or []
-            return next((c for c in conds if c["type"] == "ProgressReported" and c["status"] == status), None)
-        return probe
-
-    with port_blocked(rank0.spec.node_name, rank0.status.pod_ip, 9090):
-        # 30 s of start-up grace after rank 0's container started, then one 10 s poll.
-        cond = wait_for("ProgressReported=False", progress_condition("False"), 90, POLL_S)
-    assert cond["reason"] == "EndpointUnreachable", cond
-    assert f"{rank0.status.pod_ip}:9090" in cond["message"], cond
-    events = kubectl("-n", trainings.namespace, "get", "events", "--field-selector",
-                     f"involvedObject.name={name},reason=ProgressUnreadable", "-o", "name").stdout.split()
-    assert len(events) == 1, events
-    wait_for("ProgressReported=True again", progress_condition("True"), 60, POLL_S)
 
 
 # ----------------------------------------------------------------------------- the pretrained default
