@@ -137,9 +137,10 @@ case "${1:-}" in
       mkfifo "$fifos/$i"
       outs+=("$fifos/$i")
       if [[ ${updates[$i]} == true ]]; then
-        # The import moves $ref to the new build, after which the CRI may drop the earlier build's
-        # last name and containerd collect its snapshots while the new one is unpacked onto them
-        # (seen once: "parent snapshot ... does not exist"). A name of our own keeps them until then.
+        # The import moves $ref to the new build, and the earlier build is left with no name (what
+        # is loaded here gets no CRI `sha256:` name): containerd then collected its snapshots while
+        # the new build was unpacked onto them (seen once: "parent snapshot ... does not exist").
+        # A name of our own keeps them until the import is done.
         ctr_ images tag --force "$ref" "$keep" >/dev/null
         { ctr_ snapshots ls; ctr_ content ls; } >"$fifos/present-$i"
         (python3 "$HERE/slim_image_archive.py" "$fifos/present-$i" "$PETS_CACHE/docker-layer-chains" \
@@ -151,7 +152,8 @@ case "${1:-}" in
     done
     log "docker save $1 | ctr import, into $(for i in "${!pending[@]}"; do
       echo "$(node_of "${pending[$i]}")$([[ ${updates[$i]} == true ]] && echo " (slim)")"; done | paste -sd, -)"
-    docker save "$1" | tee "${outs[@]}" >/dev/null
+    # tee -p: a node whose import fails early does not stop the others' stream; its own status says.
+    docker save "$1" | tee -p "${outs[@]}" >/dev/null || log "docker save $1 | tee: not every node took the whole stream"
     for i in "${!pids[@]}"; do
       wait "${pids[$i]}" && continue
       [[ ${updates[$i]} == true ]] || die "importing $1 into $(node_of "${pending[$i]}") failed"
