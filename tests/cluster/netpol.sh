@@ -44,37 +44,39 @@ NETPOL_METRICS_PORT="${PETS_NETPOL_METRICS_PORT:-9080}"
 # that expects a refusal therefore fails, rather than passes, when the enforcer is not running.
 NETPOL_FAIL_OPEN="${PETS_NETPOL_FAIL_OPEN:-true}"
 
-# Its identity: a client certificate, bound to upstream's ClusterRole (install.yaml).
-netpol_pki() {
-  [[ -f "$PKI/$NETPOL_NAME.crt" ]] && return 0
-  (
-    cd "$PKI" || exit 1
-    umask 077
-    make_cert "$NETPOL_NAME" "/CN=system:$NETPOL_NAME" clientAuth
-  )
-}
-
-netpol_rbac() {
+# An enforcer's identity: a client certificate system:NAME, bound to a ClusterRole of RULES (YAML).
+netpol_identity() {
+  local name="$1" rules="$2"
+  if [[ ! -f "$PKI/$name.crt" ]]; then
+    (
+      cd "$PKI" || exit 1
+      umask 077
+      make_cert "$name" "/CN=system:$name" clientAuth
+    )
+  fi
   kubectl_ apply -f - >/dev/null <<EOF
 apiVersion: rbac.authorization.k8s.io/v1
 kind: ClusterRole
-metadata: {name: "pets-training:$NETPOL_NAME"}
+metadata: {name: "pets-training:$name"}
 rules:
-- apiGroups: [""]
+$rules
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: "pets-training:$name"}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "pets-training:$name"}
+subjects:
+- {apiGroup: rbac.authorization.k8s.io, kind: User, name: "system:$name"}
+EOF
+}
+
+# What kube-network-policies reads: upstream's ClusterRole (install.yaml).
+NETPOL_RULES='- apiGroups: [""]
   resources: [pods, namespaces]
   verbs: [list, watch]
 - apiGroups: [networking.k8s.io]
   resources: [networkpolicies]
-  verbs: [list, watch]
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRoleBinding
-metadata: {name: "pets-training:$NETPOL_NAME"}
-roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "pets-training:$NETPOL_NAME"}
-subjects:
-- {apiGroup: rbac.authorization.k8s.io, kind: User, name: "system:$NETPOL_NAME"}
-EOF
-}
+  verbs: [list, watch]'
 
 # The selected node's network namespace has our queue bound: a line of /proc/net/netfilter/nfnetlink_queue
 # (the reader's namespace's) starting with the queue number ("%5u %6u ...", net/netfilter/nfnetlink_queue.c).
@@ -102,8 +104,7 @@ netpol_up() {
   [[ -e /proc/net/netfilter/nfnetlink_queue ]] ||
     die "$name: this kernel has no nfnetlink_queue (/proc/net/netfilter/nfnetlink_queue); modprobe nfnetlink_queue"
   netpol_kernel_queues
-  netpol_pki
-  netpol_rbac
+  netpol_identity "$NETPOL_NAME" "$NETPOL_RULES"
   kubeconfig="$(node_kubeconfig "$NETPOL_NAME" "$NETPOL_NAME")"
   # --hostname-override: it polices the pods whose spec.nodeName is this (the kubelet's
   # --hostname-override). Metrics on loopback of the node's namespace, as kube-proxy's.
@@ -151,24 +152,9 @@ kube_network_policies_down() {
 # stay while it is down, until kube_router_down removes them.
 KUBE_ROUTER_NAME=kube-router
 
-kube_router_pki() {
-  [[ -f "$PKI/$KUBE_ROUTER_NAME.crt" ]] && return 0
-  (
-    cd "$PKI" || exit 1
-    umask 077
-    make_cert "$KUBE_ROUTER_NAME" "/CN=system:$KUBE_ROUTER_NAME" clientAuth
-  )
-}
-
 # What its policy controller reads (upstream's daemonset manifests' ClusterRole, less what routing,
 # the service proxy and the load balancer allocator need).
-kube_router_rbac() {
-  kubectl_ apply -f - >/dev/null <<EOF
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRole
-metadata: {name: "pets-training:$KUBE_ROUTER_NAME"}
-rules:
-- apiGroups: [""]
+KUBE_ROUTER_RULES='- apiGroups: [""]
   resources: [namespaces, pods, services, nodes, endpoints]
   verbs: [get, list, watch]
 - apiGroups: [discovery.k8s.io]
@@ -176,16 +162,7 @@ rules:
   verbs: [get, list, watch]
 - apiGroups: [networking.k8s.io]
   resources: [networkpolicies]
-  verbs: [get, list, watch]
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRoleBinding
-metadata: {name: "pets-training:$KUBE_ROUTER_NAME"}
-roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "pets-training:$KUBE_ROUTER_NAME"}
-subjects:
-- {apiGroup: rbac.authorization.k8s.io, kind: User, name: "system:$KUBE_ROUTER_NAME"}
-EOF
-}
+  verbs: [get, list, watch]'
 
 # Its first full sync is done when its top-level chain is hooked into FORWARD.
 kube_router_synced() {
@@ -197,8 +174,7 @@ kube_router_up() {
   pid_alive "$name" && { log "$name: running"; return 0; }
   exe="$(bin "$KUBE_ROUTER_NAME")"
   command -v ipset >/dev/null || die "$name needs ipset: tests/cluster/build.sh netpol installs it"
-  kube_router_pki
-  kube_router_rbac
+  netpol_identity "$KUBE_ROUTER_NAME" "$KUBE_ROUTER_RULES"
   kubeconfig="$(node_kubeconfig "$KUBE_ROUTER_NAME" "$KUBE_ROUTER_NAME")"
   # Health and metrics ports off: several nodes share the host's loopback only for node 1, and
   # nothing here scrapes them.

@@ -85,7 +85,6 @@ def _descriptor(media_type: str, data: bytes, **extra: object) -> dict[str, obje
 @dataclass
 class Conversion:
     """What one pass over an archive saw: its legacy configs, layer sizes and manifest."""
-    present: set[str]
     layer_map: dict[str, str]
     configs: dict[str, bytes] = field(default_factory=dict)
     sizes: dict[str, int] = field(default_factory=dict)
@@ -118,7 +117,7 @@ class Conversion:
 
 def convert(src: BinaryIO, dst: BinaryIO, present: set[str], layer_map: dict[str, str]) -> Conversion:
     """Stream the archive `src` to `dst` as an OCI layout without the layers and blobs in `present`."""
-    seen = Conversion(present, layer_map)
+    seen = Conversion(layer_map)
     with tarfile.open(fileobj=src, mode="r|", bufsize=STREAM_BUFFER) as tar_in, \
             tarfile.open(fileobj=dst, mode="w|", bufsize=STREAM_BUFFER, format=tarfile.PAX_FORMAT) as tar_out:
         tar_out.copybufsize = STREAM_BUFFER  # type: ignore[attr-defined]  # its 16 KB default: CPU-bound
