@@ -11,6 +11,9 @@ CLUSTER ?= local
 # Nodes of the local cluster: NODES=3 is 1 control plane + 2 workers (CI's e2e runs on it).
 NODES ?= 1
 export PETS_NODES := $(NODES)
+# NetworkPolicy enforced on every node of the local cluster (tests/cluster/netpol.sh); POLICY=0: not.
+POLICY ?= 1
+export PETS_NETPOL := $(POLICY)
 export PETS_CLUSTER := $(CLUSTER)
 
 .PHONY: help
@@ -100,7 +103,7 @@ test-integration: install ## integration tests against etcd + kube-apiserver + c
 	KCM_CONTROLLERS='*,-job' tests/cluster/run-with-control-plane.sh $(VENV)/bin/pytest -m integration tests/integration
 
 .PHONY: cluster-up
-cluster-up: ## a cluster to run on: CLUSTER=local (default, offline) or CLUSTER=kind; NODES=3 for 1 control plane + 2 workers; KUBEFLOW=1 KUEUE=1 add the real training-operator / Kueue; S3=1 an S3 server (http://s3.pets-s3.svc:7070, docs/cluster.md)
+cluster-up: ## a cluster to run on: CLUSTER=local (default, offline) or CLUSTER=kind; NODES=3 for 1 control plane + 2 workers; POLICY=0 without NetworkPolicy enforcement; KUBEFLOW=1 KUEUE=1 add the real training-operator / Kueue; S3=1 an S3 server (http://s3.pets-s3.svc:7070, docs/cluster.md)
 	PETS_ADDONS="$(if $(filter 1,$(KUBEFLOW)),kubeflow) $(if $(filter 1,$(KUEUE)),kueue) $(if $(filter 1,$(S3)),s3)" tests/cluster/cluster.sh up $(CLUSTER)
 
 .PHONY: cluster-down

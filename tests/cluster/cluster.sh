@@ -32,6 +32,8 @@
 #   PETS_KIND_NAME       kind cluster name                                [pets-training]
 #   PETS_KIND_IMAGE      kind node image                                  [kind's default for its version]
 #   PETS_ADDONS          add-ons `up` installs at the end: "kubeflow kueue s3" (make cluster-up KUBEFLOW=1 KUEUE=1 S3=1)
+#   PETS_NETPOL          1: NetworkPolicy enforced on every node of the    [1]
+#                        local cluster (netpol.sh); 0: not (make cluster-up POLICY=0)
 # Kubeconfig: $PETS_STATE/kubeconfig (local) or $PETS_STATE/kind-kubeconfig (kind).
 set -euo pipefail
 
@@ -53,6 +55,8 @@ KIND_NAME="${PETS_KIND_NAME:-pets-training}"
 # sysctls the node needs; their previous values are saved at up and restored at down.
 SYSCTLS=(net.ipv4.ip_forward=1 net.bridge.bridge-nf-call-iptables=1 net.bridge.bridge-nf-call-ip6tables=1)
 NODE_COMPONENTS=(kube-proxy kubelet containerd)
+NETPOL="${PETS_NETPOL-1}"
+[[ "$NETPOL" == [01] ]] || { echo "PETS_NETPOL (make cluster-up POLICY=) must be 0 or 1 (got '$NETPOL')" >&2; exit 1; }
 [[ "$NODES" =~ ^[1-9][0-9]?$ ]] || { echo "PETS_NODES must be a number from 1 to 99 (got '$NODES')" >&2; exit 1; }
 
 node_ip() {
@@ -502,7 +506,7 @@ up_local() {
   [[ $EUID -eq 0 ]] || die "the local node needs root (containerd, kubelet, iptables)"
   ip="$(node_ip)"
   [[ -n "$ip" ]] || die "cannot tell the node's IP (no default route): set PETS_NODE_IP"
-  t=$SECONDS; "$HERE/build.sh" control-plane node smoke-image local-path; log "phase build: $((SECONDS - t)) s"
+  t=$SECONDS; "$HERE/build.sh" control-plane node smoke-image local-path $([[ $NETPOL == 0 ]] || echo netpol); log "phase build: $((SECONDS - t)) s"
   mkdir -p "$PETS_STATE" "$LOGS"
   # A state directory of an earlier cluster with more nodes than asked for now would leave them running.
   (( $(node_numbers | tail -n 1) <= NODES )) ||
@@ -527,6 +531,13 @@ up_local() {
   for ((n = 1; n <= NODES; n++)); do wait_node_ready "$n"; done
   ((NODES == 1)) || dedicate_control_plane_node
   log "phase nodes ($NODES): $((SECONDS - t)) s"
+  if [[ $NETPOL == 1 ]]; then
+    # Before any pod of ours starts, so every pod a NetworkPolicy selects is policed from its first packet.
+    t=$SECONDS
+    for ((n = 1; n <= NODES; n++)); do select_node "$n"; netpol_up "$NODE"; done
+    netpol_enforcer >"$PETS_STATE/netpol-enforcer"
+    log "phase NetworkPolicy enforcer ($(cat "$PETS_STATE/netpol-enforcer"), on $NODES node(s)): $((SECONDS - t)) s"
+  fi
   t=$SECONDS
   apply_coredns
   kubectl_ -n kube-system rollout status deployment/coredns --timeout=180s >&2 ||
@@ -550,7 +561,7 @@ lose_node() {
   [[ -n "$NETNS" ]] || die "$NODE runs the cluster's control plane and scheduler: lose a node other than the first"
   local d pid round
   ip link set "pets-veth$NODE_INDEX" down
-  for d in kubelet kube-proxy containerd; do
+  for d in kubelet kube-proxy containerd "$KUBE_ROUTER_NAME" "$NETPOL_NAME"; do
     pid_alive "$d$SUFFIX" && kill -KILL "$(cat "$PETS_STATE/pids/$d$SUFFIX.pid")" 2>/dev/null
     rm -f "$PETS_STATE/pids/$d$SUFFIX.pid"
   done
@@ -561,14 +572,16 @@ lose_node() {
     done < <(find "/sys/fs/cgroup/memory$CGROUP_ROOT" -name cgroup.procs 2>/dev/null)
     [[ $round -lt 3 ]] && sleep 0.5
   done
-  log "node $NODE lost: off the network, its kubelet, kube-proxy, containerd and pods' processes killed (the API server was not told)"
+  log "node $NODE lost: off the network, its kubelet, kube-proxy, containerd, NetworkPolicy enforcer and pods' processes killed (the API server was not told)"
 }
 
-# node-start NODE: a lost node back: its link up, its containerd, kubelet and kube-proxy started; waits for Ready.
+# node-start NODE: a lost node back: its link up, its containerd, kubelet and kube-proxy started, and
+# its NetworkPolicy enforcer where the cluster has one; waits for Ready.
 start_node() {
   select_node_named "$1"
   up_node "$NODE_INDEX"
   wait_node_ready "$NODE_INDEX"
+  if [[ -s "$PETS_STATE/netpol-enforcer" ]]; then netpol_up "$NODE"; fi
   log "node $NODE is back"
 }
 
@@ -694,7 +707,8 @@ down_local() {
   restore_sysctls
   # The pod cgroups kubelet made (cgroupfs driver: /sys/fs/cgroup/<controller>/kubepods...).
   find /sys/fs/cgroup -mindepth 2 -depth -type d -path '*/kubepods*' -exec rmdir {} + 2>/dev/null || true
-  rm -rf "$PETS_STATE/addons" "$PETS_STATE/nodes" "$PETS_STATE/control-plane-node" "$PETS_STATE/nodes-requested"
+  rm -rf "$PETS_STATE/addons" "$PETS_STATE/nodes" "$PETS_STATE/control-plane-node" "$PETS_STATE/nodes-requested" \
+    "$PETS_STATE/netpol-enforcer"
   if leftovers >&2; then
     log "down in $((SECONDS - t0)) s: nothing left behind (logs kept in $LOGS)"
   else
@@ -706,7 +720,7 @@ status_local() {
   local c rc=0 n
   for n in $(node_numbers); do
     select_node "$n"
-    for c in "${NODE_COMPONENTS[@]}"; do
+    for c in "${NODE_COMPONENTS[@]}" $(cat "$PETS_STATE/netpol-enforcer" 2>/dev/null); do
       if pid_alive "$c$SUFFIX"; then echo "$NODE $c: running (pid $(cat "$PETS_STATE/pids/$c$SUFFIX.pid"))"
       else echo "$NODE $c: stopped"; rc=1; fi
     done
@@ -751,7 +765,7 @@ up_addons() {
   for a in ${PETS_ADDONS:-}; do "$HERE/addons.sh" up "$a"; done
 }
 
-# The NetworkPolicy enforcer, per node (not part of `up` yet: issue 24).
+# The NetworkPolicy enforcer, per node: `up` starts it on every node unless PETS_NETPOL=0.
 # shellcheck source=netpol.sh
 source "$HERE/netpol.sh"
 

@@ -174,6 +174,8 @@ kube_router_up() {
   pid_alive "$name" && { log "$name: running"; return 0; }
   exe="$(bin "$KUBE_ROUTER_NAME")"
   command -v ipset >/dev/null || die "$name needs ipset: tests/cluster/build.sh netpol installs it"
+  # The rules of one that was killed (cluster.sh node-lose) are still there: start from none.
+  kube_router_cleanup || log "$name: the rules of an earlier run could not all be removed"
   netpol_identity "$KUBE_ROUTER_NAME" "$KUBE_ROUTER_RULES"
   kubeconfig="$(node_kubeconfig "$KUBE_ROUTER_NAME" "$KUBE_ROUTER_NAME")"
   # Health and metrics ports off: several nodes share the host's loopback only for node 1, and

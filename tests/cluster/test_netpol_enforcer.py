@@ -1,6 +1,7 @@
 """Which NetworkPolicy enforcer the harness builds and starts (lib.sh netpol_enforcer): the one asked
 for by name, else kube-network-policies where the kernel takes nftables' `queue` statement and
-kube-router where it does not; anything else is refused naming the variable and the value."""
+kube-router where it does not; anything else is refused naming the variable and the value. And the switch
+that has `cluster.sh up` start one (PETS_NETPOL, make cluster-up POLICY=): 0 or 1, else refused up front."""
 
 from __future__ import annotations
 
@@ -44,3 +45,16 @@ def test_auto_follows_whether_the_kernel_takes_the_nft_queue_statement(tmp_path:
     for choice in (None, "auto"):
         result = enforcer(tmp_path, choice)
         assert (result.returncode, result.stdout.strip()) == (0, expected), result.stderr
+
+
+@pytest.mark.parametrize("value", ["yes", "2", ""])
+def test_cluster_up_refuses_a_policy_switch_other_than_0_or_1_before_starting_anything(
+        tmp_path: Path, value: str) -> None:
+    # "" is what `make cluster-up POLICY=` passes: refused too, rather than read as either.
+    state = tmp_path / "state"
+    result = subprocess.run([str(HERE / "cluster.sh"), "up", "local"],
+                            env={**os.environ, "PETS_STATE": str(state), "PETS_NETPOL": value},
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    assert "PETS_NETPOL" in result.stderr and f"'{value}'" in result.stderr, result.stderr
+    assert not state.exists()

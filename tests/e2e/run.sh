@@ -35,8 +35,8 @@ elif ((requested >= 3)) || [[ ${CI:-} == true ]]; then
 else
   log "NOT running tests/e2e/test_several_nodes.py: this cluster was asked for with NODES=$requested ($workers worker(s)); it needs 2 workers (make cluster-up NODES=3)"
 fi
-# Last, as it changes every node's packet filter for its duration: NetworkPolicy enforced (an enforcer
-# per node, started and removed by its fixture).
+# NetworkPolicy's own module, last: on a cluster brought up with POLICY=0 it starts an enforcer on every
+# node for its duration (make cluster-up starts them otherwise, and the whole suite runs policed).
 suites+=(tests/e2e/test_network_policy.py)
 # test_backends_and_queues.py installs the real training-operator and Kueue (cluster.sh addon-up).
 # tee-sys: what the tests print (the numbers they measure: the operator's peak memory beside hostile pods,

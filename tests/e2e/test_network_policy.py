@@ -1,7 +1,8 @@
 """End to end, with NetworkPolicy enforced: the policy the operator makes around each training.
 
-The local cluster's bridge CNI enforces no NetworkPolicy, so this module runs an enforcer on every
-node for its duration (`cluster.sh netpol-up NODE`, then `netpol-down`): SIG Network's
+The local cluster's bridge CNI enforces no NetworkPolicy, so `make cluster-up` runs an enforcer on
+every node (`cluster.sh netpol-up NODE`; this module starts them itself on a cluster brought up with
+POLICY=0, and stops them after): SIG Network's
 kube-network-policies where the kernel takes nftables' `queue` statement, else kube-router's policy
 controller (tests/cluster/lib.sh netpol_enforcer; docs/cluster.md, NetworkPolicy enforcement). The
 2-core CI machine's kernel lacks that statement (CONFIG_NFT_QUEUE), so kube-router enforces there: on
@@ -22,6 +23,7 @@ from __future__ import annotations
 import os
 import subprocess
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -48,12 +50,16 @@ REFUSED_WITHIN_S = 3  # a dropped SYN: the connect attempt times out
 
 @pytest.fixture(scope="module")
 def enforcer(kube_api: Any) -> Iterator[list[str]]:
-    """The enforcer on every node of the local cluster, for this module; the names of the nodes."""
+    """The enforcer on every node of the local cluster; the names of the nodes. `make cluster-up` starts
+    one (tests/cluster/cluster.sh, PETS_NETPOL=1 unless POLICY=0); on a cluster brought up without, this
+    module starts one on every node for its duration."""
     from kubernetes import client
 
     nodes = [n.metadata.name for n in client.CoreV1Api(kube_api).list_node().items]
-    if os.environ.get("PETS_CLUSTER") == "kind":
-        yield nodes  # kind's CNI (kindnet, v0.24 and later) enforces NetworkPolicy itself
+    state = Path(os.environ.get("PETS_STATE", "/tmp/pets-training-cluster"))
+    # kind's CNI (kindnet, v0.24 and later) enforces NetworkPolicy itself.
+    if os.environ.get("PETS_CLUSTER") == "kind" or (state / "netpol-enforcer").is_file():
+        yield nodes
         return
     build = subprocess.run([str(REPO / "tests" / "cluster" / "build.sh"), "netpol"], text=True,
                            capture_output=True)
