@@ -7,8 +7,9 @@
 # usage: load-image.sh [--all-nodes] IMAGE | --archive FILE | --remove IMAGE
 #        load-image.sh IMAGE            docker save IMAGE | ctr images import -  (needs docker); a no-op
 #                                       when containerd has that docker image already; a node with an
-#                                       earlier build gets only the layers it lacks, and the earlier
-#                                       build is removed after the import
+#                                       earlier build gets only the layers it lacks (the config alone,
+#                                       with no docker save, when it lacks none), and the earlier build
+#                                       is removed after the import
 #        load-image.sh --archive FILE   an OCI or docker archive made elsewhere (no docker needed)
 #        load-image.sh --remove IMAGE   remove IMAGE (every name of it) from every node's containerd, the
 #                                       control-plane node's included (a test's own image, when done)
@@ -108,7 +109,7 @@ case "${1:-}" in
     # A control-plane node this image does not go to keeps the build it has (a single-node cluster
     # loaded it, the demo's): its unpacked layers, about 6 GB, make the next single-node load slim.
     pending=()
-    updates=()  # per pending node: whether it holds an earlier build of this image (then: slim)
+    updates=()  # per pending node: whether it holds an earlier build of this image (then: its config alone, or slim)
     for sock in "${sockets[@]}"; do
       if ctr_ images ls "name==$ref" | grep -q "$ID_LABEL=$id"; then
         log "$ref is already in containerd of $(node_of "$sock") (docker image ${id:7:12}): nothing to load"
@@ -123,19 +124,15 @@ case "${1:-}" in
       pending+=("$sock")
     done
     [[ ${#pending[@]} -gt 0 ]] || exit 0
-    # One `docker save`, imported by every node that needs it at once (a fifo each): the trainer's
-    # 6 GB is read from docker once, however many workers there are. A node that holds an earlier
-    # build gets slim_image_archive.py's OCI layout without the layers it has unpacked (the trainer's
-    # 5.9 GB of dependencies, unless they changed), and then drops the layers' blobs, as its unpacked
-    # snapshots are all a pod needs; a node without one gets docker's archive as it is.
     keep="$ref-load-image-previous"
     fifos=$(mktemp -d)
     trap 'rm -rf "$fifos"' EXIT
-    pids=() outs=()
+    # The image's config as docker keeps it (slim_image_archive.py checks that its sha256 is the image
+    # id): with it, a node that has every layer of the image unpacked already gets the config alone.
+    config="$(docker info --format '{{.DockerRootDir}}/image/{{.Driver}}' 2>/dev/null)/imagedb/content/sha256/${id#sha256:}"
+    pids=() outs=() how=()
     for i in "${!pending[@]}"; do
       sock=${pending[$i]}
-      mkfifo "$fifos/$i"
-      outs+=("$fifos/$i")
       if [[ ${updates[$i]} == true ]]; then
         # The import moves $ref to the new build, and the earlier build is left with no name (what
         # is loaded here gets no CRI `sha256:` name): containerd then collected its snapshots while
@@ -143,17 +140,39 @@ case "${1:-}" in
         # A name of our own keeps them until the import is done.
         ctr_ images tag --force "$ref" "$keep" >/dev/null
         { ctr_ snapshots ls; ctr_ content ls; } >"$fifos/present-$i"
+        # The usual case of a commit that changed neither src/ nor operator/: a new config (the revision
+        # label), the same layers. Nothing of the 6 GB is read then, not even by docker save.
+        ctr_ content get "$(ctr_ images ls "name==$keep" | awk 'NR == 2 { print $3 }')" >"$fifos/earlier-$i" || true
+        if [[ -r $config ]] && python3 "$HERE/slim_image_archive.py" --config-only "$config" "$id" "$1" \
+             "$fifos/present-$i" "$fifos/earlier-$i" >"$fifos/layout-$i" 2>"$fifos/why-$i" &&
+           ctr_ images import "$fifos/layout-$i" >/dev/null; then
+          how[$i]="the config alone"
+          continue
+        fi
+        how[$i]="slim"
+        log "$(node_of "$sock"): $(sed 's/^slim_image_archive: //' "$fifos/why-$i" 2>/dev/null | tail -n 1)"
+        mkfifo "$fifos/$i"
+        outs+=("$fifos/$i")
         (python3 "$HERE/slim_image_archive.py" "$fifos/present-$i" "$PETS_CACHE/docker-layer-chains" \
           <"$fifos/$i" | ctr_ images import - >/dev/null) &
       else
+        how[$i]="whole"
+        mkfifo "$fifos/$i"
+        outs+=("$fifos/$i")
         ctr_ images import - <"$fifos/$i" >/dev/null &
       fi
-      pids+=($!)
+      pids[$i]=$!
     done
-    log "docker save $1 | ctr import, into $(for i in "${!pending[@]}"; do
-      echo "$(node_of "${pending[$i]}")$([[ ${updates[$i]} == true ]] && echo " (slim)")"; done | paste -sd, -)"
+    log "$1 into $(for i in "${!pending[@]}"; do echo "$(node_of "${pending[$i]}") (${how[$i]})"; done | paste -sd, -)"
+    # One `docker save` for every node that needs more than the config, imported by all at once (a
+    # fifo each): the trainer's 6 GB is read from docker once, however many workers there are. A node
+    # that holds an earlier build gets slim_image_archive.py's OCI layout without the layers it has
+    # unpacked (the trainer's 5.9 GB of dependencies, unless they changed), and then drops the layers'
+    # blobs, as its unpacked snapshots are all a pod needs; a node without one gets docker's archive.
     # tee -p: a node whose import fails early does not stop the others' stream; its own status says.
-    docker save "$1" | tee -p "${outs[@]}" >/dev/null || log "docker save $1 | tee: not every node took the whole stream"
+    if ((${#outs[@]})); then
+      docker save "$1" | tee -p "${outs[@]}" >/dev/null || log "docker save $1 | tee: not every node took the whole stream"
+    fi
     for i in "${!pids[@]}"; do
       wait "${pids[$i]}" && continue
       [[ ${updates[$i]} == true ]] || die "importing $1 into $(node_of "${pending[$i]}") failed"

@@ -17,8 +17,13 @@ An archive that is an OCI layout already (Docker 25 and later) passes through, l
 PRESENT lists.
 
 usage: docker save IMAGE | slim_image_archive.py PRESENT LAYER_MAP | ctr images import -
+       slim_image_archive.py --config-only CONFIG IMAGE_ID IMAGE PRESENT EARLIER_MANIFEST \
+         | ctr images import -
   PRESENT    a file with the node's `ctr snapshots ls` (and `ctr content ls`) output: its sha256 words
   LAYER_MAP  a file of "<v1 id>/layer.tar sha256:<chain id>" lines, read and then updated
+  --config-only: no `docker save` at all, when the node has every layer of the image unpacked: CONFIG is
+  the image's config as docker keeps it (its sha256 is IMAGE_ID), EARLIER_MANIFEST the manifest of the
+  build the node holds (`ctr content get`), for the layers' sizes; exit 3, writing nothing, when not
 """
 
 from __future__ import annotations
@@ -122,11 +127,6 @@ def convert(src: BinaryIO, dst: BinaryIO, present: set[str], layer_map: dict[str
             tarfile.open(fileobj=dst, mode="w|", bufsize=STREAM_BUFFER, format=tarfile.PAX_FORMAT) as tar_out:
         tar_out.copybufsize = STREAM_BUFFER  # type: ignore[attr-defined]  # its 16 KB default: CPU-bound
 
-        def add(name: str, data: bytes) -> None:
-            info = tarfile.TarInfo(name)
-            info.size, info.mode = len(data), 0o644
-            tar_out.addfile(info, io.BytesIO(data))
-
         for member in tar_in:
             name = member.name.removeprefix("./")
             if member.issym() and LEGACY_LAYER.match(name):
@@ -156,23 +156,70 @@ def convert(src: BinaryIO, dst: BinaryIO, present: set[str], layer_map: dict[str
             seen.passed += 1
 
         if not seen.oci_index_seen:
-            index = []
-            for image_name, config, layers in seen.legacy_images():
-                add("blobs/sha256/config-" + hashlib.sha256(config).hexdigest(), config)
-                manifest = _json({"schemaVersion": 2, "mediaType": MEDIA_MANIFEST,
-                                  "config": _descriptor(MEDIA_CONFIG, config), "layers": layers})
-                add("blobs/sha256/manifest-" + hashlib.sha256(manifest).hexdigest(), manifest)
-                index.append(_descriptor(MEDIA_MANIFEST, manifest, annotations={
-                    "io.containerd.image.name": image_name,
-                    "org.opencontainers.image.ref.name": image_name.rsplit(":", 1)[-1]}))
-            if not index:
+            images = seen.legacy_images()
+            if not images:
                 raise ValueError("the archive has no OCI index.json and no docker manifest.json with tags")
-            add("oci-layout", _json({"imageLayoutVersion": "1.0.0"}))
-            add("index.json", _json({"schemaVersion": 2, "mediaType": MEDIA_INDEX, "manifests": index}))
+            _add_index(tar_out, images)
     return seen
 
 
+def _add_file(tar_out: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size, info.mode = len(data), 0o644
+    tar_out.addfile(info, io.BytesIO(data))
+
+
+def _add_index(tar_out: tarfile.TarFile, images: list[tuple[str, bytes, list[dict[str, object]]]]) -> None:
+    """The configs, manifests, oci-layout and index.json of IMAGES: (name, config, layer descriptors)."""
+    index = []
+    for image_name, config, layers in images:
+        _add_file(tar_out, "blobs/sha256/config-" + hashlib.sha256(config).hexdigest(), config)
+        manifest = _json({"schemaVersion": 2, "mediaType": MEDIA_MANIFEST,
+                          "config": _descriptor(MEDIA_CONFIG, config), "layers": layers})
+        _add_file(tar_out, "blobs/sha256/manifest-" + hashlib.sha256(manifest).hexdigest(), manifest)
+        index.append(_descriptor(MEDIA_MANIFEST, manifest, annotations={
+            "io.containerd.image.name": image_name,
+            "org.opencontainers.image.ref.name": image_name.rsplit(":", 1)[-1]}))
+    _add_file(tar_out, "oci-layout", _json({"imageLayoutVersion": "1.0.0"}))
+    _add_file(tar_out, "index.json",
+              _json({"schemaVersion": 2, "mediaType": MEDIA_INDEX, "manifests": index}))
+
+
+def config_only(dst: BinaryIO, config: bytes, image_id: str, docker_name: str, present: set[str],
+                earlier_manifest: bytes) -> str | None:
+    """An OCI layout of the image whose config is CONFIG with no layer at all, written to DST, when the node
+    has every layer unpacked (PRESENT) and its EARLIER_MANIFEST (the build it holds) gives each layer's
+    size; else why not, and nothing written. The usual case: a commit that changed neither src/ nor
+    operator/ gives the trainer a new config (its revision label) and the same layers, and then nothing
+    of the 6 GB needs reading, not even by `docker save`."""
+    if "sha256:" + hashlib.sha256(config).hexdigest() != image_id:
+        return f"the config read is not image {image_id}"
+    diff_ids = json.loads(config)["rootfs"]["diff_ids"]
+    missing = [d for d, chain in zip(diff_ids, chain_ids(diff_ids), strict=True) if chain not in present]
+    if missing:
+        return f"{len(missing)} of its {len(diff_ids)} layers are not unpacked on the node"
+    earlier = json.loads(earlier_manifest) if earlier_manifest.strip() else {}
+    sizes = {str(layer["digest"]): int(layer["size"]) for layer in earlier.get("layers", [])}
+    if any(d not in sizes for d in diff_ids):
+        return "the node's earlier build does not give every layer's size"
+    layers: list[dict[str, object]] = [{"mediaType": MEDIA_LAYER, "digest": d, "size": sizes[d]}
+                                       for d in diff_ids]
+    with tarfile.open(fileobj=dst, mode="w|", format=tarfile.PAX_FORMAT) as tar_out:
+        _add_index(tar_out, [(containerd_name(docker_name), config, layers)])
+    return None
+
+
 def main(argv: list[str]) -> int:
+    if len(argv) == 7 and argv[1] == "--config-only":
+        config_file, image_id, docker_name, present_file, manifest_file = argv[2:]
+        why_not = config_only(sys.stdout.buffer, Path(config_file).read_bytes(), image_id, docker_name,
+                              present_digests(Path(present_file).read_text()),
+                              Path(manifest_file).read_bytes())
+        if why_not:
+            print(f"slim_image_archive: not the config alone: {why_not}", file=sys.stderr)
+            return 3
+        print("slim_image_archive: the config alone: every layer is unpacked on the node", file=sys.stderr)
+        return 0
     if len(argv) != 3:
         print(__doc__.strip().split("\n\n")[-1], file=sys.stderr)
         return 2

@@ -118,3 +118,52 @@ def test_containerd_names() -> None:
     assert slim.containerd_name("pets-training/trainer:0.1.0") == "docker.io/pets-training/trainer:0.1.0"
     assert slim.containerd_name("busybox:1") == "docker.io/library/busybox:1"
     assert slim.containerd_name("localhost/pets/x:1") == "localhost/pets/x:1"
+
+
+def config_and_earlier_manifest() -> tuple[bytes, bytes]:
+    """The config docker keeps for pets/app:1 (a new revision label, the same layers) and the manifest
+    of the build the node holds, as the first slim load wrote it."""
+    files = convert(legacy_archive(), set(), {})
+    earlier = the_manifest(files)
+    config = json.dumps({"architecture": "amd64", "os": "linux", "config": {"Labels": {"revision": "2"}},
+                         "rootfs": {"type": "layers", "diff_ids": [sha(BASE), sha(APP)]}}).encode()
+    return config, json.dumps(earlier).encode()
+
+
+def config_only(config: bytes, image_id: str, present: set[str], earlier: bytes) -> tuple[str | None, bytes]:
+    out = io.BytesIO()
+    why_not = slim.config_only(out, config, image_id, "pets/app:1", present, earlier)
+    return why_not, out.getvalue()
+
+
+def test_a_node_with_every_layer_unpacked_gets_the_config_alone_with_the_layers_sizes() -> None:
+    config, earlier = config_and_earlier_manifest()
+    why_not, layout = config_only(config, sha(config), set(slim.chain_ids([sha(BASE), sha(APP)])), earlier)
+    assert why_not is None
+    with tarfile.open(fileobj=io.BytesIO(layout)) as tar:
+        files = {m.name: tar.extractfile(m).read() for m in tar if m.isfile()}  # type: ignore[union-attr]
+    manifest = the_manifest(files)
+    assert manifest["config"]["digest"] == sha(config) and config in set(files.values())
+    assert [(layer["digest"], layer["size"]) for layer in manifest["layers"]] == \
+        [(sha(BASE), len(BASE)), (sha(APP), len(APP))]
+    assert BASE not in set(files.values()) and APP not in set(files.values())
+
+
+@pytest.mark.parametrize(("case", "reason"), [
+    ("a layer not unpacked", "1 of its 2 layers are not unpacked on the node"),
+    ("no earlier manifest", "the node's earlier build does not give every layer's size"),
+    ("another image's config", "the config read is not image"),
+])
+def test_the_config_alone_is_refused_writing_nothing_when_the_node_cannot_take_it(
+        case: str, reason: str) -> None:
+    config, earlier = config_and_earlier_manifest()
+    chains = slim.chain_ids([sha(BASE), sha(APP)])
+    present, image_id = set(chains), sha(config)
+    if case == "a layer not unpacked":
+        present = {chains[0]}
+    elif case == "no earlier manifest":
+        earlier = b""
+    else:
+        image_id = sha(b"another config")
+    why_not, layout = config_only(config, image_id, present, earlier)
+    assert why_not is not None and why_not.startswith(reason) and layout == b""
