@@ -537,6 +537,8 @@ up_local() {
     for ((n = 1; n <= NODES; n++)); do select_node "$n"; netpol_up "$NODE"; done
     netpol_enforcer >"$PETS_STATE/netpol-enforcer"
     log "phase NetworkPolicy enforcer ($(cat "$PETS_STATE/netpol-enforcer"), on $NODES node(s)): $((SECONDS - t)) s"
+  else
+    rm -f "$PETS_STATE/netpol-enforcer"
   fi
   t=$SECONDS
   apply_coredns

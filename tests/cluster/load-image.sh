@@ -142,10 +142,13 @@ case "${1:-}" in
         { ctr_ snapshots ls; ctr_ content ls; } >"$fifos/present-$i"
         # The usual case of a commit that changed neither src/ nor operator/: a new config (the revision
         # label), the same layers. Nothing of the 6 GB is read then, not even by docker save.
-        ctr_ content get "$(ctr_ images ls "name==$keep" | awk 'NR == 2 { print $3 }')" >"$fifos/earlier-$i" || true
-        if [[ -r $config ]] && python3 "$HERE/slim_image_archive.py" --config-only "$config" "$id" "$1" \
-             "$fifos/present-$i" "$fifos/earlier-$i" >"$fifos/layout-$i" 2>"$fifos/why-$i" &&
-           ctr_ images import "$fifos/layout-$i" >/dev/null; then
+        ctr_ content get "$(ctr_ images ls "name==$keep" | awk 'NR == 2 { print $3 }')" >"$fifos/earlier-$i" 2>/dev/null ||
+          true
+        if [[ ! -r $config ]]; then
+          echo "not the config alone: docker keeps no config at $config" >"$fifos/why-$i"
+        elif python3 "$HERE/slim_image_archive.py" --config-only "$config" "$id" "$1" \
+               "$fifos/present-$i" "$fifos/earlier-$i" >"$fifos/layout-$i" 2>"$fifos/why-$i" &&
+             ctr_ images import "$fifos/layout-$i" >/dev/null; then
           how[$i]="the config alone"
           continue
         fi
