@@ -533,10 +533,12 @@ up_local() {
   log "phase nodes ($NODES): $((SECONDS - t)) s"
   if [[ $NETPOL == 1 ]]; then
     # Before any pod of ours starts, so every pod a NetworkPolicy selects is policed from its first packet.
+    # The kernel is probed once (netpol_enforcer), and node-start reads the choice back.
     t=$SECONDS
-    for ((n = 1; n <= NODES; n++)); do select_node "$n"; netpol_up "$NODE"; done
     netpol_enforcer >"$PETS_STATE/netpol-enforcer"
-    log "phase NetworkPolicy enforcer ($(cat "$PETS_STATE/netpol-enforcer"), on $NODES node(s)): $((SECONDS - t)) s"
+    export PETS_NETPOL_ENFORCER; PETS_NETPOL_ENFORCER=$(cat "$PETS_STATE/netpol-enforcer")
+    for ((n = 1; n <= NODES; n++)); do select_node "$n"; netpol_up "$NODE"; done
+    log "phase NetworkPolicy enforcer ($PETS_NETPOL_ENFORCER, on $NODES node(s)): $((SECONDS - t)) s"
   else
     rm -f "$PETS_STATE/netpol-enforcer"
   fi
@@ -583,7 +585,7 @@ start_node() {
   select_node_named "$1"
   up_node "$NODE_INDEX"
   wait_node_ready "$NODE_INDEX"
-  if [[ -s "$PETS_STATE/netpol-enforcer" ]]; then netpol_up "$NODE"; fi
+  if [[ -s "$PETS_STATE/netpol-enforcer" ]]; then PETS_NETPOL_ENFORCER=$(cat "$PETS_STATE/netpol-enforcer") netpol_up "$NODE"; fi
   log "node $NODE is back"
 }
 

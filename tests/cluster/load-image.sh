@@ -60,12 +60,15 @@ containerd_ref() {
   echo "$name"
 }
 
+# The digest (of its manifest) that the image named REF points at; nothing when there is none.
+image_digest() { ctr_ images ls "name==$1" | awk 'NR == 2 { print $3 }'; }
+
 # The image REF named before, and every other name of it (the CRI adds "sha256:<config>" names), is
 # removed, so its content and unpacked layers (12 GB for the trainer) do not pile up across loads.
 # A container that still uses them keeps them alive.
 remove_superseded() {
   local digest names
-  digest=$(ctr_ images ls "name==$1" | awk 'NR == 2 { print $3 }')
+  digest=$(image_digest "$1")
   [[ -n $digest ]] || return 0
   mapfile -t names < <(ctr_ images ls | awk -v d="$digest" 'NR > 1 && $3 == d { print $1 }')
   log "removing the superseded $1 (${digest:7:12}; ${#names[@]} names)"
@@ -142,8 +145,7 @@ case "${1:-}" in
         { ctr_ snapshots ls; ctr_ content ls; } >"$fifos/present-$i"
         # The usual case of a commit that changed neither src/ nor operator/: a new config (the revision
         # label), the same layers. Nothing of the 6 GB is read then, not even by docker save.
-        ctr_ content get "$(ctr_ images ls "name==$keep" | awk 'NR == 2 { print $3 }')" >"$fifos/earlier-$i" 2>/dev/null ||
-          true
+        ctr_ content get "$(image_digest "$keep")" >"$fifos/earlier-$i" 2>/dev/null || true
         if [[ ! -r $config ]]; then
           echo "not the config alone: docker keeps no config at $config" >"$fifos/why-$i"
         elif python3 "$HERE/slim_image_archive.py" --config-only "$config" "$id" "$1" \
@@ -190,7 +192,7 @@ case "${1:-}" in
       [[ ${updates[$i]} == true ]] || continue
       ctr_ images rm --sync "$keep" >/dev/null
       remove_orphans
-      mapfile -t layers < <(ctr_ content get "$(ctr_ images ls "name==$ref" | awk 'NR == 2 { print $3 }')" |
+      mapfile -t layers < <(ctr_ content get "$(image_digest "$ref")" |
         python3 -c 'import json, sys; print(*(layer["digest"] for layer in json.load(sys.stdin)["layers"]), sep="\n")')
       ctr_ content rm "${layers[@]}" >/dev/null 2>&1 || true  # blobs left out were never there
     done
