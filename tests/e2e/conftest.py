@@ -8,6 +8,7 @@ it never skips.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import subprocess
 import time
@@ -119,25 +120,55 @@ def _guardrails_these_tests_need() -> list[str]:
             "--set-json", 'guardrails.serviceAccountNames=["nope"]']
 
 
-@pytest.fixture(scope="session")
-def operator_release(kube_api: Any) -> Iterator[str]:
-    """The chart installed with helm, its operator Deployment rolled out. Uninstalled afterwards."""
-    helm = helm_binary()
-    env = {**os.environ, "KUBECONFIG": str(cluster_kubeconfig())}
+def _install_release(kube_api: Any, env: dict[str, str]) -> None:
     # Helm installs crds/ only on a first install and never upgrades them: a cluster kept from an
     # earlier run would test today's operator against yesterday's schema (unknown fields pruned).
     # Apply the CRD the way docs/chart.md tells users to when they upgrade.
     crds = REPO / "charts" / "pets-training" / "crds"
     kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crds))
-    subprocess.run([helm, "upgrade", "--install", RELEASE, str(REPO / "charts" / "pets-training"),
+    subprocess.run([helm_binary(), "upgrade", "--install", RELEASE, str(REPO / "charts" / "pets-training"),
                     "--namespace", OPERATOR_NAMESPACE, "--create-namespace",
                     "--set", "image.pullPolicy=IfNotPresent", *_guardrails_these_tests_need(),
                     *_on_control_plane(kube_api),
                     "--wait", "--timeout", "5m"],
                    env=env, check=True)
+
+
+@contextlib.contextmanager
+def _release_users(shared_dir: Path) -> Iterator[int]:
+    """The count of pytest processes using the release (tests/e2e/run.sh runs two with pytest-xdist),
+    held under a lock: the first one in installs it, the last one out uninstalls it."""
+    with open(shared_dir / "operator-release.lock", "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            lock.seek(0)
+            yield int(lock.read().strip() or 0)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _set_release_users(shared_dir: Path, users: int) -> None:
+    (shared_dir / "operator-release.lock").write_text(str(users))
+
+
+@pytest.fixture(scope="session")
+def operator_release(kube_api: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The chart installed with helm, its operator Deployment rolled out; uninstalled after the last test
+    that uses it, in this process or in the other pytest-xdist worker."""
+    env = {**os.environ, "KUBECONFIG": str(cluster_kubeconfig())}
+    # One directory for every worker of this run (pytest-xdist gives each its own basetemp under it).
+    shared_dir = tmp_path_factory.getbasetemp().parent if os.environ.get("PYTEST_XDIST_WORKER") \
+        else tmp_path_factory.getbasetemp()
+    with _release_users(shared_dir) as users:
+        if users == 0:
+            _install_release(kube_api, env)
+        _set_release_users(shared_dir, users + 1)
     yield RELEASE
-    subprocess.run([helm, "uninstall", RELEASE, "--namespace", OPERATOR_NAMESPACE, "--wait"],
-                   env=env, check=False)
+    with _release_users(shared_dir) as users:
+        _set_release_users(shared_dir, users - 1)
+        if users == 1:
+            subprocess.run([helm_binary(), "uninstall", RELEASE, "--namespace", OPERATOR_NAMESPACE, "--wait"],
+                           env=env, check=False)
 
 
 @contextlib.contextmanager

@@ -28,7 +28,9 @@ from trainings import (
     pod_of_rank,
 )
 
-pytestmark = pytest.mark.e2e
+# Alone, after the others (tests/e2e/run.sh): a node lost would restart every training on it, and the
+# spread of ranks over two nodes needs their CPU free.
+pytestmark = [pytest.mark.e2e, pytest.mark.cluster_wide]
 
 ATTEMPT_LABEL = "training.pets.dev/attempt"
 # node-monitor-grace-period (50 s) + nodeLostSeconds + a reconcile: the bound for a lost node

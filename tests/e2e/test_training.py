@@ -114,6 +114,8 @@ def test_worker_crash_mid_training_restarts_gang_and_resumes(trainings: Training
     assert "resume: continuing" in rank0, rank0[-3000:]
 
 
+# Alone, after the others (tests/e2e/run.sh): every training waits on the operator while it is gone.
+@pytest.mark.cluster_wide
 def test_operator_deleted_mid_run_keeps_one_job_and_resumes_status(trainings: Trainings,
                                                                    kube_api: Any) -> None:
     from kubernetes import client
