@@ -57,15 +57,16 @@ suites+=(tests/e2e/test_network_policy.py)
 # the operator deleted) run after, alone.
 e2e_workers=${PETS_E2E_WORKERS:-2}
 [[ $e2e_workers =~ ^[0-9]+$ ]] || die "PETS_E2E_WORKERS=$e2e_workers: give a number of pytest-xdist workers (0 or 1: one test at a time)"
+pytest_flags=(--capture=tee-sys --durations=0)
 pytest_e2e() {
   # pytest's exit status 5 is "no test selected": a -k that picks tests of one part only.
   local rc=0
-  .venv/bin/pytest --capture=tee-sys --durations=0 "$@" || rc=$?
+  .venv/bin/pytest "${pytest_flags[@]}" "$@" || rc=$?
   ((rc == 0 || rc == 5)) || exit "$rc"
   return "$rc"
 }
 if ((e2e_workers <= 1)); then
-  .venv/bin/pytest -m e2e --capture=tee-sys --durations=0 "${suites[@]}" "$@"
+  .venv/bin/pytest "${pytest_flags[@]}" -m e2e "${suites[@]}" "$@"
 else
   together=0 alone=0
   pytest_e2e -m "e2e and not cluster_wide" -n "$e2e_workers" --dist loadfile --no-loadscope-reorder -rP "${suites[@]}" "$@" || together=$?
