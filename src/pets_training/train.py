@@ -26,7 +26,6 @@ from accelerate import Accelerator
 from accelerate.data_loader import skip_first_batches
 from accelerate.utils import ProjectConfiguration, broadcast_object_list, gather_object, set_seed
 from torch import nn
-from torch.utils.data import DataLoader
 
 from .checkpoint import (
     SHARE_PROBE,
@@ -42,6 +41,7 @@ from .checkpoint import (
 from .config import TrainConfig, resolve, to_yaml
 from .contract import PodContract, ProcessContext
 from .data import EpochShuffleSampler, PetsData, build_data, check_fits_world, report_counts, write_report
+from .inputs import EvalStore, build_eval_store, evaluate, start_worker_server, train_loader
 from .model import cpu_runs_bf16_natively, create_model, inner_model, resolve_precision, trainable_module
 from .progress import (
     DATASET_GAUGE_KEYS,
@@ -55,7 +55,7 @@ from .progress import (
     plot_metrics,
     write_summary,
 )
-from .resources import cpu_limit, plan_cpu
+from .resources import CpuLimit, CpuPlan, cpu_limit, plan_cpu
 from .stepsave import SaveClock, StopRequest, decide
 
 if TYPE_CHECKING:
@@ -93,36 +93,6 @@ class Normalise:
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
         out = images.float() * self.scale - self.shift
         return out.contiguous(memory_format=self.memory_format)
-
-
-def evaluate(
-    model: nn.Module,
-    loader: DataLoader,
-    accelerator: Accelerator,
-    normalise: Callable[[torch.Tensor], torch.Tensor],
-    gather: str = "metrics",
-) -> tuple[int, int]:
-    """(correct, counted) over the eval set, across all processes.
-
-    ``gather="metrics"`` uses ``gather_for_metrics``, which drops the samples the sharded loader repeated
-    to give every process a full last batch; ``gather="plain"`` is the tutorial's ``gather``, which counts
-    them when the eval set does not divide by the world size.
-    """
-    model.eval()
-    correct = 0
-    counted = 0
-    with torch.no_grad():
-        for images, labels in loader:
-            predictions = model(normalise(images)).argmax(dim=-1)
-            if gather == "metrics":
-                predictions, labels = accelerator.gather_for_metrics((predictions, labels))
-            elif gather == "plain":
-                predictions, labels = accelerator.gather(predictions), accelerator.gather(labels)
-            else:
-                raise ValueError(f"gather must be 'metrics' or 'plain', got {gather!r}")
-            correct += int((predictions == labels).sum().item())
-            counted += int(labels.numel())
-    return correct, counted
 
 
 def _fingerprint(cfg: TrainConfig, num_classes: int) -> dict[str, Any]:
@@ -168,21 +138,6 @@ def _shared_checkpoint_host(accelerator: Accelerator, directory: Path, local_wor
     return host if shared else None
 
 
-def _dataloaders(
-    data: PetsData, cfg: TrainConfig, workers: int, pin: bool
-) -> tuple[DataLoader, DataLoader, EpochShuffleSampler]:
-    sampler = EpochShuffleSampler(len(data.train), cfg.seed)
-    common: dict[str, Any] = {"num_workers": workers, "pin_memory": pin, "persistent_workers": workers > 0}
-    if workers > 0:
-        # Workers start from a forkserver, not a fork of this process: by the first batch the process
-        # has gloo's and the metrics server's threads, and a fork copies whatever lock one of them
-        # holds. A rank's worker once hung that way for good (2026-11-24), and its peer with it.
-        common["multiprocessing_context"] = "forkserver"
-    train = DataLoader(data.train, batch_size=cfg.batch_size, sampler=sampler, **common)
-    evals = DataLoader(data.eval, batch_size=cfg.eval_batch_size, shuffle=False, **common)
-    return train, evals, sampler
-
-
 @dataclass
 class Training:
     """What setup made: the accelerator, what it prepared, and where the outputs go."""
@@ -194,10 +149,11 @@ class Training:
     optimizer: AcceleratedOptimizer
     scheduler: AcceleratedScheduler
     train_loader: DataLoaderShard
-    eval_loader: DataLoaderShard
     train_sampler: EpochShuffleSampler
     output_dir: Path
     checkpoint_dir: Path
+    eval_workers: int  # DataLoader workers that build the eval store at the first evaluation
+    eval_store: EvalStore | None = None
     attempt: int | None = None  # $PETS_ATTEMPT, the checkpoint fence's token (None: no fence)
     # rank 0's hostname when every machine shares checkpoint_dir (rank 0 alone publishes), else None
     shared_checkpoint_host: str | None = None
@@ -328,7 +284,12 @@ def setup(cfg: TrainConfig, pod: PodContract, process: ProcessContext) -> Traini
     """Accelerator, data, model, optimiser and OneCycle schedule, prepared by accelerate."""
     on_gpu = torch.cuda.is_available()
     output_dir = cfg.resolved_output_dir(pod.output_dir)
-    accelerator, workers = _make_accelerator(cfg, pod, process, on_gpu, output_dir)
+    limit = cpu_limit(pod.cpu_limit)
+    cpu = plan_cpu(limit.cpus, process.local_world_size, cfg.threads, cfg.num_workers)
+    if cpu.workers:
+        start_worker_server()  # before Accelerator(): no thread of gloo or ours exists yet
+    accelerator = _make_accelerator(cfg, process, on_gpu, output_dir, limit, cpu)
+    workers = cpu.workers
 
     data = build_data(
         cfg.data,
@@ -352,14 +313,12 @@ def setup(cfg: TrainConfig, pod: PodContract, process: ProcessContext) -> Traini
         module = module.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
     normalise = Normalise(model, accelerator.device, cfg.channels_last)
 
-    train_loader, eval_loader, train_sampler = _dataloaders(data, cfg, workers, pin=on_gpu)
+    loader, train_sampler = train_loader(data, cfg, workers, pin=on_gpu)
     optimizer = torch.optim.Adam([p for p in module.parameters() if p.requires_grad], lr=cfg.lr / 25)
     scheduler = torch.optim.lr_scheduler.OneCycleLR(
-        optimizer, max_lr=cfg.lr, epochs=cfg.epochs, steps_per_epoch=len(train_loader)
+        optimizer, max_lr=cfg.lr, epochs=cfg.epochs, steps_per_epoch=len(loader)
     )
-    module, optimizer, train_loader, eval_loader, scheduler = accelerator.prepare(
-        module, optimizer, train_loader, eval_loader, scheduler
-    )
+    module, optimizer, loader, scheduler = accelerator.prepare(module, optimizer, loader, scheduler)
     checkpoint_dir = cfg.resolved_checkpoint_dir(pod.output_dir)
     shared_host = None
     if cfg.checkpoints:
@@ -367,14 +326,14 @@ def setup(cfg: TrainConfig, pod: PodContract, process: ProcessContext) -> Traini
         # shared: accelerate's own mode for a shared file system, one copy of the model, optimizer and
         # scheduler (rank 0's); every rank still writes its random_states_<rank>.pkl
         accelerator.project_configuration.save_on_each_node = shared_host is None
-    return Training(accelerator, data, module, normalise, optimizer, scheduler, train_loader, eval_loader,
-                    train_sampler, output_dir, checkpoint_dir, shared_checkpoint_host=shared_host)
+    return Training(accelerator, data, module, normalise, optimizer, scheduler, loader, train_sampler,
+                    output_dir, checkpoint_dir, workers, shared_checkpoint_host=shared_host)
 
 
 def _make_accelerator(
-    cfg: TrainConfig, pod: PodContract, process: ProcessContext, on_gpu: bool, output_dir: Path
-) -> tuple[Accelerator, int]:
-    """The Accelerator, the seed, and this process's threads; returns it and the DataLoader workers."""
+    cfg: TrainConfig, process: ProcessContext, on_gpu: bool, output_dir: Path, limit: CpuLimit, cpu: CpuPlan
+) -> Accelerator:
+    """The Accelerator, the seed, and this process's threads (``cpu``, planned from ``limit``)."""
     requested = cfg.mixed_precision or process.mixed_precision or "fp16"
     precision = resolve_precision(requested, on_gpu, on_gpu or cpu_runs_bf16_natively())
     accelerator = Accelerator(
@@ -384,9 +343,7 @@ def _make_accelerator(
     )
     setup_logging(accelerator.process_index)
 
-    limit = cpu_limit(pod.cpu_limit)
     local_processes = process.local_world_size
-    cpu = plan_cpu(limit.cpus, local_processes, cfg.threads, cfg.num_workers)
     torch.set_num_threads(cpu.threads)
     set_seed(cfg.seed)
     rank_log.info(
@@ -416,7 +373,7 @@ def _make_accelerator(
             cpu.threads,
             cpu.workers,
         )
-    return accelerator, cpu.workers
+    return accelerator
 
 
 def _step_checkpoint_fits(saved: dict[str, Any], t: Training) -> str:
@@ -485,7 +442,13 @@ def run_epoch(
     if state.stopped:
         return
     state.split.charge()
-    correct, counted = evaluate(t.module, t.eval_loader, t.accelerator, t.normalise)
+    if t.eval_store is None:  # built once, at the first evaluation of this run
+        t.eval_store = build_eval_store(t.data.eval, cfg.eval_batch_size, t.accelerator.process_index,
+                                        t.accelerator.num_processes, t.eval_workers, t.accelerator.device)
+        log.info("eval store: %d image(s) of this process in %d batch(es), %.1f MiB on %s",
+                 t.eval_store.samples, len(t.eval_store),
+                 t.eval_store.nbytes / 2**20, t.accelerator.device)
+    correct, counted = evaluate(t.module, t.eval_store, t.accelerator, t.normalise)
     state.split.charge("eval")
     _serve_time(metrics, state.split)
     accuracy = correct / counted

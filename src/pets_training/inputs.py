@@ -1,0 +1,145 @@
+"""The input pipeline: where the DataLoader workers come from, the training loader, and the eval store.
+
+Workers fork from a forkserver that has imported torch, torchvision and the datasets' module once
+(``start_worker_server``), started before the process has any thread of gloo or the metrics server: a
+fork of the training process itself could copy a lock one of those threads holds (a rank's worker once
+hung that way for good, 2026-11-24), and a forkserver without the preload makes every worker import
+torch again (about 3 s of CPU each).
+
+Evaluation reads an :class:`EvalStore`: this process's shard of the eval set, decoded and resized once
+(the eval transform is deterministic) into uint8 batches of one shape, the last one padded and masked.
+Every later evaluation is its forward passes alone, with no loader or worker started.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import multiprocessing
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.utils.data import DataLoader, Subset
+
+from .data import EpochShuffleSampler, PetsData, PetsImages
+
+if TYPE_CHECKING:
+    from accelerate import Accelerator
+    from torch import nn
+
+    from .config import TrainConfig
+
+log = logging.getLogger(__name__)
+
+WORKER_CONTEXT = "forkserver"
+# imported once by the forkserver; every worker forks with them (the datasets unpickle from .data)
+WORKER_PRELOAD = ("torch", "torch.utils.data", "pets_training.data")
+
+
+def start_worker_server() -> None:
+    """Start the forkserver the DataLoader workers fork from, with WORKER_PRELOAD imported in it. It is a
+    new process (fork + exec), so no lock of this one reaches it; its imports overlap this one's setup."""
+    context = multiprocessing.get_context(WORKER_CONTEXT)
+    context.set_forkserver_preload(list(WORKER_PRELOAD))  # type: ignore[attr-defined]
+    from multiprocessing import forkserver
+
+    forkserver.ensure_running()
+
+
+def _worker_options(workers: int, pin: bool) -> dict[str, Any]:
+    options: dict[str, Any] = {"num_workers": workers, "pin_memory": pin}
+    if workers > 0:
+        options["multiprocessing_context"] = WORKER_CONTEXT
+    return options
+
+
+def train_loader(
+    data: PetsData, cfg: TrainConfig, workers: int, pin: bool
+) -> tuple[DataLoader, EpochShuffleSampler]:
+    """The training loader (persistent workers) and its sampler, whose keys carry the epoch."""
+    sampler = EpochShuffleSampler(len(data.train), cfg.seed)
+    loader = DataLoader(data.train, batch_size=cfg.batch_size, sampler=sampler,
+                        persistent_workers=workers > 0, **_worker_options(workers, pin))
+    return loader, sampler
+
+
+def eval_shard(n: int, rank: int, world: int, batch_size: int) -> tuple[list[int], int, int]:
+    """This process's eval indices (every ``world``-th from ``rank``: the shards are disjoint and cover
+    the set), the batch size every process uses (at most ``batch_size``, no larger than the largest
+    shard) and the number of batches every process runs: the same on all, so collectives line up."""
+    largest = math.ceil(n / world)
+    batch = max(1, min(batch_size, largest))
+    return list(range(rank, n, world)), batch, math.ceil(largest / batch)
+
+
+@dataclass
+class EvalStore:
+    """This process's eval shard as uint8 NCHW batches of one shape on the device, with labels and a
+    mask of the real samples (the padding of the last batches is False)."""
+
+    images: list[torch.Tensor]
+    labels: list[torch.Tensor]
+    valid: list[torch.Tensor]
+    samples: int  # the real ones
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        return iter(zip(self.images, self.labels, self.valid, strict=True))
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.images)
+
+
+def build_eval_store(
+    dataset: PetsImages, batch_size: int, rank: int, world: int, workers: int, device: torch.device
+) -> EvalStore:
+    """Decode and resize this process's eval shard once (in ``workers`` forkserver workers, gone when
+    done; 0: here) into an :class:`EvalStore` on ``device``."""
+    indices, batch, batches = eval_shard(len(dataset), rank, world, batch_size)
+    loader = DataLoader(Subset(dataset, indices), batch_size=batch,
+                        **_worker_options(min(workers, batches), device.type == "cuda"))
+    images: list[torch.Tensor] = []
+    labels: list[torch.Tensor] = []
+    valid: list[torch.Tensor] = []
+    for chunk, chunk_labels in loader:
+        images.append(_pad(chunk, batch))
+        labels.append(_pad(chunk_labels, batch))
+        valid.append(torch.arange(batch) < chunk.shape[0])
+    while len(images) < batches:  # a short shard: masked batches, so every process runs as many
+        images.append(torch.zeros_like(images[0]))  # check_fits_world: every shard has a sample
+        labels.append(torch.zeros(batch, dtype=torch.long))
+        valid.append(torch.zeros(batch, dtype=torch.bool))
+    def to_device(ts: list[torch.Tensor]) -> list[torch.Tensor]:
+        return [t.to(device, non_blocking=True) for t in ts]
+
+    return EvalStore(to_device(images), to_device(labels), to_device(valid), len(indices))
+
+
+def _pad(t: torch.Tensor, size: int) -> torch.Tensor:
+    if t.shape[0] == size:
+        return t
+    return torch.cat([t, t.new_zeros((size - t.shape[0], *t.shape[1:]))])
+
+
+def evaluate(
+    model: nn.Module,
+    store: EvalStore,
+    accelerator: Accelerator,
+    normalise: Callable[[torch.Tensor], torch.Tensor],
+) -> tuple[int, int]:
+    """(correct, counted) over the eval set, across all processes. Each sample is in one shard and the
+    padding is masked, so the sum over processes counts every sample once (as ``gather_for_metrics`` did),
+    with one collective per pass and no host sync per batch."""
+    model.eval()
+    totals = torch.zeros(2, dtype=torch.long, device=accelerator.device)
+    with torch.no_grad():
+        for images, labels, valid in store:
+            hits = (model(normalise(images)).argmax(dim=-1) == labels) & valid
+            totals += torch.stack([hits.sum(), valid.sum()])
+    summed = accelerator.reduce(totals, "sum")
+    return int(summed[0].item()), int(summed[1].item())

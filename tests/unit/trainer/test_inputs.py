@@ -1,0 +1,82 @@
+"""The input pipeline (``pets_training.inputs``): the preloaded forkserver the workers fork from, the eval
+shards and the eval store (static batch shapes, padding masked, every sample counted once)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from accelerate import Accelerator
+
+from pets_training.data import build_data
+from pets_training.inputs import build_eval_store, eval_shard, evaluate, start_worker_server
+from pets_training.model import create_model, trainable_module
+from pets_training.train import Normalise
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.mark.parametrize("n", [1, 7, 9, 160, 1478])
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+@pytest.mark.parametrize("batch_size", [1, 4, 128])
+def test_the_shards_cover_the_set_once_in_batches_of_one_shape(n: int, world: int, batch_size: int) -> None:
+    if n < world:
+        return  # check_fits_world refuses it
+    seen: list[int] = []
+    plans = set()
+    for rank in range(world):
+        indices, batch, batches = eval_shard(n, rank, world, batch_size)
+        assert 1 <= batch <= batch_size and len(indices) <= batch * batches
+        assert len(indices) > batch * (batches - 2)  # at most one batch of padding beyond the last real one
+        seen += indices
+        plans.add((batch, batches))
+    assert sorted(seen) == list(range(n))
+    assert len(plans) == 1  # every process runs as many batches of one shape
+
+
+def test_the_store_holds_the_eval_transform_of_its_shard_padded_and_masked() -> None:
+    data = build_data("synthetic", 32, 42, 0.8, 3, 15)  # 9 eval images
+    store = build_eval_store(data.eval, 4, 1, 2, 0, torch.device("cpu"))  # rank 1 of 2: images 1, 3, 5, 7
+    assert len(store) == 2 and store.samples == 4
+    assert {tuple(t.shape) for t in store.images} == {(4, 3, 32, 32)}
+    assert [v.tolist() for v in store.valid] == [[True] * 4, [False] * 4]
+    for position, index in enumerate([1, 3, 5, 7]):
+        image, label = data.eval[index]
+        assert torch.equal(store.images[0][position], image) and int(store.labels[0][position]) == label
+    assert store.images[0].dtype == torch.uint8 and store.nbytes == 2 * 4 * 3 * 32 * 32
+
+
+def test_workers_from_the_preloaded_forkserver_build_the_same_store() -> None:
+    """The forkserver has torch loaded (the workers fork with it, nothing imported again) and one thread
+    (a fork copies no lock of another thread), and workers give the store made without them."""
+    from multiprocessing import forkserver
+
+    start_worker_server()
+    data = build_data("synthetic", 32, 42, 0.8, 3, 40)  # 24 eval images
+    here = build_eval_store(data.eval, 4, 0, 1, 0, torch.device("cpu"))
+    workers = build_eval_store(data.eval, 4, 0, 1, 2, torch.device("cpu"))
+    assert all(torch.equal(a, b) for a, b in zip(here.images, workers.images, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(here.labels, workers.labels, strict=True))
+    server = Path(f"/proc/{forkserver._forkserver._forkserver_pid}")  # type: ignore[attr-defined]
+    assert "libtorch_cpu" in (server / "maps").read_text()
+    assert len(os.listdir(server / "task")) == 1
+
+
+def test_evaluate_counts_every_image_once_as_a_plain_loop_does() -> None:
+    data = build_data("synthetic", 32, 42, 0.8, 3, 15)  # 9 eval images: batches of 4, 4 and 1 padded
+    accelerator = Accelerator(cpu=True)
+    model = create_model("resnet10t", data.num_classes)
+    module = accelerator.prepare(trainable_module(model, unfreeze=False))
+    normalise = Normalise(model, accelerator.device, channels_last=False)
+    store = build_eval_store(data.eval, 4, 0, 1, 0, accelerator.device)
+    assert [int(v.sum()) for v in store.valid] == [4, 4, 1]
+    correct, counted = evaluate(module, store, accelerator, normalise)
+    module.eval()
+    with torch.no_grad():
+        expected = sum(
+            int(module(normalise(image[None])).argmax(dim=-1).item() == label)
+            for image, label in (data.eval[i] for i in range(len(data.eval)))
+        )
+    assert (correct, counted) == (expected, 9)
