@@ -345,6 +345,8 @@ def _make_accelerator(
 
     local_processes = process.local_world_size
     torch.set_num_threads(cpu.threads)
+    # eval batches have one shape (EvalStore) and training two at most: one algorithm search per shape
+    torch.backends.cudnn.benchmark = on_gpu
     set_seed(cfg.seed)
     rank_log.info(
         "rank %d of %d ready: machine %d, local rank %d, device %s, %d threads, mixed precision %s",
