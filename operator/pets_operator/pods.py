@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from pets_training.redact import redact_urls
+
 # The trainer's exit code for an error a restart cannot fix (docs/contract.md). EX_CONFIG from
 # sysexits.h: "something was found in an unconfigured or misconfigured state".
 PERMANENT_EXIT_CODE = 78
@@ -148,7 +150,7 @@ def waiting_reason(pod: dict[str, Any], events: list[dict[str, Any]] | None = No
         return None
     for cs in [*(st.get("initContainerStatuses") or []), *(st.get("containerStatuses") or [])]:
         waiting = (cs.get("state") or {}).get("waiting") or {}
-        reason, detail = waiting.get("reason") or "", waiting.get("message") or ""
+        reason, detail = waiting.get("reason") or "", redact_urls(str(waiting.get("message") or ""))
         if reason in IMAGE_PULL_REASONS:
             image = str(cs.get("image") or _image(pod, cs.get("name", "")))
             text = f"image {image} cannot be pulled ({reason})"
@@ -249,16 +251,25 @@ def running_count(pods: list[dict[str, Any]]) -> int:
 
 def _terminated(pod: dict[str, Any]) -> dict[str, Any] | None:
     """The state of the container that ended: an init container that failed (the dataset initializer),
-    else the trainer."""
+    else the trainer. Its message (a summary, or a log tail) with URLs' credentials redacted."""
     for cs in _status(pod).get("initContainerStatuses") or []:
         term = (cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get("terminated")
         if term and term.get("exitCode"):
-            return dict(term)
+            return _redacted(term)
     for cs in _status(pod).get("containerStatuses") or []:
         term = (cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get("terminated")
         if term:
-            return dict(term)
+            return _redacted(term)
     return None
+
+
+def _redacted(term: dict[str, Any]) -> dict[str, Any]:
+    """A container's terminated state whose message shows no URL's userinfo or query string (the log
+    tail of a container that crashed before it could redact them itself)."""
+    term = dict(term)
+    if isinstance(term.get("message"), str):
+        term["message"] = redact_urls(term["message"])
+    return term
 
 
 def _disruption(pod: dict[str, Any]) -> str | None:

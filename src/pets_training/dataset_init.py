@@ -10,7 +10,9 @@ claim mounted read-write at ``--cache``. Its layout:
 A cache that holds ``.complete`` for the same source and digest is used as it is: the next training on
 the same data downloads nothing, and its log says so. Anything a restart cannot fix exits 78
 (PermanentError) with a message that names the spec field: a source that cannot be reached, a digest
-that does not match, credentials the server refuses, an archive with no images.
+that does not match, credentials the server refuses, an archive with no images, and any error not
+foreseen: a restart fetches the same source the same way. No line it writes carries a URL's userinfo or
+query string (``redact``).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from typing import Any, BinaryIO
 
 from .contract import PERMANENT_EXIT_CODE, PermanentError
 from .data import DataError, list_samples
+from .redact import redact_urls
 
 log = logging.getLogger("pets-dataset-init")
 
@@ -302,20 +305,43 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+class RedactingFilter(logging.Filter):
+    """Every record with its URLs' userinfo and query strings redacted, whoever logged it (urllib3 too),
+    and the secret parts of the source's URL wherever they appear."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__()
+        self.url = url
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg, record.args = redact_urls(record.getMessage(), self.url), None
+        return True
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s [dataset] %(message)s",
                         datefmt="%H:%M:%S")
     args = parser().parse_args(argv)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(RedactingFilter(args.url))
     source = Source(args.url, args.sha256, args.layout, args.s3_endpoint, args.s3_region,
                     args.credentials_secret)
     try:
         initialize(args.cache, source)
     except PermanentError as err:
-        log.error("%s (permanent: exit %d, a restart cannot fix this)", err, PERMANENT_EXIT_CODE)
-        if args.summary_path:
-            args.summary_path.write_text(json.dumps({"status": "failed", "error": str(err)})[:4000])
-        return PERMANENT_EXIT_CODE
+        return _fail(args.summary_path, redact_urls(str(err), source.url))
+    except Exception as err:  # noqa: BLE001 - unforeseen: a restart would fetch the same way again
+        return _fail(args.summary_path, redact_urls(f"spec.dataset.url: fetching {source.url} failed: "
+                                                    f"{type(err).__name__}: {err}", source.url))
     return 0
+
+
+def _fail(summary_path: Path | None, error: str) -> int:
+    """Exit 78 with the (redacted) error in the log and the termination message."""
+    log.error("%s (permanent: exit %d, a restart cannot fix this)", error, PERMANENT_EXIT_CODE)
+    if summary_path:
+        summary_path.write_text(json.dumps({"status": "failed", "error": error})[:4000])
+    return PERMANENT_EXIT_CODE
 
 
 if __name__ == "__main__":

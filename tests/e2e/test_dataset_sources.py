@@ -10,6 +10,7 @@ the cache and downloads nothing.
 from __future__ import annotations
 
 import hashlib
+import json
 import sys
 import tarfile
 from collections.abc import Callable
@@ -91,6 +92,16 @@ def test_an_archive_over_http_trains_and_a_wrong_digest_fails_at_once(
     status = failed_at_once(trainings, "bad-digest")
     message = status["lastFailure"]["message"]
     assert message.startswith("spec.dataset.sha256: the archive at") and digest in message, message
+
+    # A URL the fetcher cannot even parse once crashed it (exit 1, a restart): it fails at once too, and
+    # its query string (where a presigned URL's signature rides) is shown nowhere.
+    secret = "s3cr3t-signature"
+    broken = url.replace(":8080/", ":notaport/") + f"?X-Amz-Signature={secret}"
+    trainings.create("bad-port", {**ONE, "dataset": {"url": broken}})
+    status = failed_at_once(trainings, "bad-port")
+    assert status["lastFailure"]["message"].startswith("spec.dataset.url: "), status["lastFailure"]
+    events = kubectl("-n", trainings.namespace, "get", "events", "-o", "json").stdout
+    assert secret not in json.dumps(status) and secret not in events
 
 
 @pytest.fixture(scope="module")

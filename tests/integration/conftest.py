@@ -92,7 +92,8 @@ def crd(admin: client.ApiClient, kubeconfig: str) -> dict[str, Any]:
 def apply_immutability_policy(admin: client.ApiClient, kubeconfig: str) -> None:
     """The chart's ValidatingAdmissionPolicy (a template, so that a second release can leave it out),
     applied, and waited for: the API server loads a new policy a moment after it is stored. A probe
-    training with status.workloadActive shows when an edit of its replicas is refused."""
+    training with status.workloadActive shows when an edit of its replicas is refused (not suspended:
+    a suspended one takes the edit). No operator runs yet to build its workload."""
     sh(tool("kubectl"), "--kubeconfig", kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", "-",
        stdin=sh(tool("helm"), "template", RELEASE, str(CHART), "--show-only",
                 "templates/immutability-policy.yaml"))
@@ -100,7 +101,7 @@ def apply_immutability_policy(admin: client.ApiClient, kubeconfig: str) -> None:
     probe = f"policy-probe-{SUFFIX}"
     custom.create_namespaced_custom_object(api.GROUP, api.VERSION, "default", api.PLURAL, {
         "apiVersion": f"{api.GROUP}/{api.VERSION}", "kind": api.KIND, "metadata": {"name": probe},
-        "spec": {"suspend": True}})
+        "spec": {"suspend": False}})
     try:
         custom.patch_namespaced_custom_object_status(api.GROUP, api.VERSION, "default", api.PLURAL, probe,
                                                      {"status": {"workloadActive": True}})
@@ -204,7 +205,8 @@ class TrainerMetrics:
         self.registry = CollectorRegistry()
         self.gauges = {name: Gauge(name, name, registry=self.registry) for name in (
             "pets_epoch", "pets_total_epochs", "pets_train_loss", "pets_eval_accuracy",
-            "pets_images_per_second", "pets_elapsed_seconds", "pets_eta_seconds")}
+            "pets_images_per_second", "pets_elapsed_seconds", "pets_eta_seconds", "pets_step",
+            "pets_steps_total")}
         self.port = free_port()
         self.server, self.thread = start_http_server(self.port, addr="127.0.0.1", registry=self.registry)
 

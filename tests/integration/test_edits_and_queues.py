@@ -68,6 +68,45 @@ def test_an_edit_while_suspended_takes_effect_on_resume(admin: client.ApiClient,
     assert "spec.epochs is immutable while the training's workload runs" in err.value.body
 
 
+def _workload_active(admin: client.ApiClient, ns: str, name: str) -> bool:
+    return bool(((get_training(admin, ns, name) or {}).get("status") or {}).get("workloadActive"))
+
+
+def test_an_edit_is_taken_as_soon_as_suspend_is_asked(admin: client.ApiClient, operator: Any,
+                                                       namespace: str) -> None:
+    """No message tells a user to suspend a training they have just suspended: once spec.suspend is true
+    (before the edit, or in the same write) the edit is taken, though the workload is still going."""
+    create_training(admin, namespace, "draining", replicas=2, epochs=3)
+    the_job(admin, namespace, "draining")
+    run_job(admin, namespace, "draining", 2)
+    wait_for("status.workloadActive", lambda: _workload_active(admin, namespace, "draining"))
+    operator.stop()  # holds open the moments between the suspend and the workload's going
+    try:
+        with pytest.raises(ApiException) as err:
+            patch_spec(admin, namespace, "draining", {"replicas": 3})
+        assert err.value.status == 422 and "set spec.suspend: true with the edit" in err.value.body
+        patch_spec(admin, namespace, "draining", {"suspend": True})
+        assert _workload_active(admin, namespace, "draining")  # the window the edit used to be refused in
+        patch_spec(admin, namespace, "draining", {"replicas": 3})
+    finally:
+        operator.start()
+    rebuilt = the_job(admin, namespace, "draining-r1")
+    assert rebuilt.spec.suspend is True and rebuilt.spec.parallelism == 3
+    wait_for("the Job built from the old spec to go",
+             lambda: [j.metadata.name for j in jobs(admin, namespace)] == ["draining-r1"])
+    wait_phase(admin, namespace, "draining", api.SUSPENDED)
+
+    # Running again: suspend and edit in one write are taken too.
+    patch_spec(admin, namespace, "draining", {"suspend": False})
+    wait_for("the rebuilt Job to be resumed",
+             lambda: the_job(admin, namespace, "draining-r1").spec.suspend is False)
+    run_job(admin, namespace, "draining-r1", 3)
+    wait_for("status.workloadActive", lambda: _workload_active(admin, namespace, "draining"))
+    patch_spec(admin, namespace, "draining", {"suspend": True, "epochs": 4})
+    again = the_job(admin, namespace, "draining-r2")
+    assert again.spec.suspend is True and _flag(again, "--epochs") == "4"
+
+
 def _set_job_suspend(admin: client.ApiClient, ns: str, name: str, value: bool) -> None:
     client.BatchV1Api(admin).patch_namespaced_job(name, ns, {"spec": {"suspend": value}},
                                                   field_manager="kueue-stand-in")

@@ -214,6 +214,22 @@ def test_a_crash_without_a_message_keeps_the_kubelets_log_tail() -> None:
     assert f.message == "exited with code 1"
 
 
+def test_a_urls_credentials_never_reach_the_failure() -> None:
+    """A fetcher that crashed before it could redact (the kubelet's log tail), or a summary quoting the
+    URL: neither the userinfo nor the query string of a URL reaches the status."""
+    crash = ("Traceback (most recent call last):\nhttp.client.InvalidURL: nonnumeric port: "
+             "'https://user:pa55word@host:x/a.tar?X-Amz-Signature=5ig'\n")
+    init = {"name": "dataset", "state": {"terminated": {"exitCode": 1, "reason": "Error", "message": crash,
+                                                        "finishedAt": "2026-01-02T03:00:02Z"}}}
+    f = pods.first_failure([pod(0, phase="Failed", waiting="PodInitializing", initContainerStatuses=[init])],
+                           RANK_OF)
+    assert f is not None and f.log_tail is not None and "https://REDACTED@host:x/a.tar?REDACTED" in f.log_tail
+    assert "pa55word" not in f.log_tail and "5ig" not in f.log_tail
+    summary = json.dumps({"status": "failed", "error": "spec.dataset.url: http://u:pa55word@h/x?sig=5ig refused"})
+    f = pods.first_failure([failed(0, 78, "2026-01-02T03:00:01Z", message=summary)], RANK_OF)
+    assert f is not None and f.message == "spec.dataset.url: http://REDACTED@h/x?REDACTED refused"
+
+
 def test_oom_kill() -> None:
     f = pods.first_failure([failed(1, 137, "2026-01-02T03:00:01Z", reason="OOMKilled")], RANK_OF)
     assert f is not None and f.cause == "OOMKilled" and not f.caused_by_cluster

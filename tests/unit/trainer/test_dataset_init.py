@@ -141,3 +141,22 @@ def test_main_exits_78_and_writes_the_reason_for_the_operator(tmp_path: Path,
     assert code == 78
     record = json.loads(summary.read_text())
     assert record["status"] == "failed" and record["error"].startswith("spec.dataset.url: ")
+
+
+@pytest.mark.parametrize("url", [
+    "https://user:s3cr3t-pass@127.0.0.1:notaport/pets.tar",  # http.client.InvalidURL (was exit 1)
+    "http://127.0.0.1:9/pets.tar?X-Amz-Signature=s3cr3t-pass",  # unreachable, a presigned query
+])
+def test_any_source_failure_is_permanent_and_the_secret_never_shown(
+        tmp_path: Path, url: str, capfd: pytest.CaptureFixture[str]) -> None:
+    """An error nobody foresaw fails at once (exit 78, restarts 0), naming the field; neither the
+    termination message nor the log carries the URL's userinfo or query string."""
+    summary = tmp_path / "termination-log"
+    code = dataset_init.main(["--url", url, "--cache", str(tmp_path / "c"), "--summary-path", str(summary)])
+    assert code == 78
+    error = json.loads(summary.read_text())["error"]
+    assert error.startswith("spec.dataset.url: ") and "127.0.0.1" in error
+    out, err = capfd.readouterr()
+    for text in (error, out, err):
+        assert "s3cr3t" not in text and "user" not in text.split("spec.dataset.url")[-1]
+    assert "REDACTED" in error
