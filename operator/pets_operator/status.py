@@ -247,10 +247,14 @@ def _mirror_summary(status: dict[str, Any], summary: dict[str, Any], total_epoch
         ok = isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value <= top
         return float(value) if ok else None  # type: ignore[arg-type]
 
+    # The last progress read may be an epoch old: the run's own final figures win.
     for key, field_name, top in (("final_accuracy", "evalAccuracy", 1.0), ("final_train_loss", "trainLoss",
-                                 PROGRESS_TOP), ("images_per_second", "imagesPerSecond", PROGRESS_TOP)):
+                                 PROGRESS_TOP), ("images_per_second", "imagesPerSecond", PROGRESS_TOP),
+                                 ("elapsed_seconds", "elapsedSeconds", PROGRESS_TOP)):
         if (value := number(key, top)) is not None:
             status[field_name] = value
+    if summary.get("status") == "succeeded" and _is_count(status.get("stepsTotal")):
+        status["step"] = status["stepsTotal"]  # every step of the run was taken
     if (skipped := number("resume_skipped_checkpoints", PROGRESS_TOP)) is not None:
         status["resumeSkippedCheckpoints"] = int(skipped)
     report = summary.get("dataset")
@@ -484,7 +488,9 @@ def _rebuild(result: Plan, spec: dict[str, Any], observed: Observed, target: bui
     kind, name = observed.workload["kind"], observed.workload["metadata"]["name"]
     message = (f"spec changed (generation {generation}) since {kind} {name} was built: "
                "rebuilding it from the new spec")
-    if status.get("workloadActive"):
+    if status.get("workloadActive") and spec["suspend"]:  # edited as it was being suspended
+        message += "; its pods stop now, and the rebuilt workload starts on resume"
+    elif status.get("workloadActive"):
         message += "; its pods restart from the newest checkpoint of this shape (not counted as a restart)"
     result.events.append(Event("Normal", "Rebuilding", message))
     result.requeue_after = 0.0

@@ -567,7 +567,7 @@ def test_progress_and_summary_are_mirrored(admin: client.ApiClient, operator: Op
     create_training(admin, namespace, "pets", replicas=2, epochs=5)
     the_job(admin, namespace, "pets")
     trainer_metrics.set(epoch=2, total_epochs=5, train_loss=0.75, eval_accuracy=0.5, images_per_second=42.5,
-                        elapsed_seconds=60, eta_seconds=90)
+                        elapsed_seconds=60, eta_seconds=90, step=20, steps_total=50)
     trainer_pods(admin, namespace, "pets", 2)
     run_job(admin, namespace, "pets", 2)
 
@@ -579,12 +579,15 @@ def test_progress_and_summary_are_mirrored(admin: client.ApiClient, operator: Op
     assert st["phase"] == api.RUNNING and st["evalAccuracy"] == 0.5 and st["trainLoss"] == 0.75
     assert st["imagesPerSecond"] == 42.5 and st["etaSeconds"] == 90 and st["lastProgressTime"]
     summary = {"status": "succeeded", "epochs": 5, "final_accuracy": 0.875, "best_accuracy": 0.9,
-               "final_train_loss": 0.25, "images_per_second": 50.0, "world_size": 2}
+               "final_train_loss": 0.25, "images_per_second": 50.0, "elapsed_seconds": 147.5, "world_size": 2}
     terminate_rank0(admin, namespace, "pets", json.dumps(summary))
     finish_job(admin, namespace, "pets", 2)
     st = wait_phase(admin, namespace, "pets", api.SUCCEEDED)["status"]
     assert st["summary"] == summary
     assert st["evalAccuracy"] == 0.875 and st["progress"] == "5/5" and st["etaSeconds"] == 0
+    # The last progress read was epochs old: every progress field is the summary's final one.
+    assert st["elapsedSeconds"] == 147.5 and st["trainLoss"] == 0.25 and st["imagesPerSecond"] == 50.0
+    assert st["step"] == st["stepsTotal"] == 50
     assert "0.8750" in st["message"]
 
 
