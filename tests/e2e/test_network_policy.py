@@ -12,9 +12,10 @@ succeeding once the policy is deleted proves the refusal was the policy's.
 
 - A training trains to Succeeded with its policy in place (across two nodes where there are two workers),
   its progress read by the operator all along.
-- While it trains, a pod in another namespace and a pod of another training in the same namespace cannot
-  open a TCP connection to rank 0's rendezvous port; once the policy is deleted, the same connection from
-  the same pod succeeds, which proves the refusals came from the policy.
+- While it trains, a pod in another namespace and a pod of the same namespace that is not its trainer
+  cannot open a TCP connection to rank 0's rendezvous port; once the policy is deleted, the same
+  connection from the same pod succeeds, which proves the refusals came from the policy. A pod made by
+  hand with the training's own labels is refused at admission (the chart's trainer-pod policy).
 - Progress the operator cannot read, because a NetworkPolicy denies it, is said in a condition.
 """
 
@@ -76,7 +77,13 @@ def enforcer(kube_api: Any) -> Iterator[list[str]]:
 
 def prober(namespace: str, name: str, labels: dict[str, str] | None = None) -> str:
     """A pod that only waits, to open connections from (the trainer image, the trainers' hardening)."""
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels or {"app": name}},
+    kubectl("-n", namespace, "apply", "-f", "-", input_text=yaml.safe_dump(probe_pod(name, labels)))
+    kubectl("-n", namespace, "wait", "--for=condition=Ready", f"pod/{name}", "--timeout=180s")
+    return name
+
+
+def probe_pod(name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels or {"app": name}},
            "spec": {"securityContext": {"runAsNonRoot": True, "runAsUser": 65532,
                                         "seccompProfile": {"type": "RuntimeDefault"}},
                     "terminationGracePeriodSeconds": 0,
@@ -87,9 +94,6 @@ def prober(namespace: str, name: str, labels: dict[str, str] | None = None) -> s
                                     "securityContext": {"allowPrivilegeEscalation": False,
                                                         "capabilities": {"drop": ["ALL"]},
                                                         "readOnlyRootFilesystem": True}}]}}
-    kubectl("-n", namespace, "apply", "-f", "-", input_text=yaml.safe_dump(pod))
-    kubectl("-n", namespace, "wait", "--for=condition=Ready", f"pod/{name}", "--timeout=180s")
-    return name
 
 
 def connects(namespace: str, pod: str, ip: str, port: int) -> bool:
@@ -121,11 +125,17 @@ def test_only_the_trainings_own_pods_reach_its_rendezvous_and_it_trains(
     if len(workers) >= 2:
         spec["placement"] = {"spreadAcrossNodes": True}
     trainings.create(name, spec)
-    # Probes started while the training starts: another tenant's pod, and a pod labelled as the trainer
-    # of another training of the same namespace (what the policy sees of one).
+    # A pod made by hand with the training's own labels is refused at admission (the chart's trainer-pod
+    # policy): it never becomes a peer that the NetworkPolicy admits.
+    impostor = probe_pod("impostor", {"training.pets.dev/training": name,
+                                      "app.kubernetes.io/component": "trainer"})
+    made = kubectl("-n", trainings.namespace, "apply", "-f", "-", input_text=yaml.safe_dump(impostor),
+                   check=False)
+    assert made.returncode != 0 and "trainingNetworkPolicy.peerAdmission.creators" in made.stderr, made
+    # Probes started while the training starts: another tenant's pod, and a pod of the same namespace
+    # that is no trainer of this training.
     outsider = prober(other_tenant.namespace, "outsider")
-    neighbour = prober(trainings.namespace, "neighbour",
-                       {"training.pets.dev/training": "other", "app.kubernetes.io/component": "trainer"})
+    neighbour = prober(trainings.namespace, "neighbour", {"app.kubernetes.io/component": "trainer"})
     policy = kubectl("-n", trainings.namespace, "get", "networkpolicy", name, "-o", "json").stdout
     assert '"training.pets.dev/training": "guarded"' in policy, policy
     # Mid-run: rank 0's rendezvous store is up for the whole run, and progress has been read (step > 0).
@@ -138,7 +148,7 @@ def test_only_the_trainings_own_pods_reach_its_rendezvous_and_it_trains(
     assert not connects(other_tenant.namespace, outsider, ip, RENDEZVOUS_PORT), \
         f"a pod in {other_tenant.namespace} reached {name}'s rendezvous {ip}:{RENDEZVOUS_PORT}"
     assert not connects(trainings.namespace, neighbour, ip, RENDEZVOUS_PORT), \
-        f"a pod of another training reached {name}'s rendezvous {ip}:{RENDEZVOUS_PORT}"
+        f"a pod of the same namespace reached {name}'s rendezvous {ip}:{RENDEZVOUS_PORT}"
     assert not connects(other_tenant.namespace, outsider, ip, PROGRESS_PORT), \
         "the progress port is the operator's (and the chart's metricsFrom), not any pod's"
     assert progress_condition(trainings, name, "True")(), trainings.status(name).get("conditions")
