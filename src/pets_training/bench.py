@@ -101,7 +101,7 @@ def ceiling_worker(args: argparse.Namespace) -> int:
 
     t = setup(_our_config(args), PodContract.from_env(os.environ), ProcessContext.from_env(os.environ))
     t.module.train()
-    images, labels = next(iter(t.train_loader))  # decoded and on the device once, then reused
+    images, labels = t.make_batch(next(iter(t.train_loader)))  # decoded and on the device once, then reused
     times: list[float] = []
     counts: list[int] = []
     for _ in range(args.warmup + args.steps):

@@ -81,6 +81,13 @@ class TrainConfig:
     # speed (none of these change what is computed, only how fast)
     channels_last: bool = _f(True, "channels_last memory format for the model and its inputs")
     fast_decode: bool = _f(True, "decode JPEGs with torchvision.io (libjpeg-turbo) instead of PIL")
+    input_path: str = _f(
+        "auto",
+        "where training images are decoded and cropped: cpu (the DataLoader workers), device (workers read "
+        "the files; one batched decode and the crops on the device: nvJPEG on a GPU), auto (device where a "
+        "GPU JPEG decoder works, else cpu, with a log line)",
+        choices=("auto", "cpu", "device"),
+    )
     threads: int | None = _f(
         None, "torch threads per process; default: CPU quota / processes on this machine"
     )

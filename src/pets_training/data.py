@@ -339,14 +339,22 @@ class PetsImages(Dataset[tuple[torch.Tensor, int]]):
 
     def __getitem__(self, key: int) -> tuple[torch.Tensor, int]:
         epoch, index = divmod(int(key), len(self.labels))
-        image = self.load(index)
-        if self.augment:
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(sample_seed(self.seed, epoch, index))
-                image = self.transform(image)
-        else:
-            image = self.transform(image)
-        return image, self.labels[index]
+        return self.crop(self.load(index), epoch, index), self.labels[index]
+
+    def crop(self, image: torch.Tensor, epoch: int, index: int) -> torch.Tensor:
+        """Sample ``index``'s transform in ``epoch`` (on any device: the crop's box is drawn on the CPU)."""
+        if not self.augment:
+            return self.transform(image)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(sample_seed(self.seed, epoch, index))
+            return self.transform(image)
+
+    def files(self) -> list[Path] | None:
+        """Each sample's image file, when the set is read from files (None: the synthetic set)."""
+        load = self.load
+        if isinstance(load, _Subset) and isinstance(load.load_all, _FileLoader):
+            return [load.load_all.paths[i] for i in load.indices]
+        return None
 
 
 class EpochShuffleSampler(Sampler[int]):

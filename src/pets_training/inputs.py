@@ -24,6 +24,7 @@ import torch
 from torch.utils.data import DataLoader, Subset
 
 from .data import EpochShuffleSampler, PetsData, PetsImages
+from .device_input import choose_input_path, device_train_loader
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
@@ -48,21 +49,35 @@ def start_worker_server() -> None:
     forkserver.ensure_running()
 
 
-def _worker_options(workers: int, pin: bool) -> dict[str, Any]:
+def worker_options(workers: int, pin: bool) -> dict[str, Any]:
     options: dict[str, Any] = {"num_workers": workers, "pin_memory": pin}
     if workers > 0:
         options["multiprocessing_context"] = WORKER_CONTEXT
     return options
 
 
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+def _as_is(batch: Any) -> Batch:
+    return batch  # type: ignore[no-any-return]
+
+
 def train_loader(
-    data: PetsData, cfg: TrainConfig, workers: int, pin: bool
-) -> tuple[DataLoader, EpochShuffleSampler]:
-    """The training loader (persistent workers) and its sampler, whose keys carry the epoch."""
+    data: PetsData, cfg: TrainConfig, workers: int, device: torch.device
+) -> tuple[DataLoader, EpochShuffleSampler, Callable[[Any], Batch]]:
+    """The training loader (persistent workers), its sampler, whose keys carry the epoch, and what makes a
+    batch of it (uint8 crops, labels) on the device: nothing on the CPU path, decode and crop on the
+    device path (``--input-path``, device_input.py)."""
+    path, line = choose_input_path(cfg.input_path, data.train, device)
+    log.info("%s", line)
+    options = worker_options(workers, device.type == "cuda")
+    if path == "device":
+        return device_train_loader(data.train, cfg, options, device)
     sampler = EpochShuffleSampler(len(data.train), cfg.seed)
     loader = DataLoader(data.train, batch_size=cfg.batch_size, sampler=sampler,
-                        persistent_workers=workers > 0, **_worker_options(workers, pin))
-    return loader, sampler
+                        persistent_workers=workers > 0, **options)
+    return loader, sampler, _as_is
 
 
 def eval_shard(n: int, rank: int, world: int, batch_size: int) -> tuple[list[int], int, int]:
@@ -102,7 +117,7 @@ def build_eval_store(
     done; 0: here) into an :class:`EvalStore` on ``device``."""
     indices, batch, batches = eval_shard(len(dataset), rank, world, batch_size)
     loader = DataLoader(Subset(dataset, indices), batch_size=batch,
-                        **_worker_options(min(workers, batches), device.type == "cuda"))
+                        **worker_options(min(workers, batches), device.type == "cuda"))
     images: list[torch.Tensor] = []
     labels: list[torch.Tensor] = []
     valid: list[torch.Tensor] = []

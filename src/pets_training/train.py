@@ -41,7 +41,7 @@ from .checkpoint import (
 from .config import TrainConfig, resolve, to_yaml
 from .contract import PodContract, ProcessContext
 from .data import EpochShuffleSampler, PetsData, build_data, check_fits_world, report_counts, write_report
-from .inputs import EvalStore, build_eval_store, evaluate, start_worker_server, train_loader
+from .inputs import Batch, EvalStore, build_eval_store, evaluate, start_worker_server, train_loader
 from .model import cpu_runs_bf16_natively, create_model, inner_model, resolve_precision, trainable_module
 from .progress import (
     DATASET_GAUGE_KEYS,
@@ -150,6 +150,7 @@ class Training:
     scheduler: AcceleratedScheduler
     train_loader: DataLoaderShard
     train_sampler: EpochShuffleSampler
+    make_batch: Callable[[Any], Batch]  # a loader's batch -> (uint8 crops, labels) on the device
     output_dir: Path
     checkpoint_dir: Path
     eval_workers: int  # DataLoader workers that build the eval store at the first evaluation
@@ -313,7 +314,7 @@ def setup(cfg: TrainConfig, pod: PodContract, process: ProcessContext) -> Traini
         module = module.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
     normalise = Normalise(model, accelerator.device, cfg.channels_last)
 
-    loader, train_sampler = train_loader(data, cfg, workers, pin=on_gpu)
+    loader, train_sampler, make_batch = train_loader(data, cfg, workers, accelerator.device)
     optimizer = torch.optim.Adam([p for p in module.parameters() if p.requires_grad], lr=cfg.lr / 25)
     scheduler = torch.optim.lr_scheduler.OneCycleLR(
         optimizer, max_lr=cfg.lr, epochs=cfg.epochs, steps_per_epoch=len(loader)
@@ -327,7 +328,7 @@ def setup(cfg: TrainConfig, pod: PodContract, process: ProcessContext) -> Traini
         # scheduler (rank 0's); every rank still writes its random_states_<rank>.pkl
         accelerator.project_configuration.save_on_each_node = shared_host is None
     return Training(accelerator, data, module, normalise, optimizer, scheduler, loader, train_sampler,
-                    output_dir, checkpoint_dir, workers, shared_checkpoint_host=shared_host)
+                    make_batch, output_dir, checkpoint_dir, workers, shared_checkpoint_host=shared_host)
 
 
 def _make_accelerator(
@@ -610,7 +611,8 @@ def train_epoch(
             seen += state.resumed_seen
     bar = StepProgress(len(t.train_loader), epoch + 1, cfg.epochs, accelerator.is_main_process, cfg.log_every)
     bar.step = done
-    for images, labels in loader:
+    for batch in loader:
+        images, labels = t.make_batch(batch)
         loss = train_step(t, images, labels)
         done += 1
         loss_sum += loss * labels.shape[0]

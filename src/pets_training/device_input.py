@@ -1,0 +1,139 @@
+"""The device input path (``--input-path device``): the DataLoader workers only read each training image's
+file; the training process decodes the whole batch on its device in one call (nvJPEG through
+``torchvision.io.decode_jpeg(..., device="cuda")`` on a GPU) and crops each image there with the CPU
+path's own transform under the CPU path's seed (``PetsImages.crop``): the same box for (seed, epoch,
+index), whatever the workers or a resume. On the CPU tensor backend its crops equal the CPU path's
+exactly; on a GPU, nvJPEG's decode differs from libjpeg-turbo's by about 1.3-1.5 levels of 255 on average
+(docs/gpu.md), and so do the crops.
+
+Files that are not JPEGs (PNG) are decoded in the worker, as on the CPU path; a JPEG nvJPEG refuses
+(CMYK, progressive on some versions) is decoded on the CPU and moved. ``auto`` takes this path where a
+GPU decoder works, and says in one line why not where it does not.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+from torchvision.io import ImageReadMode, decode_jpeg
+
+from .data import EpochShuffleSampler, PetsImages, load_file_fast, load_file_pil
+
+if TYPE_CHECKING:
+    from .config import TrainConfig
+
+log = logging.getLogger(__name__)
+
+INPUT_PATHS = ("auto", "cpu", "device")
+JPEG_MAGIC = b"\xff\xd8"
+
+
+@dataclass
+class EncodedBatch:
+    """A training batch as the workers send it: per image its JPEG bytes (``encoded``) or its decoded
+    uint8 CHW tensor, and its sampler key. It has no ``.to``: accelerate hands it over as it is."""
+
+    payloads: list[torch.Tensor]
+    encoded: list[bool]
+    keys: list[int]  # epoch * len(set) + index
+    labels: torch.Tensor
+
+
+class EncodedImages(Dataset[tuple[torch.Tensor, bool, int, int]]):
+    """The training set's files, read as they are (a JPEG's bytes; anything else decoded here)."""
+
+    def __init__(self, paths: list[Path], labels: list[int]):
+        self.paths = paths
+        self.labels = labels
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, key: int) -> tuple[torch.Tensor, bool, int, int]:
+        index = int(key) % len(self.paths)
+        raw = self.paths[index].read_bytes()
+        if raw[:2] == JPEG_MAGIC:
+            return torch.frombuffer(bytearray(raw), dtype=torch.uint8), True, int(key), self.labels[index]
+        return load_file_pil(self.paths[index]), False, int(key), self.labels[index]
+
+
+def collate_encoded(samples: list[tuple[torch.Tensor, bool, int, int]]) -> EncodedBatch:
+    payloads, encoded, keys, labels = zip(*samples, strict=True)
+    return EncodedBatch(list(payloads), list(encoded), list(keys), torch.tensor(labels, dtype=torch.long))
+
+
+class DeviceCrops:
+    """EncodedBatch -> (uint8 NCHW crops, labels) on ``device``: one batched decode, then each image's
+    crop by ``images.crop`` (the CPU path's transform and seed)."""
+
+    def __init__(self, images: PetsImages, paths: list[Path], device: torch.device):
+        self.images = images
+        self.paths = paths
+        self.device = device
+
+    def decode(self, batch: EncodedBatch) -> list[torch.Tensor]:
+        out = list(batch.payloads)
+        jpegs = [i for i, encoded in enumerate(batch.encoded) if encoded]
+        if jpegs:
+            try:
+                decoded = decode_jpeg([out[i] for i in jpegs], mode=ImageReadMode.RGB, device=self.device)
+            except RuntimeError:  # one the decoder refuses (CMYK...): each on the CPU, PIL where needed
+                decoded = [load_file_fast(self.paths[batch.keys[i] % len(self.paths)]) for i in jpegs]
+            for i, image in zip(jpegs, decoded, strict=True):
+                out[i] = image
+        return [image.to(self.device, non_blocking=True) for image in out]
+
+    def __call__(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        n = len(self.paths)
+        crops = [self.images.crop(image, *divmod(key, n))
+                 for image, key in zip(self.decode(batch), batch.keys, strict=True)]
+        return torch.stack(crops), batch.labels.to(self.device, non_blocking=True)
+
+
+def gpu_decoder_missing(device: torch.device) -> str:
+    """Why ``device`` cannot decode JPEGs ("" when it can): no GPU, or nvJPEG failing on a tiny JPEG."""
+    if device.type != "cuda":
+        return f"the device is {device.type}, not a GPU"
+    try:
+        from torchvision.io import encode_jpeg
+
+        jpeg = encode_jpeg(torch.zeros(3, 8, 8, dtype=torch.uint8))
+        decode_jpeg([jpeg], mode=ImageReadMode.RGB, device=device)
+    except (RuntimeError, TypeError) as err:
+        return f"torchvision's GPU JPEG decoder failed ({type(err).__name__}: {err})"
+    return ""
+
+
+def choose_input_path(requested: str, images: PetsImages, device: torch.device) -> tuple[str, str]:
+    """("cpu" or "device", the one log line that says why). ``device`` runs on any device (on the CPU:
+    decoding in this process); ``auto`` takes it only where a GPU decoder works."""
+    if requested not in INPUT_PATHS:
+        raise ValueError(f"input_path must be one of {', '.join(INPUT_PATHS)}, got {requested!r}")
+    if requested == "cpu":
+        return "cpu", "input path cpu (asked): decode and crop in the DataLoader workers"
+    if images.files() is None:
+        return "cpu", "input path cpu: the synthetic set is generated in the DataLoader workers"
+    if requested == "device":
+        return "device", f"input path device (asked): workers read the files, decode and crop on {device}"
+    missing = gpu_decoder_missing(device)
+    if missing:
+        return "cpu", f"input path cpu: no GPU JPEG decoder ({missing}); decode and crop in the workers"
+    return "device", f"input path device: workers read the files, nvJPEG decodes and crops on {device}"
+
+
+def device_train_loader(
+    images: PetsImages, cfg: TrainConfig, options: dict[str, Any], device: torch.device
+) -> tuple[DataLoader, EpochShuffleSampler, DeviceCrops]:
+    """The device path's training loader (its sampler the CPU path's) and what finishes its batches."""
+    paths = images.files()
+    if paths is None:
+        raise ValueError("the device input path reads image files; the synthetic set has none")
+    sampler = EpochShuffleSampler(len(images), cfg.seed)
+    loader = DataLoader(EncodedImages(paths, images.labels), batch_size=cfg.batch_size, sampler=sampler,
+                        collate_fn=collate_encoded, persistent_workers=options["num_workers"] > 0, **options)
+    return loader, sampler, DeviceCrops(images, paths, device)

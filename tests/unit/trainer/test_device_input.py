@@ -1,0 +1,126 @@
+"""The device input path (``pets_training.device_input``): the workers read the files, the batch is decoded
+and cropped where the model runs. Run here on the CPU tensor backend, where its crops must equal the CPU
+path's exactly (tolerance 0: the same decoder and the same transform); on a GPU nvJPEG's decode differs by
+about 1.3-1.5 levels of 255 on average (docs/gpu.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from accelerate.data_loader import skip_first_batches
+from PIL import Image
+
+from pets_training.data import PetsData, build_data, write_synthetic
+from pets_training.device_input import (
+    DeviceCrops,
+    EncodedImages,
+    choose_input_path,
+    collate_encoded,
+    device_train_loader,
+    gpu_decoder_missing,
+)
+from pets_training.inputs import start_worker_server, worker_options
+
+from .helpers import PYTHON, SMALL_ARGS, read_jsonl, run
+
+pytestmark = pytest.mark.unit
+
+CPU = torch.device("cpu")
+
+
+def _mixed_set(directory: Path) -> Path:
+    """Synthetic JPEGs of two sizes, plus a PNG, a grayscale JPEG and a CMYK JPEG."""
+    write_synthetic(directory, 3, 8, 48, seed=1)
+    write_synthetic(directory / "big", 3, 2, 71, seed=2)
+    for path in (directory / "big").iterdir():
+        label, n = path.stem.rsplit("_", 1)
+        path.rename(directory / f"{label}_{90 + int(n)}.jpg")
+    (directory / "big").rmdir()
+    rng = np.random.default_rng(0)
+    pixels = rng.integers(0, 255, (40, 56, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(directory / "Bengal_100.png")
+    Image.fromarray(pixels[:, :, 0]).save(directory / "Bengal_101.jpg")
+    Image.fromarray(pixels).convert("CMYK").save(directory / "Bengal_102.jpg")
+    return directory
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> PetsData:
+    return build_data(str(_mixed_set(tmp_path_factory.mktemp("mixed"))), 32, 42, 0.8, 0, 0)
+
+
+def _cpu_batches(data: PetsData, keys: list[int]) -> torch.Tensor:
+    return torch.stack([data.train[key][0] for key in keys])
+
+
+def test_device_path_crops_equal_the_cpu_paths(data: PetsData) -> None:
+    paths = data.train.files()
+    assert paths is not None and len(paths) == len(data.train)
+    encoded = EncodedImages(paths, data.train.labels)
+    crops = DeviceCrops(data.train, paths, CPU)
+    n = len(data.train)
+    for epoch in (0, 3):
+        keys = [epoch * n + i for i in range(n)]
+        images, labels = crops(collate_encoded([encoded[k] for k in keys]))
+        assert images.dtype == torch.uint8 and images.shape == (n, 3, 32, 32)
+        assert torch.equal(images, _cpu_batches(data, keys))
+        assert labels.tolist() == data.train.labels
+
+
+def _epoch(data: PetsData, workers: int, epoch: int, skip: int = 0) -> list[torch.Tensor]:
+    loader, sampler, crops = device_train_loader(data.train, _cfg(), worker_options(workers, False), CPU)
+    sampler.set_epoch(epoch)
+    batches = skip_first_batches(loader, skip) if skip else loader
+    return [crops(batch)[0] for batch in batches]
+
+
+def _cfg() -> object:
+    from pets_training.config import resolve
+
+    return resolve(overrides={"batch_size": 5, "seed": 42})
+
+
+def test_crops_are_the_same_with_0_1_and_4_workers_and_after_a_resume(data: PetsData) -> None:
+    start_worker_server()
+    alone = _epoch(data, 0, 2)
+    assert len(alone) == 6  # 26 training images (of 33) in batches of 5
+    for workers in (1, 4):
+        assert all(torch.equal(a, b) for a, b in zip(alone, _epoch(data, workers, 2), strict=True))
+    resumed = _epoch(data, 1, 2, skip=2)  # a resume at step 2 of the epoch (skip_first_batches)
+    assert all(torch.equal(a, b) for a, b in zip(alone[2:], resumed, strict=True))
+    assert not torch.equal(alone[0], _epoch(data, 0, 3)[0])  # another epoch: other crops
+
+
+def test_without_a_gpu_decoder_auto_falls_back_to_the_cpu_with_one_line(data: PetsData) -> None:
+    path, line = choose_input_path("auto", data.train, CPU)
+    assert path == "cpu" and "no GPU JPEG decoder (the device is cpu, not a GPU)" in line
+    if not torch.cuda.is_available():
+        why = gpu_decoder_missing(torch.device("cuda"))
+        assert why.startswith("torchvision's GPU JPEG decoder failed")
+    assert choose_input_path("device", data.train, CPU)[0] == "device"
+    assert choose_input_path("cpu", data.train, CPU)[0] == "cpu"
+    synthetic = build_data("synthetic", 32, 42, 0.8, 3, 10)
+    assert choose_input_path("device", synthetic.train, CPU) == (
+        "cpu", "input path cpu: the synthetic set is generated in the DataLoader workers")
+    with pytest.raises(ValueError, match="input_path must be one of auto, cpu, device"):
+        choose_input_path("gpu", data.train, CPU)
+
+
+@pytest.mark.timeout(300)
+def test_the_trainer_learns_the_same_on_both_paths(tmp_path: Path) -> None:
+    """Same crops, same model init: epoch for epoch the same loss and accuracy, on the CPU backend."""
+    images = tmp_path / "images"
+    write_synthetic(images, 4, 40, 72, seed=3)
+    args = [*SMALL_ARGS, "--data", str(images), "--epochs", "2", "--threads", "1", "--num-workers", "1",
+            "--no-checkpoints"]
+    logs = {}
+    for path in ("cpu", "device"):
+        logs[path], _ = run([PYTHON, "-m", "pets_training", *args, "--input-path", path,
+                             "--output-dir", str(tmp_path / path)], timeout=140)
+    assert "input path device (asked): workers read the files, decode and crop on cpu" in logs["device"]
+    cpu, device = (read_jsonl(tmp_path / path / "progress.jsonl") for path in ("cpu", "device"))
+    for a, b in zip(cpu, device, strict=True):
+        assert a["train_loss"] == b["train_loss"] and a["eval_accuracy"] == b["eval_accuracy"]
