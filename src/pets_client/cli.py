@@ -78,7 +78,8 @@ def parser() -> argparse.ArgumentParser:
     logs.add_argument("-f", "--follow", action="store_true", help="stream the log")
 
     fetch = sub.add_parser("fetch", parents=[common],
-                           help="copy the outputs (needs spec.output.persistentVolumeClaim)")
+                           help="copy the outputs from the training's output claim (the managed one by "
+                                "default, or spec.output.persistentVolumeClaim; not an emptyDir output)")
     fetch.add_argument("name")
     fetch.add_argument("dir", help="local directory")
 
