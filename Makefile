@@ -142,12 +142,15 @@ rehearse-cold: ## the Quick start in a throw-away clone, state root and empty ca
 	tests/rehearse-cold.sh
 
 .PHONY: bench-e2e
-bench-e2e: install ## time from kubectl apply to pods Running and to the first step (median of 5)
-	tests/e2e/bench.sh $(CLUSTER)
+BENCH_E2E_ARGS ?=
+bench-e2e: install ## time from kubectl apply to pods Running and to the first step (median of 5; BENCH_E2E_ARGS)
+	tests/e2e/bench.sh $(CLUSTER) $(BENCH_E2E_ARGS)
 
 .PHONY: bench-operator
-bench-operator: install ## operator memory (at rest, with 100 PetsTrainings) and create->Job latency p50/p99
-	KCM_CONTROLLERS='*,-job' tests/cluster/run-with-control-plane.sh $(PY) tests/integration/bench_operator.py
+BENCH_OPERATOR_ARGS ?=
+bench-operator: install ## operator memory (at rest, with 100 PetsTrainings) and create->Job latency p50/p99 (BENCH_OPERATOR_ARGS)
+	KCM_CONTROLLERS='*,-job' tests/cluster/run-with-control-plane.sh $(PY) tests/integration/bench_operator.py \
+	  $(BENCH_OPERATOR_ARGS)
 
 .PHONY: clean
 clean: ## remove build and test outputs (not the cache)
@@ -160,3 +163,16 @@ bench-scale: install ## COUNT trainings (default 1000) on 50 kwok nodes vs a raw
 .PHONY: bench-scrape
 bench-scrape: install ## one progress-scrape pass over 1000 local endpoints, then 950 + 50 slow/hostile: pass time, slot hold, loop lag, RSS -> output/bench-scrape.json (BENCH_SCRAPE_ARGS)
 	$(PY) tests/scale/bench_scrape.py $(BENCH_SCRAPE_ARGS)
+
+# Every bench that needs no cluster, in a short mode, its results under output/bench-smoke/ (the full
+# runs' results stay where they are): a documented bench cannot break unseen. CI runs it, and
+# `make bench-e2e BENCH_E2E_ARGS="--runs 1"` on its e2e cluster.
+SMOKE := output/bench-smoke
+.PHONY: bench-smoke
+bench-smoke: install tools ## every bench above but bench-e2e in a short mode (a few trainings, a few steps), as CI runs them -> output/bench-smoke/
+	mkdir -p $(SMOKE)
+	$(MAKE) bench BENCH_ARGS="--steps 1 --repeats 1"
+	$(MAKE) bench-preempt BENCH_PREEMPT_ARGS="--epochs 2 --preempt-at 1.5 --images-per-class 50 --output $(SMOKE)"
+	$(MAKE) bench-operator BENCH_OPERATOR_ARGS="--count 5 --settle 2 --out $(abspath $(SMOKE))/operator.json"
+	$(MAKE) bench-scale COUNT=5 SCALE_ARGS="--nodes 3 --idle 5 --settle 5 --quiet 3 --out $(abspath $(SMOKE))/scale.json"
+	$(MAKE) bench-scrape BENCH_SCRAPE_ARGS="--count 40 --hostile 4 --repeats 1 --out $(SMOKE)/scrape.json"

@@ -476,7 +476,9 @@ class Bench:
     def training_body(self, i: int, namespace: str) -> dict[str, Any]:
         return {"apiVersion": api.API_VERSION, "kind": api.KIND,
                 "metadata": {"name": f"t-{i:05d}", "namespace": namespace},
-                "spec": {"backend": "job", "replicas": self.args.replicas, "epochs": 1, "maxRestarts": 0}}
+                # emptyDir: kwok's nodes have no storage, so a managed output claim would never bind
+                "spec": {"backend": "job", "replicas": self.args.replicas, "epochs": 1, "maxRestarts": 0,
+                         "output": {"emptyDir": {}}}}
 
     # -------- phases
     def setup(self) -> None:
@@ -546,20 +548,21 @@ class Bench:
         pods = self.track(f"/api/v1/namespaces/{ns}/pods", book.pod)
         svcs = self.track(f"/api/v1/namespaces/{ns}/services", lambda *_: None)
         manifests = [render_object(self.training_body(i, ns)) for i in range(a.count)]
+        paths = {"Service": f"/api/v1/namespaces/{ns}/services",
+                 "NetworkPolicy": f"/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies",
+                 "Job": f"/apis/batch/v1/namespaces/{ns}/jobs"}
         for children in manifests:
             for m in children:
-                assert m["kind"] in ("Service", "Job"), m["kind"]
+                assert m["kind"] in paths, f"the raw client does not make a {m['kind']} yet"
                 if m["kind"] == "Job":
                     assert m["spec"].get("suspend") is not True
 
         def create(children: list[dict[str, Any]]) -> None:
-            for m in children:  # in the operator's order: the Service, then the Job
-                path = (f"/api/v1/namespaces/{ns}/services" if m["kind"] == "Service"
-                        else f"/apis/batch/v1/namespaces/{ns}/jobs")
-                self.kube.call("POST", path, m)
+            for m in children:  # in the operator's order: the Service, the NetworkPolicy, then the Job
+                self.kube.call("POST", paths[m["kind"]], m)
 
-        log(f"raw: creating {a.count} Services + {a.count} Indexed Jobs ({a.replicas} pods each), "
-            f"{a.threads} threads")
+        kinds = " + ".join(f"{a.count} {m['kind']}s" for m in manifests[0])
+        log(f"raw: creating {kinds} ({a.replicas} pods each), {a.threads} threads")
         self.mark_cpu("raw-start")
         w0, t0 = time.time(), time.monotonic()
         parallel(a.threads, create, manifests)

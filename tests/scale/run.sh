@@ -29,7 +29,7 @@ inner() {
   local work="$SCALE_WORK" pid child rc
   # Only ever on the private control plane run-with-control-plane.sh made for this run: never on a
   # cluster that another script (cluster.sh's e2e cluster, another test run) owns.
-  [[ "$PETS_STATE" == */pets-control-plane.* && -n "${SCALE_PRIVATE_STATE:-}" ]] ||
+  [[ "$PETS_STATE" == */control-plane.* && -n "${SCALE_PRIVATE_STATE:-}" ]] ||
     die "refusing to run on $PETS_STATE: not a private control plane of run-with-control-plane.sh"
   # shellcheck disable=SC2317  # called from the EXIT trap
   cleanup_inner() {
