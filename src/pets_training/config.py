@@ -88,6 +88,11 @@ class TrainConfig:
         "GPU JPEG decoder works, else cpu, with a log line)",
         choices=("auto", "cpu", "device"),
     )
+    input_store: str | None = _f(
+        None,
+        "decode every image of the data directory once into a store under this directory (one per set "
+        "of files; rebuilt when a file changes) and read it instead of decoding; one per machine",
+    )
     threads: int | None = _f(
         None, "torch threads per process; default: CPU quota / processes on this machine"
     )

@@ -352,9 +352,10 @@ class PetsImages(Dataset[tuple[torch.Tensor, int]]):
     def files(self) -> list[Path] | None:
         """Each sample's image file, when the set is read from files (None: the synthetic set)."""
         load = self.load
-        if isinstance(load, _Subset) and isinstance(load.load_all, _FileLoader):
-            return [load.load_all.paths[i] for i in load.indices]
-        return None
+        if not isinstance(load, _Subset):
+            return None
+        paths = getattr(load.load_all, "paths", None)  # the files, or the sources of their store
+        return None if paths is None else [paths[i] for i in load.indices]
 
 
 class EpochShuffleSampler(Sampler[int]):

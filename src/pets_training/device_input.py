@@ -14,6 +14,7 @@ GPU decoder works, and says in one line why not where it does not.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,6 +24,7 @@ from torch.utils.data import DataLoader, Dataset
 from torchvision.io import ImageReadMode, decode_jpeg
 
 from .data import EpochShuffleSampler, PetsImages, load_file_fast, load_file_pil
+from .store import StoreLoader
 
 if TYPE_CHECKING:
     from .config import TrainConfig
@@ -45,17 +47,23 @@ class EncodedBatch:
 
 
 class EncodedImages(Dataset[tuple[torch.Tensor, bool, int, int]]):
-    """The training set's files, read as they are (a JPEG's bytes; anything else decoded here)."""
+    """The training set's files, read as they are (a JPEG's bytes; anything else decoded here), or its
+    images from the decoded store (``decoded``, --input-store): then only the crops are left to do."""
 
-    def __init__(self, paths: list[Path], labels: list[int]):
+    def __init__(
+        self, paths: list[Path], labels: list[int], decoded: Callable[[int], torch.Tensor] | None = None
+    ):
         self.paths = paths
         self.labels = labels
+        self.decoded = decoded
 
     def __len__(self) -> int:
         return len(self.paths)
 
     def __getitem__(self, key: int) -> tuple[torch.Tensor, bool, int, int]:
         index = int(key) % len(self.paths)
+        if self.decoded is not None:
+            return self.decoded(index), False, int(key), self.labels[index]
         raw = self.paths[index].read_bytes()
         if raw[:2] == JPEG_MAGIC:
             return torch.frombuffer(bytearray(raw), dtype=torch.uint8), True, int(key), self.labels[index]
@@ -134,6 +142,8 @@ def device_train_loader(
     if paths is None:
         raise ValueError("the device input path reads image files; the synthetic set has none")
     sampler = EpochShuffleSampler(len(images), cfg.seed)
-    loader = DataLoader(EncodedImages(paths, images.labels), batch_size=cfg.batch_size, sampler=sampler,
+    stored = isinstance(getattr(images.load, "load_all", None), StoreLoader)
+    dataset = EncodedImages(paths, images.labels, images.load if stored else None)
+    loader = DataLoader(dataset, batch_size=cfg.batch_size, sampler=sampler,
                         collate_fn=collate_encoded, persistent_workers=options["num_workers"] > 0, **options)
     return loader, sampler, DeviceCrops(images, paths, device)

@@ -57,6 +57,7 @@ from .progress import (
 )
 from .resources import CpuLimit, CpuPlan, cpu_limit, plan_cpu
 from .stepsave import SaveClock, StopRequest, decide
+from .store import use_store
 
 if TYPE_CHECKING:
     from accelerate.data_loader import DataLoaderShard
@@ -303,6 +304,12 @@ def setup(cfg: TrainConfig, pod: PodContract, process: ProcessContext) -> Traini
         cfg.data_layout,
     )
     log.info("data %s; %d for training, %d for evaluation", data.source, len(data.train), len(data.eval))
+    if cfg.input_store:  # the local main process builds it; the others read what it built
+        if accelerator.is_local_main_process:
+            log.info("%s", use_store(data, cfg.input_store, cfg.fast_decode))
+        accelerator.wait_for_everyone()
+        if not accelerator.is_local_main_process:
+            use_store(data, cfg.input_store, cfg.fast_decode, build=False)
     if accelerator.is_main_process:  # before the world-size check, so a refused set is reported too
         log.info("dataset report: %s", write_report(data.report, output_dir))
     check_fits_world(len(data.train), len(data.eval), accelerator.num_processes, cfg.batch_size,

@@ -87,3 +87,22 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 def read_json(path: Path) -> dict[str, Any]:
     data: dict[str, Any] = json.loads(path.read_text())
     return data
+
+
+def train_variants(tmp_path: Path, variants: dict[str, list[str]]) -> dict[str, str]:
+    """The small recipe on a small set of JPEG files, 2 epochs, once per variant (its extra flags), each
+    into ``tmp_path / name``; returns each run's output."""
+    from pets_training.data import write_synthetic
+
+    images = tmp_path / "images"
+    write_synthetic(images, 4, 40, 72, seed=3)
+    args = [*SMALL_ARGS, "--data", str(images), "--epochs", "2", "--threads", "1", "--num-workers", "1",
+            "--no-checkpoints"]
+    return {name: run([PYTHON, "-m", "pets_training", *args, *extra, "--output-dir", str(tmp_path / name)],
+                      timeout=140)[0] for name, extra in variants.items()}
+
+
+def assert_same_progress(first: Path, second: Path) -> None:
+    """Two runs' progress.jsonl: epoch for epoch the same train loss and eval accuracy."""
+    for a, b in zip(read_jsonl(first / "progress.jsonl"), read_jsonl(second / "progress.jsonl"), strict=True):
+        assert (a["train_loss"], a["eval_accuracy"]) == (b["train_loss"], b["eval_accuracy"])

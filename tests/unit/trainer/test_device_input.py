@@ -24,7 +24,7 @@ from pets_training.device_input import (
 )
 from pets_training.inputs import start_worker_server, worker_options
 
-from .helpers import PYTHON, SMALL_ARGS, read_jsonl, run
+from .helpers import assert_same_progress, train_variants
 
 pytestmark = pytest.mark.unit
 
@@ -112,15 +112,6 @@ def test_without_a_gpu_decoder_auto_falls_back_to_the_cpu_with_one_line(data: Pe
 @pytest.mark.timeout(300)
 def test_the_trainer_learns_the_same_on_both_paths(tmp_path: Path) -> None:
     """Same crops, same model init: epoch for epoch the same loss and accuracy, on the CPU backend."""
-    images = tmp_path / "images"
-    write_synthetic(images, 4, 40, 72, seed=3)
-    args = [*SMALL_ARGS, "--data", str(images), "--epochs", "2", "--threads", "1", "--num-workers", "1",
-            "--no-checkpoints"]
-    logs = {}
-    for path in ("cpu", "device"):
-        logs[path], _ = run([PYTHON, "-m", "pets_training", *args, "--input-path", path,
-                             "--output-dir", str(tmp_path / path)], timeout=140)
+    logs = train_variants(tmp_path, {path: ["--input-path", path] for path in ("cpu", "device")})
     assert "input path device (asked): workers read the files, decode and crop on cpu" in logs["device"]
-    cpu, device = (read_jsonl(tmp_path / path / "progress.jsonl") for path in ("cpu", "device"))
-    for a, b in zip(cpu, device, strict=True):
-        assert a["train_loss"] == b["train_loss"] and a["eval_accuracy"] == b["eval_accuracy"]
+    assert_same_progress(tmp_path / "cpu", tmp_path / "device")

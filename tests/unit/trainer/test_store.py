@@ -1,0 +1,102 @@
+"""The decoded store (``--input-store``, ``pets_training.store``): built once, read instead of decoding, the
+same crops as the files give; rebuilt when a file changes, refused with a clear error when corrupt."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from pets_training.data import build_data, write_synthetic
+from pets_training.device_input import DeviceCrops, EncodedImages, collate_encoded
+from pets_training.store import StoreError, use_store, why_stale
+
+from .helpers import assert_same_progress, train_variants
+
+pytestmark = pytest.mark.unit
+
+CPU = torch.device("cpu")
+
+
+def _set(tmp_path: Path) -> Path:
+    images = tmp_path / "images"
+    write_synthetic(images, 3, 6, 40, seed=5)
+    return images
+
+
+def test_the_store_gives_the_files_crops_and_is_reused(tmp_path: Path) -> None:
+    images = _set(tmp_path)
+    plain = build_data(str(images), 32, 42, 0.8, 0, 0)
+    stored = build_data(str(images), 32, 42, 0.8, 0, 0)
+    line = use_store(stored, str(tmp_path / "store"))
+    assert "building it (there is none yet)" in line
+    n = len(plain.train)
+    for key in (0, 3, n + 1, 4 * n + 2):  # several epochs: the same seeded crops
+        assert torch.equal(stored.train[key][0], plain.train[key][0])
+    for i in range(len(plain.eval)):
+        assert torch.equal(stored.eval[i][0], plain.eval[i][0])
+    # the device path reads the store's decoded images: the same crops again
+    paths = stored.train.files()
+    assert paths is not None
+    encoded = EncodedImages(paths, stored.train.labels, stored.train.load)
+    batch = collate_encoded([encoded[k] for k in range(n)])
+    assert not any(batch.encoded)
+    assert torch.equal(DeviceCrops(stored.train, paths, CPU)(batch)[0],
+                       torch.stack([plain.train[k][0] for k in range(n)]))
+    again = build_data(str(images), 32, 42, 0.8, 0, 0)
+    assert "reusing it" in use_store(again, str(tmp_path / "store"))
+
+
+def test_a_changed_file_rebuilds_the_store(tmp_path: Path) -> None:
+    images = _set(tmp_path)
+    use_store(build_data(str(images), 32, 42, 0.8, 0, 0), str(tmp_path / "store"))
+    changed = sorted(images.iterdir())[4]
+    write_synthetic(tmp_path / "other", 3, 6, 40, seed=9)
+    changed.write_bytes((tmp_path / "other" / changed.name).read_bytes())
+    os.utime(changed, ns=(1, 1))
+    data = build_data(str(images), 32, 42, 0.8, 0, 0)
+    line = use_store(data, str(tmp_path / "store"))
+    assert f"{changed} changed since it was built" in line
+    plain = build_data(str(images), 32, 42, 0.8, 0, 0)
+    assert all(torch.equal(data.train[k][0], plain.train[k][0]) for k in range(len(plain.train)))
+
+
+def test_a_corrupt_store_is_refused_with_a_clear_error(tmp_path: Path) -> None:
+    images = _set(tmp_path)
+    store = tmp_path / "store"
+    data = build_data(str(images), 32, 42, 0.8, 0, 0)
+    use_store(data, str(store))
+    [directory] = store.iterdir()
+    index = json.loads((directory / "store.json").read_text())
+    blob = directory / index["data"]
+    raw = bytearray(blob.read_bytes())
+    raw[index["offsets"][2] + 7] ^= 0xFF  # one byte of image 2
+    blob.write_bytes(bytes(raw))
+    again = build_data(str(images), 32, 42, 0.8, 0, 0)
+    use_store(again, str(store))  # the index still matches the files: the store is read
+    with pytest.raises(StoreError, match=r"is corrupt: image 2 does not match its checksum; delete"):
+        for images_set in (again.train, again.eval):
+            for i in range(len(images_set)):
+                images_set[i]
+    blob.write_bytes(bytes(raw[:-10]))  # truncated
+    paths = data.train.files()
+    assert paths is not None
+    with pytest.raises(StoreError, match=r"is corrupt: its data file .* holds \d+ bytes, its index says"):
+        use_store(build_data(str(images), 32, 42, 0.8, 0, 0), str(store))
+    (directory / "store.json").write_text("{not json")
+    with pytest.raises(StoreError, match="its index store.json cannot be read"):
+        why_stale(directory, paths)
+
+
+@pytest.mark.timeout(300)
+def test_the_trainer_learns_the_same_from_the_store(tmp_path: Path) -> None:
+    """Both input paths read the store; epoch for epoch the same loss and accuracy as from the files."""
+    store = ["--input-store", str(tmp_path / "store")]
+    logs = train_variants(tmp_path, {"files": [], "store-cpu": store,
+                                     "store-device": [*store, "--input-path", "device"]})
+    assert "building it (there is none yet)" in logs["store-cpu"] and "reusing it" in logs["store-device"]
+    for name in ("store-cpu", "store-device"):
+        assert_same_progress(tmp_path / "files", tmp_path / name)
