@@ -38,8 +38,8 @@ TRAINER_PARTS = {
     "pets_checkpoint_seconds_total": ("checkpointSeconds", "checkpoint"),
     "pets_restore_seconds": ("restoreSeconds", "restore"),
 }
-SECONDS_TOP = 2.0**53  # as status.PROGRESS_TOP: exact as a JSON number
-# The same gauges as the progress parser reads them: metric -> (field, type, top) (status.READ_FIELDS)
+SECONDS_TOP = 2.0**53  # as mirror.PROGRESS_TOP: exact as a JSON number
+# The same gauges as the progress parser reads them: metric -> (field, type, top) (mirror.READ_FIELDS)
 GAUGE_FIELDS = {metric: (key, float, SECONDS_TOP) for metric, (key, _summary_key) in TRAINER_PARTS.items()}
 ATTEMPTS_KEPT = 10  # older attempts are added into `earlier`
 

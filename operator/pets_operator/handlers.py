@@ -27,7 +27,17 @@ import kopf
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from pets_operator import api, backends, builders, metrics, pods, status, workqueue
+from pets_operator import (
+    api,
+    backends,
+    builders,
+    metrics,
+    output_durability,
+    plan_types,
+    pods,
+    status,
+    workqueue,
+)
 from pets_operator.cluster import (
     Cluster,
     api_message,
@@ -36,6 +46,8 @@ from pets_operator.cluster import (
     owned_by,
     served_backends,
 )
+from pets_operator.plan_types import Observed
+from pets_operator.refusals import plan_backend_unavailable, plan_child_refused, plan_invalid
 from pets_operator.scraper import Scraper, Target
 
 # Seconds between reconciliations when nothing triggers one.
@@ -264,17 +276,17 @@ def _resolve_backend(ctx: Context, spec: dict[str, Any], old_status: dict[str, A
 
 
 def _resolve_output(ctx: Context, old_status: dict[str, Any]) -> tuple[dict[str, Any], str]:
-    """The output where spec.output is unset, and why (status.OUTPUT_REASONS): the operator's default,
-    chosen once and then kept in status.output, so a changed default never moves a training's work. A
+    """The output where spec.output is unset, and why (output_durability.OUTPUT_REASONS): the operator's
+    default, chosen once and then kept in status.output, so a changed default never moves a training's work. A
     default claim with no StorageClass named falls back to an emptyDir where the cluster has no default
     StorageClass: the claim would wait for ever, and the training with it."""
     if isinstance(old_status.get("output"), dict):
-        return old_status["output"], str(old_status.get("outputReason") or status.OPERATOR_DEFAULT)
+        return old_status["output"], str(old_status.get("outputReason") or output_durability.OPERATOR_DEFAULT)
     chosen = ctx.default_output
     if "managedClaim" in chosen and not chosen["managedClaim"].get("storageClassName") \
             and has_default_storage_class(ctx.api_client) is False:
-        return {"emptyDir": {}}, status.NO_DEFAULT_STORAGE_CLASS
-    return chosen, status.OPERATOR_DEFAULT
+        return {"emptyDir": {}}, output_durability.NO_DEFAULT_STORAGE_CLASS
+    return chosen, output_durability.OPERATOR_DEFAULT
 
 
 def reconcile_once(ctx: Context, snap: Snapshot, logger: Logger) -> float | None:
@@ -300,12 +312,12 @@ def reconcile_once(ctx: Context, snap: Snapshot, logger: Logger) -> float | None
             spec["output"], output_reason = _resolve_output(ctx, old_status)
         builders.dataset_source(spec)
     except backends.BackendUnavailable as exc:  # the CRD may be installed later: look again
-        delay = _carry_out(ctx, cl, body, status.plan_backend_unavailable(body, str(exc), now), logger)
+        delay = _carry_out(ctx, cl, body, plan_backend_unavailable(body, str(exc), now), logger)
         return POLL_IDLE if delay is None else min(delay, POLL_IDLE)
     except api.SpecError as exc:  # Failed; a new spec (a training event) wakes it again
         metrics.ERRORS.labels(kind="permanent").inc()
         # None once written; the seconds until a write held back by STATUS_WRITE_INTERVAL may go
-        return _carry_out(ctx, cl, body, status.plan_invalid(body, str(exc), now), logger)
+        return _carry_out(ctx, cl, body, plan_invalid(body, str(exc), now), logger)
 
     restarts = int(old_status.get("restarts") or 0)
     attempt = int(old_status.get("attempt", restarts))  # before `attempt` existed, one per restart
@@ -364,14 +376,14 @@ def reconcile_once(ctx: Context, snap: Snapshot, logger: Logger) -> float | None
 
     candidates = _lost_candidates([*(pod_list or []), *(p for w in deleting for p in pods_of(w))])
     lost_pods, lost_nodes = _lost_pods(cl, candidates)
-    observed = status.Observed(backend=backend, backend_reason=backend_reason, workload=current, stale=stale,
-                               service=service, progress=rank0.progress, summary=rank0.summary, state=state,
-                               pods=pod_list, pod_events=warnings, workload_refusals=refusals,
-                               progress_error=rank0.progress_error,
-                               progress_failing_since=rank0.progress_failing_since,
-                               rank0_running_since=rank0.running_since, queue_workload=queue_workload,
-                               queue_served=queue_served, lost_pods=lost_pods, lost_nodes=lost_nodes,
-                               output_reason=output_reason, output_claim=output_claim)
+    observed = Observed(backend=backend, backend_reason=backend_reason, workload=current, stale=stale,
+                        service=service, progress=rank0.progress, summary=rank0.summary, state=state,
+                        pods=pod_list, pod_events=warnings, workload_refusals=refusals,
+                        progress_error=rank0.progress_error,
+                        progress_failing_since=rank0.progress_failing_since,
+                        rank0_running_since=rank0.running_since, queue_workload=queue_workload,
+                        queue_served=queue_served, lost_pods=lost_pods, lost_nodes=lost_nodes,
+                        output_reason=output_reason, output_claim=output_claim)
     result = status.plan(body, spec, observed, target, now)
     result.delete = [r for r in result.delete if r["name"] not in deleting]
     delay = _carry_out(ctx, cl, body, result, logger, restarts=restarts, watched=watched)
@@ -417,8 +429,8 @@ def _lost_pods(cl: Cluster, candidates: list[dict[str, Any]]) -> tuple[list[dict
     return lost, why
 
 
-def _child_refused(cl: Cluster, body: dict[str, Any], result: status.Plan, manifest: dict[str, Any],
-                   made: list[dict[str, Any]], exc: ApiException, logger: Logger) -> status.Plan:
+def _child_refused(cl: Cluster, body: dict[str, Any], result: plan_types.Plan, manifest: dict[str, Any],
+                   made: list[dict[str, Any]], exc: ApiException, logger: Logger) -> plan_types.Plan:
     """The Plan once the API server refused to create `manifest` (`made`: created before it)."""
     permanent = child_refusal_permanent(exc)
     child = f"{manifest['kind']} {manifest['metadata']['name']}"
@@ -436,11 +448,11 @@ def _child_refused(cl: Cluster, body: dict[str, Any], result: status.Plan, manif
                         "metadata": {"name": service, "namespace": cl.namespace}})
     cleanup += [{"apiVersion": r["apiVersion"], "kind": r["kind"],
                  "metadata": {"name": r["name"], "namespace": r["namespace"]}} for r in result.delete]
-    return status.plan_child_refused(body, message, datetime.now(UTC), permanent, child=child,
+    return plan_child_refused(body, message, datetime.now(UTC), permanent, child=child,
                                      cleanup=cleanup)
 
 
-def _carry_out(ctx: Context, cl: Cluster, body: dict[str, Any], result: status.Plan, logger: Logger,
+def _carry_out(ctx: Context, cl: Cluster, body: dict[str, Any], result: plan_types.Plan, logger: Logger,
                restarts: int = 0, watched: bool = True) -> float | None:
     """Act on a Plan; returns seconds until the next round (None: the training is gone)."""
     # Children first (creation is idempotent by name, so a crash before the status write is harmless);
@@ -451,7 +463,7 @@ def _carry_out(ctx: Context, cl: Cluster, body: dict[str, Any], result: status.P
     wait = _status_write_wait(ctx, cl.key, result, old_status)
     if wait is not None:
         return wait  # the whole round again then (its Events too: they are made against the stored status)
-    refused: status.Plan | None = None
+    refused: plan_types.Plan | None = None
     made: list[dict[str, Any]] = []
     for manifest in result.create:
         if builders.owned(manifest):
@@ -472,7 +484,7 @@ def _carry_out(ctx: Context, cl: Cluster, body: dict[str, Any], result: status.P
         result = refused
     new_status = result.status
     if new_status != old_status:
-        ctx.written[cl.key] = _kept(cl.patch_status(status.merge_patch(old_status, new_status)))
+        ctx.written[cl.key] = _kept(cl.patch_status(plan_types.merge_patch(old_status, new_status)))
         ctx.status_written[cl.key] = time.monotonic()
     # Pods on lost nodes go after the status write too: the attempt they fail is recorded (restarted)
     # first, so a crash in between never leaves a running workload short of a pod it would replace.
@@ -500,7 +512,7 @@ def _carry_out(ctx: Context, cl: Cluster, body: dict[str, Any], result: status.P
     return next_delay(result, ctx.poll_active, watched)
 
 
-def _status_write_wait(ctx: Context, key: Key, result: status.Plan, old_status: dict[str, Any]
+def _status_write_wait(ctx: Context, key: Key, result: plan_types.Plan, old_status: dict[str, Any]
                        ) -> float | None:
     """Seconds to hold back a Plan that only rewrites the status within the same phase (counts, a
     message, a waiting reason), when this training's status was written less than STATUS_WRITE_INTERVAL
@@ -515,7 +527,7 @@ def _status_write_wait(ctx: Context, key: Key, result: status.Plan, old_status: 
     return STATUS_WRITE_INTERVAL - since if since < STATUS_WRITE_INTERVAL else None
 
 
-def next_delay(result: status.Plan, poll_active: float, watched: bool = True) -> float | None:
+def next_delay(result: plan_types.Plan, poll_active: float, watched: bool = True) -> float | None:
     """Seconds until the next round at the latest (None: only an event or the Plan's own deadline).
 
     Changes to a watched workload (a Job), its pods and Service wake the training at once, so it needs

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from pets_operator.status import READ_FIELDS
+from pets_operator.mirror import READ_FIELDS
 
 # Only `pets_*` samples and their HELP/TYPE lines reach the Prometheus parser: it is pure Python, and a
 # scrape is parsed on the event loop. Measured (2 busy cores): 256 KiB of other samples ("a 1\n" x 65536)

@@ -41,7 +41,7 @@ GAUGES = {
     ),
 }
 # Served too; the operator reads the time split (all but pets_checkpoint_last_seconds) into status.goodput
-# (its goodput.GAUGE_FIELDS), not into the fields it mirrors (status.PROGRESS_FIELDS).
+# (its goodput.GAUGE_FIELDS), not into the fields it mirrors (mirror.PROGRESS_FIELDS).
 TRAINER_GAUGES = {
     "pets_checkpoint_seconds_total": (
         "checkpoint_seconds_total",
@@ -64,7 +64,7 @@ TRAINER_GAUGES = {
     ),
 }
 # What the trainer made of the data (data.dataset_report, dataset.json), served once set up; the operator
-# reads them into status.dataset (its status.DATASET_FIELDS). The summary carries the layout as well.
+# reads them into status.dataset (its mirror.DATASET_FIELDS). The summary carries the layout as well.
 DATASET_GAUGES = {
     "pets_dataset_images": ("dataset_images", "images the trainer found and could read"),
     "pets_dataset_classes": ("dataset_classes", "classes among them"),

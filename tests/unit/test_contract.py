@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pets_operator import api, builders, goodput, pods, status
+from pets_operator import api, builders, goodput, mirror, pods
 from pets_operator.progress import parse_progress
 
 from pets_training import contract, data, launch, progress
@@ -91,7 +91,7 @@ def test_the_pod_env_and_args_reach_the_launcher_and_the_trainer() -> None:
 
 
 def test_the_trainer_serves_the_gauges_the_operator_reads() -> None:
-    assert set(progress.GAUGES) == set(status.PROGRESS_FIELDS)
+    assert set(progress.GAUGES) == set(mirror.PROGRESS_FIELDS)
     record = progress.epoch_record(1, 5, 0.5, 0.9, 100.0, 60.0, [60.0])
     keys = {key for key, _ in progress.GAUGES.values()}
     assert set(record) <= keys  # every progress.jsonl key is served
@@ -105,11 +105,11 @@ def test_the_trainer_serves_the_gauges_the_operator_reads() -> None:
     assert read == {name: i + 0.5 for i, name in enumerate(progress.TRAINER_GAUGES) if name in read}
     assert set(read) == set(goodput.GAUGE_FIELDS)
     # The dataset report's counts feed status.dataset, each by its name, from the report's keys.
-    assert set(progress.DATASET_GAUGES) == set(status.DATASET_FIELDS)
+    assert set(progress.DATASET_GAUGES) == set(mirror.DATASET_FIELDS)
     assert {key for key, _doc in progress.DATASET_GAUGES.values()} == {
         f"dataset_{key}" for key in progress.DATASET_GAUGE_KEYS}
     assert set(progress.DATASET_GAUGE_KEYS) <= set(data.REPORT_COUNTS)
-    assert set(progress.DATASET_GAUGE_KEYS) == set(status.SUMMARY_DATASET_KEYS)
+    assert set(progress.DATASET_GAUGE_KEYS) == set(mirror.SUMMARY_DATASET_KEYS)
     page = "".join(f"# TYPE {name} gauge\n{name} {i}\n" for i, name in enumerate(progress.DATASET_GAUGES))
     assert parse_progress(page) == {name: float(i) for i, name in enumerate(progress.DATASET_GAUGES)}
 

@@ -12,7 +12,7 @@ import yaml
 from operator_specs import TARGET, env_of, spec  # tests/unit/operator/operator_specs.py
 from pets_operator import api, builders
 
-from pets_client import client
+from pets_client import transfer
 
 pytestmark = pytest.mark.unit
 
@@ -217,7 +217,7 @@ def test_one_uid_in_the_images_the_pods_and_the_chart() -> None:
     values = yaml.safe_load((repo / "charts" / "pets-training" / "values.yaml").read_text())
     assert values["podSecurityContext"]["runAsUser"] == values["securityContext"]["runAsUser"] == run_as
     assert values["podSecurityContext"]["runAsGroup"] == values["podSecurityContext"]["fsGroup"] == run_as
-    assert client.FETCH_UID == run_as
+    assert transfer.FETCH_UID == run_as
 
 
 # ----------------------------------------------------------------------------- spec.output.managedClaim

@@ -6,7 +6,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
-from pets_operator import api, backends, builders, status
+from pets_operator import api, backends, builders, plan_types, status
+from pets_operator.plan_types import Observed
 from pets_operator.pods import SEVERITY, create_refused
 
 pytestmark = pytest.mark.unit
@@ -67,7 +68,7 @@ def test_no_failed_create_means_no_refusal_and_a_refusal_is_the_worst_wait() -> 
 # ----------------------------------------------------------------- through status.plan
 
 def _plan(pods_now: list[dict[str, object]], refusals: list[dict[str, object]],
-          old: dict[str, object] | None = None) -> status.Plan:
+          old: dict[str, object] | None = None) -> plan_types.Plan:
     spec = api.resolve_spec({"replicas": 2})
     target = builders.Target("pets", "ns")
     job = builders.build_job(spec, target)
@@ -75,8 +76,8 @@ def _plan(pods_now: list[dict[str, object]], refusals: list[dict[str, object]],
     job["status"] = {}
     body = {"metadata": {"name": "pets", "namespace": "ns", "generation": 1, "uid": "u1"},
             "spec": {"replicas": 2}, "status": old or {}}
-    observed = status.Observed(backend=backends.JOB, workload=job, pods=pods_now, workload_refusals=refusals,
-                               service=backends.JOB.build_service(spec, target))
+    observed = Observed(backend=backends.JOB, workload=job, pods=pods_now, workload_refusals=refusals,
+                        service=backends.JOB.build_service(spec, target))
     return status.plan(body, spec, observed, target, NOW)
 
 

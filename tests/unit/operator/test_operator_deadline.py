@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from pets_operator import api, backends, builders, status
+from pets_operator import api, backends, builders, deadlines, plan_types, status
 
 pytestmark = pytest.mark.unit
 
@@ -33,26 +33,26 @@ def job(attempt: int = 0, conditions: list[dict[str, Any]] | None = None, suspen
     return j
 
 
-def plan(b: dict[str, Any], workload: dict[str, Any] | None, **observed: Any) -> status.Plan:
+def plan(b: dict[str, Any], workload: dict[str, Any] | None, **observed: Any) -> plan_types.Plan:
     spec = api.resolve_spec(b["spec"])
     st = b["status"]
     target = builders.Target("pets", "ns", int(st.get("attempt", 0)))
     if workload is not None:
         workload["metadata"]["annotations"][api.ANNOTATION_SPEC_DIGEST] = builders.spec_digest(spec)
-    obs = status.Observed(backend=backends.JOB, workload=workload,
+    obs = plan_types.Observed(backend=backends.JOB, workload=workload,
                           service=backends.JOB.build_service(spec, target), **observed)
     return status.plan(b, spec, obs, target, NOW)
 
 
 def test_the_time_left_counts_from_the_start_without_pauses() -> None:
     spec = api.resolve_spec({"activeDeadlineSeconds": 60})
-    assert status.deadline_left(api.resolve_spec({}), {"startTime": ts(100)}, NOW) is None
-    assert status.deadline_left(spec, {}, NOW) == 60.0  # not started: all of it
-    assert status.deadline_left(spec, {"startTime": ts(20)}, NOW) == 40.0
+    assert deadlines.deadline_left(api.resolve_spec({}), {"startTime": ts(100)}, NOW) is None
+    assert deadlines.deadline_left(spec, {}, NOW) == 60.0  # not started: all of it
+    assert deadlines.deadline_left(spec, {"startTime": ts(20)}, NOW) == 40.0
     closed = {"startTime": ts(50), "deadline": {"pausedSeconds": 15.0}}
-    assert status.deadline_left(spec, closed, NOW) == 25.0
+    assert deadlines.deadline_left(spec, closed, NOW) == 25.0
     open_pause = {"startTime": ts(50), "deadline": {"pausedSeconds": 15.0, "pausedSince": ts(10)}}
-    assert status.deadline_left(spec, open_pause, NOW) == 35.0
+    assert deadlines.deadline_left(spec, open_pause, NOW) == 35.0
 
 
 def test_a_running_training_past_its_deadline_fails_without_a_restart_and_its_job_goes() -> None:
@@ -110,7 +110,8 @@ def test_time_suspended_does_not_count() -> None:
     resumed = plan(body(st_then), job(active=2, ready=2, startTime=ts(0)))
     assert resumed.status["phase"] != api.FAILED, resumed.status["message"]
     assert resumed.status["deadline"] == {"pausedSeconds": 50.0}
-    assert status.deadline_left(api.resolve_spec({"activeDeadlineSeconds": 60}), resumed.status, NOW) == 10.0
+    left = deadlines.deadline_left(api.resolve_spec({"activeDeadlineSeconds": 60}), resumed.status, NOW)
+    assert left == 10.0
 
 
 def test_without_a_deadline_no_bookkeeping_is_written() -> None:
@@ -121,6 +122,6 @@ def test_without_a_deadline_no_bookkeeping_is_written() -> None:
     running = builders.build_job(spec, target)
     running["metadata"]["annotations"][api.ANNOTATION_SPEC_DIGEST] = builders.spec_digest(spec)
     running["status"] = {"active": 2, "ready": 2}
-    p = status.plan(b, spec, status.Observed(backend=backends.JOB, workload=running,
+    p = status.plan(b, spec, plan_types.Observed(backend=backends.JOB, workload=running,
                                              service=backends.JOB.build_service(spec, target)), target, NOW)
     assert "deadline" not in p.status and "activeDeadlineSeconds" not in running["spec"]

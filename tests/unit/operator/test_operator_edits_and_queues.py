@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 import pytest
-from pets_operator import api, backends, builders, pods, status
+from pets_operator import api, backends, builders, plan_types, pods, status
 from test_operator_status import NOW, body, cond, job, run
 
 pytestmark = pytest.mark.unit
@@ -54,11 +54,11 @@ def test_an_edit_while_suspended_rebuilds_the_workload_from_the_new_spec() -> No
     stale = job(suspend=True)
     stale["metadata"]["deletionTimestamp"] = "2026-01-02T03:04:00Z"
     waiting = status.plan(body(p.status, **new_spec), api.resolve_spec(new_spec),
-                          status.Observed(backend=backends.JOB, workload=None, stale=[stale], service={}),
+                          plan_types.Observed(backend=backends.JOB, workload=None, stale=[stale], service={}),
                           builders.Target("pets", "ns", 1), NOW)
     assert waiting.create == [] and waiting.status["phase"] == api.PENDING
     created = status.plan(body(waiting.status, **new_spec), api.resolve_spec(new_spec),
-                          status.Observed(backend=backends.JOB, workload=None, service={}),
+                          plan_types.Observed(backend=backends.JOB, workload=None, service={}),
                           builders.Target("pets", "ns", 1), NOW)
     (_, new_job) = created.create  # the output claim, then the Job
     assert new_job["metadata"]["name"] == "pets-r1"
@@ -76,7 +76,7 @@ def test_a_workload_from_before_the_digest_is_taken_as_current() -> None:
     old = job(suspend=True)
     spec = api.resolve_spec({"replicas": 2, "suspend": False})
     old["metadata"]["annotations"].pop(api.ANNOTATION_SPEC_DIGEST)
-    observed = status.Observed(backend=backends.JOB, workload=old, service={})
+    observed = plan_types.Observed(backend=backends.JOB, workload=old, service={})
     target = builders.Target("pets", "ns")
     p = status.plan(body({"phase": api.SUSPENDED}, replicas=2), spec, observed, target, NOW)
     assert p.delete == [] and p.suspend is False
@@ -97,14 +97,14 @@ def kueue_workload(*conditions: dict[str, Any], active: bool = True) -> dict[str
 
 
 def run_queued(st: dict[str, Any], workload: dict[str, Any] | None, qw: dict[str, Any] | None = None,
-               served: bool = True, **spec: Any) -> status.Plan:
+               served: bool = True, **spec: Any) -> plan_types.Plan:
     b = body(st, **spec)
     b["metadata"]["labels"] = dict(QUEUE)
     resolved = api.resolve_spec(b["spec"])
     target = builders.Target("pets", "ns", queue_labels=QUEUE)
     if workload is not None:
         workload["metadata"]["annotations"][api.ANNOTATION_SPEC_DIGEST] = builders.spec_digest(resolved)
-    obs = status.Observed(backend=backends.JOB, workload=workload, service={}, queue_workload=qw,
+    obs = plan_types.Observed(backend=backends.JOB, workload=workload, service={}, queue_workload=qw,
                           queue_served=served)
     return status.plan(b, resolved, obs, target, NOW)
 

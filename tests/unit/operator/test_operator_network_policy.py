@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from operator_specs import TARGET, spec  # tests/unit/operator/operator_specs.py
-from pets_operator import api, backends, builders, cli, render, status
+from pets_operator import api, backends, builders, cli, plan_types, render, status
 
 pytestmark = pytest.mark.unit
 
@@ -101,12 +101,12 @@ def body(st: dict[str, Any] | None = None, **spec_fields: Any) -> dict[str, Any]
 
 
 def plan(b: dict[str, Any], workload: dict[str, Any] | None = None,
-         settings: builders.NetworkPolicySettings | None = None) -> status.Plan:
+         settings: builders.NetworkPolicySettings | None = None) -> plan_types.Plan:
     s = api.resolve_spec(b["spec"])
     target = builders.Target("pets", "ns", network_policy=settings or builders.NetworkPolicySettings())
     if workload is not None:
         workload["metadata"]["annotations"][api.ANNOTATION_SPEC_DIGEST] = builders.spec_digest(s)
-    observed = status.Observed(backend=backends.JOB, workload=workload,
+    observed = plan_types.Observed(backend=backends.JOB, workload=workload,
                                service=backends.JOB.build_service(s, target) if workload else None)
     return status.plan(b, s, observed, target, NOW)
 
@@ -140,7 +140,7 @@ def test_turned_off_the_policy_it_made_is_deleted_and_no_other() -> None:
             "namespace": "ns"} in p.delete
     assert "networkPolicy" not in p.status["children"]
     # written as a merge patch that nulls it (a patch that only omitted it would keep the stored name)
-    assert status.merge_patch(made, p.status)["children"]["networkPolicy"] is None
+    assert plan_types.merge_patch(made, p.status)["children"]["networkPolicy"] is None
     assert "NetworkPolicy" not in [m["kind"] for m in p.create]
     # One the operator did not make (not in status.children) is not touched.
     never_made = plan(body({"phase": api.SUSPENDED}, networkPolicy=False, suspend=True), None)

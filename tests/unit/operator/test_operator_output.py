@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from pets_operator import api, handlers, status
+from pets_operator import api, handlers, output_durability
 
 pytestmark = pytest.mark.unit
 
@@ -27,25 +27,26 @@ def resolve(monkeypatch: pytest.MonkeyPatch, default_output: dict[str, Any], has
 def test_the_default_is_a_claim_where_the_cluster_has_a_default_class(
         monkeypatch: pytest.MonkeyPatch) -> None:
     assert resolve(monkeypatch, api.default_output(), True) == \
-        ((api.default_output(), status.OPERATOR_DEFAULT), ["storageclasses"])
+        ((api.default_output(), output_durability.OPERATOR_DEFAULT), ["storageclasses"])
     # Not allowed to list StorageClasses (None): taken that there is one; a Pending claim says otherwise.
     assert resolve(monkeypatch, api.default_output(), None)[0] == \
-        (api.default_output(), status.OPERATOR_DEFAULT)
+        (api.default_output(), output_durability.OPERATOR_DEFAULT)
 
 
 def test_no_default_class_falls_back_to_an_emptydir(monkeypatch: pytest.MonkeyPatch) -> None:
     assert resolve(monkeypatch, api.default_output(), False)[0] == \
-        ({"emptyDir": {}}, status.NO_DEFAULT_STORAGE_CLASS)
+        ({"emptyDir": {}}, output_durability.NO_DEFAULT_STORAGE_CLASS)
 
 
 def test_a_named_class_or_an_emptydir_default_asks_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     named = api.default_output("managedClaim", "5Gi", "fast")
-    assert resolve(monkeypatch, named, False) == ((named, status.OPERATOR_DEFAULT), [])
-    assert resolve(monkeypatch, {"emptyDir": {}}, False) == (({"emptyDir": {}}, status.OPERATOR_DEFAULT), [])
+    assert resolve(monkeypatch, named, False) == ((named, output_durability.OPERATOR_DEFAULT), [])
+    assert resolve(monkeypatch, {"emptyDir": {}}, False) == \
+        (({"emptyDir": {}}, output_durability.OPERATOR_DEFAULT), [])
 
 
 def test_once_chosen_the_choice_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
     """A later default (the chart changed, a default class added) never moves a training's work."""
-    old = {"output": {"emptyDir": {}}, "outputReason": status.NO_DEFAULT_STORAGE_CLASS}
+    old = {"output": {"emptyDir": {}}, "outputReason": output_durability.NO_DEFAULT_STORAGE_CLASS}
     assert resolve(monkeypatch, api.default_output(), True, old) == \
-        (({"emptyDir": {}}, status.NO_DEFAULT_STORAGE_CLASS), [])
+        (({"emptyDir": {}}, output_durability.NO_DEFAULT_STORAGE_CLASS), [])

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 from operator_specs import TARGET, env_of, spec  # tests/unit/operator/operator_specs.py
-from pets_operator import api, backends, builders, cluster, handlers, pods, status
+from pets_operator import api, backends, builders, cluster, handlers, plan_types, pods, status
 
 pytestmark = pytest.mark.unit
 
@@ -180,10 +180,10 @@ def running_job(attempt: int = 0, **spec_fields: Any) -> dict[str, Any]:
 
 
 def plan(b: dict[str, Any], workload: dict[str, Any] | None, pod_list: list[dict[str, Any]],
-         **observed: Any) -> status.Plan:
+         **observed: Any) -> plan_types.Plan:
     s = api.resolve_spec(b["spec"])
     target = builders.Target("pets", "ns", int(b["status"].get("attempt", 0)))
-    obs = status.Observed(backend=backends.JOB, workload=workload, pods=pod_list,
+    obs = plan_types.Observed(backend=backends.JOB, workload=workload, pods=pod_list,
                           service=backends.JOB.build_service(s, target), **observed)
     return status.plan(b, s, obs, target, NOW)
 

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from pets_operator import api, backends, builders, pods, status
+from pets_operator import api, backends, builders, plan_types, pods, stall, status
 
 pytestmark = pytest.mark.unit
 
@@ -225,7 +225,8 @@ def test_a_urls_credentials_never_reach_the_failure() -> None:
                            RANK_OF)
     assert f is not None and f.log_tail is not None and "https://REDACTED@host:x/a.tar?REDACTED" in f.log_tail
     assert "pa55word" not in f.log_tail and "5ig" not in f.log_tail
-    summary = json.dumps({"status": "failed", "error": "spec.dataset.url: http://u:pa55word@h/x?sig=5ig refused"})
+    error = "spec.dataset.url: http://u:pa55word@h/x?sig=5ig refused"
+    summary = json.dumps({"status": "failed", "error": error})
     f = pods.first_failure([failed(0, 78, "2026-01-02T03:00:01Z", message=summary)], RANK_OF)
     assert f is not None and f.message == "spec.dataset.url: http://REDACTED@h/x?REDACTED refused"
 
@@ -304,11 +305,11 @@ def plan(
     pod_list: list[dict[str, Any]],
     now: datetime = NOW,
     **observed: Any,
-) -> status.Plan:
+) -> plan_types.Plan:
     spec = api.resolve_spec(b["spec"])
     restarts = int((b.get("status") or {}).get("restarts") or 0)
     target = builders.Target("pets", "ns", restarts)
-    obs = status.Observed(
+    obs = plan_types.Observed(
         backend=backends.JOB,
         workload=workload,
         service=backends.JOB.build_service(spec, target),
@@ -539,7 +540,7 @@ def test_stalled_is_set_and_cleared() -> None:
     running = [pod(0, phase="Running"), pod(1, phase="Running")]
     progress = {"pets_step": 10.0, "pets_elapsed_seconds": 100.0}  # 10 s a step -> bound 200 s
     start = plan(body({"phase": api.RUNNING}), job(active=2), running, progress=progress)
-    assert status.stall_bound(api.resolve_spec({}), start.status) == 200
+    assert stall.stall_bound(api.resolve_spec({}), start.status) == 200
     stalled_cond = next(c for c in start.status["conditions"] if c["type"] == "Stalled")
     assert stalled_cond["status"] == "False"
     quiet = plan(
@@ -559,8 +560,8 @@ def test_stalled_is_set_and_cleared() -> None:
 
 
 def test_explicit_stall_timeout() -> None:
-    assert status.stall_bound({"scheduling": {"stallTimeoutSeconds": 30}}, {}) == 30
-    assert status.stall_bound({}, {}) is None  # no step yet: nothing to measure against
+    assert stall.stall_bound({"scheduling": {"stallTimeoutSeconds": 30}}, {}) == 30
+    assert stall.stall_bound({}, {}) is None  # no step yet: nothing to measure against
 
 
 def test_unreadable_progress_is_said_once_after_the_grace() -> None:
@@ -606,21 +607,21 @@ def test_unreadable_progress_is_said_once_after_the_grace() -> None:
 def test_a_plans_deadline_only_ever_shortens_the_wait() -> None:
     from pets_operator import handlers
 
-    running = status.Plan(status={"phase": api.RUNNING}, requeue_after=180.0)  # a stall bound far off
+    running = plan_types.Plan(status={"phase": api.RUNNING}, requeue_after=180.0)  # a stall bound far off
     assert handlers.next_delay(running, poll_active=10.0) == 180.0  # a watched Job: no poll, the bound
-    assert handlers.next_delay(status.Plan(status={"phase": api.RUNNING}), 10.0) == handlers.RESYNC
+    assert handlers.next_delay(plan_types.Plan(status={"phase": api.RUNNING}), 10.0) == handlers.RESYNC
     assert handlers.next_delay(running, poll_active=10.0, watched=False) == 10.0  # a PyTorchJob is polled
-    soon = status.Plan(status={"phase": api.RUNNING}, requeue_after=3.0)
+    soon = plan_types.Plan(status={"phase": api.RUNNING}, requeue_after=3.0)
     assert handlers.next_delay(soon, poll_active=10.0) == 3.0
-    restart = status.Plan(status={"phase": api.RESTARTING}, requeue_after=0.0)
+    restart = plan_types.Plan(status={"phase": api.RESTARTING}, requeue_after=0.0)
     assert handlers.next_delay(restart, poll_active=10.0) == 0.5
-    ttl = status.Plan(status={"phase": api.SUCCEEDED}, requeue_after=60.0)
+    ttl = plan_types.Plan(status={"phase": api.SUCCEEDED}, requeue_after=60.0)
     assert handlers.next_delay(ttl, poll_active=10.0) == 60.0
-    assert handlers.next_delay(status.Plan(status={"phase": api.SUCCEEDED}), 10.0) is None
-    waiting = status.Plan(status={"phase": api.PENDING, "pendingSince": "2026-01-02T03:04:05Z"})
+    assert handlers.next_delay(plan_types.Plan(status={"phase": api.SUCCEEDED}), 10.0) is None
+    waiting = plan_types.Plan(status={"phase": api.PENDING, "pendingSince": "2026-01-02T03:04:05Z"})
     assert handlers.next_delay(waiting, poll_active=10.0) == 10.0  # mount failures: only in Events
-    assert handlers.next_delay(status.Plan(status={"phase": api.PENDING}), 10.0) == handlers.RESYNC
-    assert handlers.next_delay(status.Plan(status={"phase": api.QUEUED}), 10.0) == handlers.POLL_IDLE
+    assert handlers.next_delay(plan_types.Plan(status={"phase": api.PENDING}), 10.0) == handlers.RESYNC
+    assert handlers.next_delay(plan_types.Plan(status={"phase": api.QUEUED}), 10.0) == handlers.POLL_IDLE
 
 
 def test_a_rank_that_finished_first_is_not_waiting() -> None:

@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from aiohttp import web
-from pets_operator import status
+from pets_operator import plan_types, stall
 from pets_operator.scraper import Scraper, Target, client_session
 from test_operator_scraper_hostile import _plan
 
@@ -20,23 +20,23 @@ NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)  # _plan's now
 ERROR = "http://10.0.0.5:9090/metrics: cannot connect: Connection refused"
 
 
-def plan(failing_for: float) -> status.Plan:
+def plan(failing_for: float) -> plan_types.Plan:
     """A running training's plan 60 s after rank 0 started (past the grace), its reads failing so long."""
     return _plan(None, ERROR, failing_since=NOW - timedelta(seconds=failing_for))
 
 
-def reported(p: status.Plan) -> dict[str, object] | None:
+def reported(p: plan_types.Plan) -> dict[str, object] | None:
     return next((c for c in p.status["conditions"] if c["type"] == "ProgressReported"), None)
 
 
 def test_a_first_failed_read_says_nothing_and_looks_again_after_the_next_scrape() -> None:
     p = plan(failing_for=3.0)
     assert reported(p) is None and p.events == []
-    assert p.requeue_after == pytest.approx(status.PROGRESS_CONFIRM_SECONDS - 3.0)
+    assert p.requeue_after == pytest.approx(stall.PROGRESS_CONFIRM_SECONDS - 3.0)
 
 
 def test_reads_failing_past_the_confirmation_are_said() -> None:
-    p = plan(failing_for=status.PROGRESS_CONFIRM_SECONDS + 1)
+    p = plan(failing_for=stall.PROGRESS_CONFIRM_SECONDS + 1)
     cond = reported(p)
     assert cond is not None and cond["status"] == "False" and cond["reason"] == "EndpointUnreachable"
     assert [e.reason for e in p.events] == ["ProgressUnreadable"]

@@ -1,6 +1,6 @@
 """Property tests (issue 28): what the operator reads from a training's pods, fed inputs hypothesis
 generates. Rank 0's metrics page (`progress.parse_progress`, `check_progress`) and its termination
-message (`pods.parse_summary`, then `status._mirror_summary`) are the pod's text, which the operator does
+message (`pods.parse_summary`, then `mirror.mirror_summary`) are the pod's text, which the operator does
 not trust: whatever it holds, they give numbers a status can hold (finite, within their field's range,
 of the field's type) or the operator's own refusal (`ProgressError`, a None summary), and a refusal
 never quotes the text (it goes into status conditions and Events).
@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
-from pets_operator import goodput, pods, status
+from pets_operator import goodput, mirror, pods
 from pets_operator.progress import PETS_TEXT_CAP, ProgressError, check_progress, parse_progress
 from prometheus_client.utils import floatToGoString
 
@@ -33,9 +33,9 @@ pytestmark = pytest.mark.unit
 PROPERTY = settings(max_examples=100, deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 MARKER = "SECRET-28-MARKER"  # what a hostile pod would like to see echoed into status and Events
-METRICS = list(status.READ_FIELDS)
-TOP = status.PROGRESS_TOP
-KEYS = "|".join(re.escape(key) for key, _kind, _top in status.READ_FIELDS.values())
+METRICS = list(mirror.READ_FIELDS)
+TOP = mirror.PROGRESS_TOP
+KEYS = "|".join(re.escape(key) for key, _kind, _top in mirror.READ_FIELDS.values())
 # Every message parse_progress may raise, whole: the kind of failure and the status field, nothing else.
 OWN_MESSAGE = re.compile(rf"not Prometheus text format|pets_\* lines over {PETS_TEXT_CAP // 1024} KiB"
                          rf"|value (?:out of range|of the wrong type|not an integer): (?:{KEYS})")
@@ -47,20 +47,20 @@ def assert_checked(values: object) -> None:
     integer field; and what it mirrors into status is JSON the API server takes."""
     assert isinstance(values, dict)
     for metric, value in values.items():
-        assert metric in status.READ_FIELDS, metric
-        _key, kind, top = status.READ_FIELDS[metric]
+        assert metric in mirror.READ_FIELDS, metric
+        _key, kind, top = mirror.READ_FIELDS[metric]
         assert type(value) is float and math.isfinite(value) and 0 <= value <= top, (metric, value)
         assert kind is float or value.is_integer(), (metric, value)
     mirrored: dict[str, Any] = {}
-    status._mirror_progress(mirrored, values, NOW)
+    mirror.mirror_progress(mirrored, values, NOW)
     goodput.read_attempt(mirrored, 0, None, values)
     json.dumps(mirrored, allow_nan=False)
-    for metric, (key, kind, top) in status.PROGRESS_FIELDS.items():
+    for metric, (key, kind, top) in mirror.PROGRESS_FIELDS.items():
         if metric in values and not key.startswith("lastCheckpoint"):
             assert type(mirrored[key]) is kind and 0 <= mirrored[key] <= top, (key, mirrored[key])
     for part in ("epoch", "step"):  # lastCheckpoint: {epoch, step, time}, each a count when there
         value = (mirrored.get("lastCheckpoint") or {}).get(part)
-        assert value is None or (type(value) is int and 0 <= value <= status.PROGRESS_TOP), mirrored
+        assert value is None or (type(value) is int and 0 <= value <= mirror.PROGRESS_TOP), mirrored
 
 
 def parse_or_refuse(text: str, parse: Callable[[str], dict[str, float]] = parse_progress) -> str:
@@ -164,7 +164,7 @@ def test_the_marker_never_reaches_an_error_wherever_it_is_put(page: str, eol: st
 
 
 def _in_range(metric: str) -> st.SearchStrategy[float | int]:
-    _key, kind, top = status.READ_FIELDS[metric]
+    _key, kind, top = mirror.READ_FIELDS[metric]
     if kind is int:
         return st.integers(0, top)
     return st.floats(0, top, allow_nan=False)
@@ -197,7 +197,7 @@ def test_check_progress_of_any_mapping_gives_checked_values_or_our_error(raw: di
     outcome = parse_or_refuse("", lambda _text: check_progress(raw))
     if outcome == "ok":
         for metric, value in raw.items():
-            if metric in status.READ_FIELDS and not (isinstance(value, float) and math.isnan(value)):
+            if metric in mirror.READ_FIELDS and not (isinstance(value, float) and math.isnan(value)):
                 assert metric in check_progress(raw)
 
 
@@ -245,7 +245,7 @@ def assert_summary_fits_a_status(summary: object, total_epochs: int) -> None:
     json.dumps(summary, allow_nan=False)
     copy.deepcopy(summary)
     mirrored: dict[str, Any] = {}
-    status._mirror_summary(mirrored, summary, total_epochs)
+    mirror.mirror_summary(mirrored, summary, total_epochs)
     json.dumps(mirrored, allow_nan=False)
     for key, top in (("evalAccuracy", 1.0), ("trainLoss", TOP), ("imagesPerSecond", TOP)):
         if key in mirrored:
@@ -308,7 +308,7 @@ def test_mirroring_any_summary_puts_only_in_range_fields_in_status(summary: dict
                                                                    total_epochs: int) -> None:
     """_mirror_summary on its own, whatever dict it is handed: the fields it sets are within range."""
     mirrored: dict[str, Any] = {}
-    status._mirror_summary(mirrored, summary, total_epochs)
+    mirror.mirror_summary(mirrored, summary, total_epochs)
     for key, top in (("evalAccuracy", 1.0), ("trainLoss", TOP), ("imagesPerSecond", TOP)):
         if key in mirrored:
             assert type(mirrored[key]) is float and math.isfinite(mirrored[key]) and 0 <= mirrored[key] <= top

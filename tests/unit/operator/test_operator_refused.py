@@ -1,5 +1,5 @@
 """Children the API server refuses: permanent or not (cluster.child_refusal_permanent), what the
-training then shows (status.plan_child_refused), and what the adapter does (handlers._carry_out)."""
+training then shows (refusals.plan_child_refused), and what the adapter does (handlers._carry_out)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from kubernetes.client.exceptions import ApiException
-from pets_operator import api, builders, handlers, status
+from pets_operator import api, builders, handlers, plan_types, refusals, status
 from pets_operator.cluster import child_refusal_permanent
 
 pytestmark = pytest.mark.unit
@@ -70,13 +70,13 @@ def service_manifest() -> dict[str, Any]:
     return builders.build_service(api.resolve_spec({}), builders.Target("pets", "ns"))
 
 
-def cond(plan: status.Plan, ctype: str) -> dict[str, Any]:
+def cond(plan: plan_types.Plan, ctype: str) -> dict[str, Any]:
     return next(c for c in plan.status["conditions"] if c["type"] == ctype)
 
 
 def test_permanent_refusal_fails_with_the_servers_words_and_cleans_up() -> None:
     svc = service_manifest()
-    p = status.plan_child_refused(body({"phase": api.PENDING, "pendingSince": "2026-01-02T03:00:00Z"}), VAP,
+    p = refusals.plan_child_refused(body({"phase": api.PENDING, "pendingSince": "2026-01-02T03:00:00Z"}), VAP,
                                   NOW, True, child="Job pets-r0", cleanup=[svc])
     assert p.status["phase"] == api.FAILED
     assert VAP in p.status["message"] and "Job pets-r0" in p.status["message"]
@@ -87,7 +87,7 @@ def test_permanent_refusal_fails_with_the_servers_words_and_cleans_up() -> None:
     assert p.create == [] and p.requeue_after is None
     assert p.status["completionTime"] == "2026-01-02T03:04:05Z" and "pendingSince" not in p.status
     # Said once: the same refusal seen again emits no second Event.
-    again = status.plan_child_refused(body(p.status), VAP, NOW + timedelta(seconds=5), True,
+    again = refusals.plan_child_refused(body(p.status), VAP, NOW + timedelta(seconds=5), True,
                                       child="Job pets-r0")
     assert again.events == [] and again.status["phase"] == api.FAILED
 
@@ -97,7 +97,7 @@ QUOTA = ('jobs.batch "pets-r0" is forbidden: exceeded quota: jobs, requested: co
 
 
 def test_transient_refusal_waits_pending_with_the_reason_and_backs_off() -> None:
-    first = status.plan_child_refused(body({"phase": api.PENDING}), QUOTA, NOW, False, child="Job pets-r0",
+    first = refusals.plan_child_refused(body({"phase": api.PENDING}), QUOTA, NOW, False, child="Job pets-r0",
                                       cleanup=[service_manifest()])
     assert first.status["phase"] == api.PENDING and first.delete == []
     assert cond(first, "Progressing")["reason"] == "ChildCreateRetrying"
@@ -107,7 +107,7 @@ def test_transient_refusal_waits_pending_with_the_reason_and_backs_off() -> None
     delays = [first.requeue_after]
     st = first.status
     for waited in (2, 4, 8, 16, 32, 64, 600):
-        p = status.plan_child_refused(body(st), QUOTA, NOW + timedelta(seconds=waited), False,
+        p = refusals.plan_child_refused(body(st), QUOTA, NOW + timedelta(seconds=waited), False,
                                       child="Job pets-r0")
         assert p.events == [] and p.status["pendingSince"] == "2026-01-02T03:04:05Z"
         delays.append(p.requeue_after)
@@ -116,7 +116,7 @@ def test_transient_refusal_waits_pending_with_the_reason_and_backs_off() -> None
 
 
 def test_transient_refusal_during_a_restart_stays_restarting_and_workload_is_not_active() -> None:
-    p = status.plan_child_refused(body({"phase": api.RESTARTING, "restarts": 1, "workloadActive": True}),
+    p = refusals.plan_child_refused(body({"phase": api.RESTARTING, "restarts": 1, "workloadActive": True}),
                                   QUOTA, NOW, False)
     assert p.status["phase"] == api.RESTARTING and p.status["workloadActive"] is False
 
@@ -124,12 +124,12 @@ def test_transient_refusal_during_a_restart_stays_restarting_and_workload_is_not
 def test_pending_timeout_bounds_a_transient_refusal() -> None:
     spec = {"scheduling": {"pendingTimeoutSeconds": 60}}
     st = {"phase": api.PENDING, "pendingSince": "2026-01-02T03:03:35Z"}  # 30 s ago
-    waiting = status.plan_child_refused(body(st, **spec), QUOTA, NOW, False, child="Job pets-r0")
+    waiting = refusals.plan_child_refused(body(st, **spec), QUOTA, NOW, False, child="Job pets-r0")
     assert waiting.status["phase"] == api.PENDING and waiting.requeue_after == 30.0
-    later = status.plan_child_refused(body(st, **spec), QUOTA, NOW + timedelta(seconds=25), False,
+    later = refusals.plan_child_refused(body(st, **spec), QUOTA, NOW + timedelta(seconds=25), False,
                                       child="Job pets-r0")
     assert later.requeue_after == 5.0  # never sleeps past the deadline
-    over = status.plan_child_refused(body(st, **spec), QUOTA, NOW + timedelta(seconds=31), False,
+    over = refusals.plan_child_refused(body(st, **spec), QUOTA, NOW + timedelta(seconds=31), False,
                                      child="Job pets-r0", cleanup=[service_manifest()])
     assert over.status["phase"] == api.FAILED and cond(over, "Failed")["reason"] == "PendingTimeout"
     assert "pendingTimeoutSeconds=60" in over.status["message"] and QUOTA in over.status["message"]
@@ -189,13 +189,13 @@ def events(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str, str]]:
     return posted
 
 
-def plan_creating_both() -> tuple[dict[str, Any], status.Plan]:
+def plan_creating_both() -> tuple[dict[str, Any], plan_types.Plan]:
     from pets_operator import backends
 
     b = body()
     spec = api.resolve_spec({})
     target = builders.Target("pets", "ns")
-    obs = status.Observed(backend=backends.get("job"), workload=None)
+    obs = plan_types.Observed(backend=backends.get("job"), workload=None)
     return b, status.plan(b, spec, obs, target, NOW)
 
 
@@ -226,7 +226,7 @@ def test_carry_out_waits_on_a_quota_and_keeps_the_service(events: list[tuple[str
     assert next(c for c in cl.statuses[-1]["conditions"] if c["type"] == "Progressing")["reason"] == \
         "ChildCreateRetrying"
     assert [(t, r) for t, r, _ in events] == [("Warning", "ChildCreateRetrying")]
-    assert delay == status.CHILD_RETRY_MIN_SECONDS
+    assert delay == refusals.CHILD_RETRY_MIN_SECONDS
 
 
 def test_a_quota_that_refuses_the_output_claim_says_the_work_is_not_durable(
@@ -246,7 +246,7 @@ def test_a_quota_that_refuses_the_output_claim_says_the_work_is_not_durable(
     durable = next(c for c in written["conditions"] if c["type"] == "OutputDurable")
     assert (durable["status"], durable["reason"]) == ("False", "ClaimRefused")
     assert "pets-output" in durable["message"] and "exceeded quota: storage" in durable["message"]
-    assert delay == status.CHILD_RETRY_MIN_SECONDS
+    assert delay == refusals.CHILD_RETRY_MIN_SECONDS
 
 
 def test_carry_out_cleans_up_a_service_made_by_an_earlier_round(events: list[tuple[str, str, str]]) -> None:
@@ -292,13 +292,13 @@ def test_status_writes_within_a_phase_are_at_most_one_per_interval(
     cl.stored = dict(b["status"])
     log = logging.getLogger("test")
     creating = "containers are being created"
-    scheduled = status.Plan(status={**b["status"], "message": f"2/2 pod(s) waiting: {creating}"})
+    scheduled = plan_types.Plan(status={**b["status"], "message": f"2/2 pod(s) waiting: {creating}"})
     handlers._carry_out(ctx, cl, b, scheduled, log)
     assert len(cl.statuses) == 1  # the first write goes at once
-    one_up = status.Plan(status={**b["status"], "message": f"1/2 pod(s) waiting: {creating}"})
+    one_up = plan_types.Plan(status={**b["status"], "message": f"1/2 pod(s) waiting: {creating}"})
     wait = handlers._carry_out(ctx, cl, b, one_up, log)
     assert len(cl.statuses) == 1 and wait is not None and 0 < wait <= handlers.STATUS_WRITE_INTERVAL
-    running = status.Plan(status={**b["status"], "phase": api.RUNNING, "message": "2/2 pods running"})
+    running = plan_types.Plan(status={**b["status"], "phase": api.RUNNING, "message": "2/2 pods running"})
     handlers._carry_out(ctx, cl, b, running, log)
     assert [s["phase"] for s in cl.statuses] == [api.PENDING, api.RUNNING]  # a phase change: at once
     b2, both = plan_creating_both()

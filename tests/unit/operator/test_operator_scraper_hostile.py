@@ -19,7 +19,7 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
-from pets_operator import api, backends, builders, status
+from pets_operator import api, backends, builders, mirror, plan_types, stall, status
 from pets_operator.progress import PETS_TEXT_CAP, ProgressError, check_progress, parse_progress
 from pets_operator.scraper import (
     BODY_CAP,
@@ -305,12 +305,12 @@ def test_the_trainers_real_endpoint_reads_well_within_the_bounds() -> None:
     assert reading.error is None and reading.progress is not None
     assert set(reading.progress) == set(GAUGES) and reading.progress["pets_step"] == 1234567
     mirrored: dict[str, Any] = {}
-    status._mirror_progress(mirrored, reading.progress, datetime(2026, 1, 2, tzinfo=UTC))
+    mirror.mirror_progress(mirrored, reading.progress, datetime(2026, 1, 2, tzinfo=UTC))
     assert mirrored["step"] == 1234567 and mirrored["evalAccuracy"] == 0.875
 
 
 def test_check_progress_is_pure_and_bounds_every_field() -> None:
-    top = status.PROGRESS_TOP
+    top = mirror.PROGRESS_TOP
     assert check_progress({"pets_step": top, "pets_eval_accuracy": 1, "pets_train_loss": 0.0}) == {
         "pets_step": float(top), "pets_eval_accuracy": 1.0, "pets_train_loss": 0.0}
     assert check_progress({"pets_eta_seconds": math.nan, "other": math.inf}) == {}
@@ -331,7 +331,7 @@ def test_check_progress_is_pure_and_bounds_every_field() -> None:
 
 
 def _plan(progress: dict[str, float] | None, error: str | None,
-          failing_since: datetime | None = None) -> status.Plan:
+          failing_since: datetime | None = None) -> plan_types.Plan:
     """A running training's plan fed a reading, 60 s after rank 0 started (past the grace)."""
     now = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
     spec = api.resolve_spec({})
@@ -341,7 +341,7 @@ def _plan(progress: dict[str, float] | None, error: str | None,
     workload["status"] = {"active": 1, "ready": 1, "startTime": "2026-01-02T03:00:00Z"}
     job = backends.get("job")
     started = (now - timedelta(seconds=60)).strftime("%Y-%m-%dT%H:%M:%SZ")
-    observed = status.Observed(backend=job, workload=workload, service=job.build_service(spec, target),
+    observed = plan_types.Observed(backend=job, workload=workload, service=job.build_service(spec, target),
                                progress=progress, progress_error=error, rank0_running_since=started,
                                progress_failing_since=failing_since)
     body = {"metadata": {"name": "pets", "namespace": "ns", "generation": 1, "uid": "u1"}, "spec": {},
@@ -396,11 +396,11 @@ def test_fuzz_the_parser_and_checks_never_raise_else_and_never_pass_a_bad_value(
             continue
         outcomes["ok"] += 1
         for metric, value in values.items():
-            _key, kind, top = status.READ_FIELDS[metric]
+            _key, kind, top = mirror.READ_FIELDS[metric]
             assert type(value) is float and math.isfinite(value) and 0 <= value <= top, (text, metric)
             assert kind is float or value.is_integer()
         mirrored: dict[str, Any] = {}
-        status._mirror_progress(mirrored, values, datetime(2026, 1, 2, tzinfo=UTC))
+        mirror.mirror_progress(mirrored, values, datetime(2026, 1, 2, tzinfo=UTC))
         json.dumps(mirrored, allow_nan=False)
     assert outcomes["ok"] > 100 and outcomes["error"] > 100, outcomes  # both paths were exercised
 
@@ -420,7 +420,7 @@ def test_status_tells_an_unreachable_rank_0_from_a_refused_answer(exc: BaseExcep
     """EndpointUnreachable (with the NetworkPolicy hint) only when rank 0 could not be reached; a refused
     answer is ProgressRefused: a NetworkPolicy is not what to look at then."""
     error = f"http://10.0.0.5:9090/metrics: {_describe(exc)}"
-    assert status.unreachable(error) is unreachable
+    assert stall.unreachable(error) is unreachable
     planned = _plan(None, error)
     reported = next(c for c in planned.status["conditions"] if c["type"] == "ProgressReported")
     assert reported["reason"] == ("EndpointUnreachable" if unreachable else "ProgressRefused")

@@ -7,7 +7,17 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from pets_operator import api, backends, builders, pods, status
+from pets_operator import (
+    api,
+    backends,
+    builders,
+    output_durability,
+    plan_types,
+    pods,
+    refusals,
+    restarts,
+    status,
+)
 from pets_operator.progress import parse_progress
 
 pytestmark = pytest.mark.unit
@@ -30,7 +40,7 @@ def job(conditions: list[dict[str, Any]] | None = None, attempt: int = 0, suspen
 
 
 def run(b: dict[str, Any], workload: dict[str, Any] | None, *, backend: str = "job", now: datetime = NOW,
-        built_from: dict[str, Any] | None = None, **observed: Any) -> status.Plan:
+        built_from: dict[str, Any] | None = None, **observed: Any) -> plan_types.Plan:
     """Plan with `workload` as the current one, built from the body's spec (or from `built_from`)."""
     spec = api.resolve_spec(b["spec"])
     chosen = backends.get(backend)
@@ -39,18 +49,18 @@ def run(b: dict[str, Any], workload: dict[str, Any] | None, *, backend: str = "j
     if workload is not None:
         workload["metadata"]["annotations"][api.ANNOTATION_SPEC_DIGEST] = builders.spec_digest(
             api.resolve_spec(built_from) if built_from is not None else spec)
-    obs = status.Observed(backend=chosen, workload=workload, service=chosen.build_service(spec, target),
+    obs = plan_types.Observed(backend=chosen, workload=workload, service=chosen.build_service(spec, target),
                           **observed)
     return status.plan(b, spec, obs, target, now)
 
 
-def cond(plan: status.Plan, ctype: str) -> dict[str, Any]:
+def cond(plan: plan_types.Plan, ctype: str) -> dict[str, Any]:
     return next(c for c in plan.status["conditions"] if c["type"] == ctype)
 
 
 def test_new_training_creates_service_and_job_once() -> None:
     spec = api.resolve_spec({"replicas": 2, "backend": "job"})
-    observed = status.Observed(backend=backends.JOB, workload=None, backend_reason="spec.backend is job")
+    observed = plan_types.Observed(backend=backends.JOB, workload=None, backend_reason="spec.backend is job")
     p = status.plan(body(replicas=2, backend="job"), spec, observed, TARGET, NOW)
     assert [m["kind"] for m in p.create] == ["Service", "NetworkPolicy", "PersistentVolumeClaim", "Job"]
     assert p.status["phase"] == api.PENDING
@@ -69,7 +79,7 @@ def test_new_training_creates_service_and_job_once() -> None:
 
 def test_a_managed_output_claim_is_created_before_the_first_workload_only() -> None:
     spec = api.resolve_spec({"replicas": 2, "backend": "job", "output": {"managedClaim": {}}})
-    observed = status.Observed(backend=backends.JOB, workload=None)
+    observed = plan_types.Observed(backend=backends.JOB, workload=None)
     p = status.plan(body(replicas=2, backend="job", output={"managedClaim": {}}), spec, observed, TARGET, NOW)
     assert [m["kind"] for m in p.create] == ["Service", "NetworkPolicy", "PersistentVolumeClaim", "Job"]
     assert p.create[2]["metadata"]["name"] == "pets-output"
@@ -81,7 +91,7 @@ def test_a_managed_output_claim_is_created_before_the_first_workload_only() -> N
 def test_a_url_datasets_cache_claim_is_created_before_the_workload() -> None:
     dataset = {"url": "https://example.com/pets.tar.gz"}
     spec = api.resolve_spec({"replicas": 2, "backend": "job", "dataset": dataset})
-    observed = status.Observed(backend=backends.JOB, workload=None)
+    observed = plan_types.Observed(backend=backends.JOB, workload=None)
     p = status.plan(body(replicas=2, backend="job", dataset=dataset), spec, observed, TARGET, NOW)
     kinds = ["Service", "NetworkPolicy", "PersistentVolumeClaim", "PersistentVolumeClaim", "Job"]
     assert [m["kind"] for m in p.create] == kinds
@@ -92,7 +102,7 @@ def test_a_url_datasets_cache_claim_is_created_before_the_workload() -> None:
 def test_a_retained_claim_is_named_in_an_event_once() -> None:
     output = {"managedClaim": {"retentionPolicy": "Retain"}}
     spec = api.resolve_spec({"output": output})
-    observed = status.Observed(backend=backends.JOB, workload=None)
+    observed = plan_types.Observed(backend=backends.JOB, workload=None)
     p = status.plan(body(output=output), spec, observed, TARGET, NOW)
     (retained,) = [e for e in p.events if e.reason == "OutputClaimRetained"]
     assert "pets-output has retentionPolicy Retain" in retained.message
@@ -105,7 +115,7 @@ def test_a_retained_claim_is_named_in_an_event_once() -> None:
 def test_auto_says_what_it_chose_once() -> None:
     spec = api.resolve_spec({"backend": "auto"})
     why = "spec.backend is auto: --auto-backend is job"
-    observed = status.Observed(backend=backends.JOB, workload=None, backend_reason=why)
+    observed = plan_types.Observed(backend=backends.JOB, workload=None, backend_reason=why)
     p = status.plan(body(backend="auto"), spec, observed, TARGET, NOW)
     assert [(e.reason, e.message) for e in p.events] == [
         ("BackendSelected", f"running as a Job: {why}"), ("Created", "created Job pets")]
@@ -279,7 +289,7 @@ def test_child_timestamps_in_either_rfc3339_form() -> None:
 
 
 def test_invalid_spec_plan_fails_with_one_event() -> None:
-    p = status.plan_invalid(body({"phase": api.PENDING}), "spec.dataset: bad", NOW)
+    p = refusals.plan_invalid(body({"phase": api.PENDING}), "spec.dataset: bad", NOW)
     assert p.status["phase"] == api.FAILED and p.status["message"] == "spec.dataset: bad"
     assert cond(p, "Failed") == {"type": "Failed", "status": "True", "reason": "InvalidSpec",
                                  "message": "spec.dataset: bad", "lastTransitionTime": "2026-01-02T03:04:05Z",
@@ -287,16 +297,16 @@ def test_invalid_spec_plan_fails_with_one_event() -> None:
     assert [(e.type, e.reason) for e in p.events] == [("Warning", "InvalidSpec")]
     assert p.create == [] and p.delete == []
     # The same reason again (an operator restart) writes nothing new and emits no second Event.
-    again = status.plan_invalid(body(p.status), "spec.dataset: bad", NOW + timedelta(seconds=30))
+    again = refusals.plan_invalid(body(p.status), "spec.dataset: bad", NOW + timedelta(seconds=30))
     assert again.status == p.status and again.events == []
 
 
 def test_backend_unavailable_plan_waits_pending() -> None:
-    p = status.plan_backend_unavailable(body(), "spec.backend is 'pytorchjob' but ...", NOW)
+    p = refusals.plan_backend_unavailable(body(), "spec.backend is 'pytorchjob' but ...", NOW)
     assert p.status["phase"] == api.PENDING
     assert cond(p, "Progressing")["reason"] == "BackendUnavailable"
     assert [e.reason for e in p.events] == ["BackendUnavailable"]
-    assert status.plan_backend_unavailable(body(p.status), "spec.backend is 'pytorchjob' but ...",
+    assert refusals.plan_backend_unavailable(body(p.status), "spec.backend is 'pytorchjob' but ...",
                                            NOW).events == []
 
 
@@ -314,15 +324,15 @@ def test_target_attempt_names_the_workload_after_a_restart() -> None:
 ])
 def test_a_restart_says_where_it_resumes_for_each_output(output: dict[str, Any], says: str) -> None:
     spec = api.resolve_spec({"output": output})
-    assert status._resume_point(spec, {"lastCheckpoint": {"epoch": 2}}) == says
+    assert restarts.resume_point(spec, {"lastCheckpoint": {"epoch": 2}}) == says
     # With the run's steps known (the trainer's gauges), the step too: epochs are of equal length.
     with_steps = {"lastCheckpoint": {"epoch": 2}, "totalEpochs": 5, "stepsTotal": 60}
-    assert status._resume_point(spec, with_steps) == says + (", step 24" if "epoch 2" in says else "")
+    assert restarts.resume_point(spec, with_steps) == says + (", step 24" if "epoch 2" in says else "")
     # A trainer that serves its newest checkpoint's step (a step checkpoint, mid-epoch): that step, read
     # up to a progress interval ago, so "or later".
     step_checkpoint = {"lastCheckpoint": {"epoch": 2, "step": 31}}
     if "epoch 2" in says:
-        assert status._resume_point(spec, step_checkpoint) == \
+        assert restarts.resume_point(spec, step_checkpoint) == \
             "resuming from the newest checkpoint, at step 31 or later"
 
 
@@ -335,7 +345,7 @@ def test_a_restart_says_where_it_resumes_for_each_output(output: dict[str, Any],
 def test_output_durable_says_whether_the_work_outlives_the_pods(output: dict[str, Any], durable: str,
                                                                 reason: str, words: str) -> None:
     spec = api.resolve_spec({"output": output})
-    observed = status.Observed(backend=backends.JOB, workload=None)
+    observed = plan_types.Observed(backend=backends.JOB, workload=None)
     p = status.plan(body(output=output), spec, observed, TARGET, NOW)
     c = cond(p, "OutputDurable")
     assert (c["status"], c["reason"]) == (durable, reason) and words in c["message"], c
@@ -345,11 +355,11 @@ def test_output_durable_says_whether_the_work_outlives_the_pods(output: dict[str
 
 
 @pytest.mark.parametrize(("chosen", "why", "durable", "reason", "words"), [
-    (api.default_output(), status.OPERATOR_DEFAULT, "True", "ManagedClaim",
+    (api.default_output(), output_durability.OPERATOR_DEFAULT, "True", "ManagedClaim",
      "spec.output is unset, so checkpoints and results are on the claim pets-output"),
-    ({"emptyDir": {}}, status.NO_DEFAULT_STORAGE_CLASS, "False", "NoDefaultStorageClass",
+    ({"emptyDir": {}}, output_durability.NO_DEFAULT_STORAGE_CLASS, "False", "NoDefaultStorageClass",
      "the cluster has no default StorageClass, so the operator made no claim and fell back to an emptyDir"),
-    ({"emptyDir": {}}, status.OPERATOR_DEFAULT, "False", "EmptyDir",
+    ({"emptyDir": {}}, output_durability.OPERATOR_DEFAULT, "False", "EmptyDir",
      "the operator's default output is an emptyDir (the chart's defaultOutput.managedClaim.enabled=false)"),
 ])
 def test_an_unset_output_is_the_operators_choice_kept_in_status(
@@ -357,7 +367,7 @@ def test_an_unset_output_is_the_operators_choice_kept_in_status(
     """handlers._resolve_output chose `chosen` for a spec without output: status.output keeps it (the next
     round resolves from there), and OutputDurable says what it means."""
     spec = api.resolve_spec({}) | {"output": chosen}
-    observed = status.Observed(backend=backends.JOB, workload=None, output_reason=why)
+    observed = plan_types.Observed(backend=backends.JOB, workload=None, output_reason=why)
     p = status.plan(body(), spec, observed, TARGET, NOW)
     assert (p.status["output"], p.status["outputReason"]) == (chosen, why)
     c = cond(p, "OutputDurable")
@@ -371,8 +381,8 @@ def test_an_unset_output_is_the_operators_choice_kept_in_status(
 
 def test_an_output_the_spec_names_clears_an_old_choice() -> None:
     spec = api.resolve_spec({"output": {"emptyDir": {}}})
-    old = {"output": {"managedClaim": {}}, "outputReason": status.OPERATOR_DEFAULT}
-    observed = status.Observed(backend=backends.JOB, workload=None)
+    old = {"output": {"managedClaim": {}}, "outputReason": output_durability.OPERATOR_DEFAULT}
+    observed = plan_types.Observed(backend=backends.JOB, workload=None)
     p = status.plan(body(old, output={"emptyDir": {}}), spec, observed, TARGET, NOW)
     assert "output" not in p.status and "outputReason" not in p.status
 
@@ -383,7 +393,8 @@ def test_a_pending_claim_makes_output_durable_unknown_until_it_binds() -> None:
     claim["spec"]["storageClassName"] = "slow"
     pending = claim | {"status": {"phase": "Pending"}}
     running = {"phase": api.PENDING, "attempt": 0}
-    p = run(body(running), job(active=2), output_claim=pending, output_reason=status.OPERATOR_DEFAULT)
+    p = run(body(running), job(active=2), output_claim=pending,
+            output_reason=output_durability.OPERATOR_DEFAULT)
     c = cond(p, "OutputDurable")
     assert (c["status"], c["reason"]) == ("Unknown", "ClaimPending")
     assert "pets-output (StorageClass slow, ReadWriteOnce) is Pending" in c["message"]
@@ -392,7 +403,7 @@ def test_a_pending_claim_makes_output_durable_unknown_until_it_binds() -> None:
     several = pending | {"spec": {**pending["spec"], "accessModes": ["ReadWriteMany"]}}
     rwx = cond(run(body(running), job(active=2), output_claim=several), "OutputDurable")
     assert "a class without ReadWriteMany never binds it" in rwx["message"], rwx
-    bound = run(body(p.status), job(active=2, ready=2), output_reason=status.OPERATOR_DEFAULT)
+    bound = run(body(p.status), job(active=2, ready=2), output_reason=output_durability.OPERATOR_DEFAULT)
     assert (cond(bound, "OutputDurable")["status"], cond(bound, "OutputDurable")["reason"]) == \
         ("True", "ManagedClaim")
 
@@ -408,7 +419,7 @@ def test_a_claim_left_by_a_deleted_training_of_the_same_name_is_waited_for() -> 
         p = run(body(), None, output_claim=going)
         assert p.create == [] and p.status["phase"] == api.PENDING
         assert cond(p, "Progressing")["reason"] == "WaitingForOldClaim", p.status
-        assert p.requeue_after == status.CHILD_RETRY_MIN_SECONDS
+        assert p.requeue_after == refusals.CHILD_RETRY_MIN_SECONDS
     # Ours (a round that made it, then crashed), or kept work (Retain: no owner): used as it is.
     ours = claim | {"metadata": {**claim["metadata"], "ownerReferences": [{"uid": "u1"}]}}
     for usable in (ours, claim):
@@ -422,14 +433,14 @@ def test_the_status_patch_removes_what_the_plan_removed_and_sends_only_what_chan
            "conditions": [{"type": "Ready", "status": "False"}]}
     new = {"phase": api.RUNNING, "restarts": 0, "children": {"job": "pets", "service": "pets"},
            "conditions": [{"type": "Ready", "status": "True"}], "epoch": 1}
-    assert status.merge_patch(old, new) == {
+    assert plan_types.merge_patch(old, new) == {
         "phase": api.RUNNING, "pendingSince": None, "output": None, "children": {"networkPolicy": None},
         "conditions": [{"type": "Ready", "status": "True"}], "epoch": 1}
-    assert status.merge_patch(new, new) == {}
-    assert status.merge_patch({}, new) == new
+    assert plan_types.merge_patch(new, new) == {}
+    assert plan_types.merge_patch({}, new) == new
     # a dict where there was none is sent whole; one that became a scalar replaces it
-    assert status.merge_patch({"queue": "q"}, {"queue": {"name": "q"}}) == {"queue": {"name": "q"}}
-    assert status.merge_patch({"queue": {"name": "q"}}, {"queue": "q"}) == {"queue": "q"}
+    assert plan_types.merge_patch({"queue": "q"}, {"queue": {"name": "q"}}) == {"queue": {"name": "q"}}
+    assert plan_types.merge_patch({"queue": {"name": "q"}}, {"queue": "q"}) == {"queue": "q"}
 
 
 def test_a_training_that_leaves_pending_loses_pending_since_in_the_stored_status() -> None:
@@ -438,4 +449,4 @@ def test_a_training_that_leaves_pending_loses_pending_since_in_the_stored_status
                "children": {"job": "pets", "service": "pets"}}
     p = run(body(pending, replicas=2), job(active=2, ready=2))
     assert "pendingSince" not in p.status
-    assert status.merge_patch(pending, p.status)["pendingSince"] is None
+    assert plan_types.merge_patch(pending, p.status)["pendingSince"] is None

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from pets_operator import pods, status
+from pets_operator import mirror, pods
 
 pytestmark = pytest.mark.unit
 
@@ -30,7 +30,7 @@ def test_a_real_summary_still_reads_and_mirrors() -> None:
                                              "final_train_loss": 0.0386, "images_per_second": 301.7}))
     assert summary is not None
     st: dict[str, object] = {}
-    status._mirror_summary(st, summary, 5)
+    mirror.mirror_summary(st, summary, 5)
     assert (st["evalAccuracy"], st["epoch"], st["progress"]) == (0.99375, 5, "5/5")
     json.dumps(st, allow_nan=False)  # a patch the API server takes
 
@@ -40,5 +40,5 @@ def test_a_real_summary_still_reads_and_mirrors() -> None:
                                  {"images_per_second": 2**60}])
 def test_values_out_of_their_fields_range_are_not_mirrored(bad: dict[str, object]) -> None:
     st: dict[str, object] = {}
-    status._mirror_summary(st, {"status": "succeeded", **bad}, 5)
+    mirror.mirror_summary(st, {"status": "succeeded", **bad}, 5)
     assert not {"evalAccuracy", "epoch", "imagesPerSecond"} & st.keys(), st

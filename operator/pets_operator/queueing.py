@@ -1,0 +1,97 @@
+"""A training queued by Kueue: Kueue alone suspends and admits its workload, the user's spec.suspend goes
+through Kueue's Workload (spec.active), and Kueue's reasons (quota, preemption) are said in the status."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from pets_operator import api, builders
+from pets_operator.backends import WorkloadState
+from pets_operator.plan_types import Event, Observed, Plan
+
+# The phase, reason and message of a workload that runs (status._while_active), for an admitted one.
+WhileActive = Callable[[Plan, dict[str, Any], Observed, WorkloadState, int, datetime], tuple[str, str, str]]
+
+
+def queue_name(target: builders.Target) -> str:
+    return target.queue_labels.get(api.KUEUE_QUEUE_LABEL, "")
+
+
+def kueue_conditions(queue_workload: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+    conditions = ((queue_workload or {}).get("status") or {}).get("conditions") or []
+    return {c.get("type", ""): c for c in conditions}
+
+
+def while_queued(result: Plan, spec: dict[str, Any], observed: Observed, ws: WorkloadState,
+                 target: builders.Target, restarts: int, now: datetime, while_active: WhileActive
+                 ) -> tuple[str, str, str]:
+    """A workload in a Kueue queue: Kueue alone flips its suspend (admission, preemption). The user's
+    spec.suspend goes through Kueue's own switch, the Workload's spec.active; Kueue's reasons are
+    mirrored into status in its own words."""
+    status = result.status
+    assert observed.workload is not None
+    queue = queue_name(target)
+    if not observed.queue_served:
+        status["queue"] = {"name": queue, "admitted": False,
+                           "message": "Kueue is not installed (workloads.kueue.x-k8s.io is not served)"}
+        return (api.QUEUED, "QueueUnavailable",
+                f"labelled {api.KUEUE_QUEUE_LABEL}={queue}, but Kueue is not installed in this cluster, so "
+                f"nothing will admit the workload: install Kueue or remove the label")
+    qw = observed.queue_workload
+    conds = kueue_conditions(qw)
+    admitted = conds.get("Admitted", {}).get("status") == "True"
+    if qw is not None:
+        wanted = not spec["suspend"]
+        if bool((qw.get("spec") or {}).get("active", True)) != wanted:
+            result.queue_active, result.queue_workload = wanted, qw["metadata"]["name"]
+            result.events.append(Event("Normal", "Resumed" if wanted else "Suspended",
+                                       f"{'activating' if wanted else 'deactivating'} Kueue Workload "
+                                       f"{qw['metadata']['name']}"))
+    suspended = observed.backend.is_suspended(observed.workload)
+    if spec["suspend"]:
+        status.pop("pendingSince", None)
+        detail = "" if suspended else "; its pods stop once Kueue suspends the workload"
+        message = (f"suspended: Kueue Workload {qw['metadata']['name']} is deactivated{detail}" if qw
+                   else "suspended: Kueue's Workload is deactivated as soon as Kueue has made it")
+        status["queue"] = queue_status(queue, qw, admitted, message)
+        return api.SUSPENDED, "Deactivated", message
+    if not suspended:  # admitted: Kueue unsuspended it; from here on the pods tell
+        status["queue"] = queue_status(queue, qw, True, "")
+        return while_active(result, spec, observed, ws, restarts, now)
+    status.pop("pendingSince", None)
+    evicted = next((c for t in ("Evicted", "Preempted") if (c := conds.get(t, {})).get("status") == "True"
+                    and c.get("reason") not in KUEUE_NOT_PREEMPTION), None)
+    old_phase = result.status.get("phase")
+    if evicted or old_phase in (api.RUNNING, api.PREEMPTED):
+        why = evicted or {}
+        message = (f"preempted by Kueue ({why.get('reason') or 'Evicted'}: "
+                   f"{why.get('message') or 'suspended'}); it waits to be admitted again and then resumes "
+                   "from its newest checkpoint (not a failure)")
+        status["queue"] = queue_status(queue, qw, False, why.get("message") or "")
+        if old_phase != api.PREEMPTED:
+            result.events.append(Event("Warning", "Preempted", message))
+        return api.PREEMPTED, why.get("reason") or "Preempted", message
+    waiting = conds.get("QuotaReserved") or {}
+    backend = observed.backend
+    no_workload = (f"Kueue has made no Workload for the {backend.kind} yet (if this lasts: is Kueue's "
+                   f"{backend.group}/{backend.name} integration enabled?)")
+    kueue_says = waiting.get("message") or (no_workload if qw is None else "waiting for admission")
+    message = f"queued in {queue}: {kueue_says}"
+    status["queue"] = queue_status(queue, qw, False, kueue_says)
+    if old_phase != api.QUEUED:
+        result.events.append(Event("Normal", "Queued", message))
+    return api.QUEUED, waiting.get("reason") or "WaitingForAdmission", message
+
+
+# Kueue's eviction reasons that are the user's doing, not a preemption: the Workload was deactivated
+# (spec.suspend) and is being activated again.
+KUEUE_NOT_PREEMPTION = ("InactiveWorkload", "Deactivated")
+
+
+def queue_status(queue: str, qw: dict[str, Any] | None, admitted: bool, message: str) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": queue, "admitted": admitted, "message": message}
+    if qw is not None:
+        out["workload"] = qw["metadata"]["name"]
+    return out

@@ -1,0 +1,116 @@
+"""After a failure: the gang restart (spec.maxRestarts, disruptions the cluster caused not counted), the
+permanent failure that ends a training at once, pods stuck on a lost node, and where the next attempt
+resumes."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pets_operator import api, goodput, pods
+from pets_operator.backends import WorkloadState, parse_timestamp, timestamp
+from pets_operator.plan_types import Event, Observed, Plan, ref
+
+
+def failure_record(failure: pods.Failure, now: datetime) -> dict[str, Any]:
+    record: dict[str, Any] = {
+        "cause": failure.cause, "pod": failure.pod, "message": failure.message,
+        "time": timestamp(parse_timestamp(failure.finished_at)) if failure.finished_at else timestamp(now),
+    }
+    for key, value in (("rank", failure.rank), ("node", failure.node), ("exitCode", failure.exit_code),
+                       ("logTail", failure.log_tail)):
+        if value is not None:
+            record[key] = value
+    return record
+
+
+def force_delete_lost(result: Plan, observed: Observed) -> None:
+    """Every pod stuck on a lost node is force-deleted (after the status write, see handlers._carry_out):
+    no kubelet will confirm its end, and until it is gone its workload's deletion, and so the next
+    attempt, waits for it."""
+    for pod in observed.lost_pods:
+        meta = pod.get("metadata") or {}
+        node = pods.node_of(pod)
+        result.force_delete.append({"name": str(meta.get("name")), "uid": str(meta.get("uid") or "")})
+        result.events.append(Event("Warning", "NodeLost", (
+            f"node {node} stopped responding ({observed.lost_nodes.get(node, 'lost')}): force-deleting "
+            f"pod {meta.get('name')}, which no kubelet will ever finish")))
+
+
+def lost_current(observed: Observed) -> pods.Failure | None:
+    """The current attempt's first pod on a lost node, as its failure (None: none is)."""
+    current = {(p.get("metadata") or {}).get("name") for p in observed.pods or []}
+    lost = [p for p in observed.lost_pods if (p.get("metadata") or {}).get("name") in current]
+    if not lost:
+        return None
+    pod = min(lost, key=lambda p: observed.backend.rank_of(p) or 0)
+    return pods.lost_node_failure(pod, observed.lost_nodes.get(pods.node_of(pod), "lost"),
+                                  observed.backend.rank_of)
+
+
+def after_failure(result: Plan, spec: dict[str, Any], observed: Observed, ws: WorkloadState,
+                   restarts: int, now: datetime) -> tuple[str, str, str]:
+    """The one restart rule: the cluster's failures restart the gang for free, the training's count,
+    and an error the trainer calls permanent (or the workload's own failure policy) ends it at once.
+    A pod on a lost node is the cluster's failure, and explains its peers' (they lost it)."""
+    status = result.status
+    assert observed.workload is not None
+    trainer_error = (observed.summary or {}).get("error")
+    failure = lost_current(observed) or pods.first_failure(observed.pods or [], observed.backend.rank_of)
+    disrupted = bool(observed.backend.disrupted_reason) and ws.reason == observed.backend.disrupted_reason
+    if disrupted and failure is not None and (not failure.caused_by_cluster or failure.cause == "Stopped"):
+        # The disrupted pod is gone (an eviction deletes it); its peers' exits only say they lost it, or
+        # (exit 75) that they stopped with it, after the step checkpoint its SIGTERM asked for.
+        failure = None
+    detail = failure.message if failure else ws.message
+    if trainer_error and failure is None:
+        detail = f"{ws.message}; trainer: {trainer_error}"
+    if failure is not None:
+        status["lastFailure"] = failure_record(failure, now)
+    disruptions = int(status.get("disruptions") or 0)
+    counted = restarts - disruptions
+    permanent = (failure is not None and failure.permanent) or ws.reason == observed.backend.permanent_reason
+    by_cluster = (failure is not None and failure.caused_by_cluster) or disrupted
+    if failure is None and disrupted:  # the disrupted pod is gone; the Job's condition says what it was
+        status["lastFailure"] = {"cause": "Disrupted", "message": ws.message,
+                                 "time": ws.completion_time or timestamp(now)}
+    if (failure is not None or disrupted) and isinstance(status.get("step"), int):
+        status["lastFailure"]["lastStep"] = status["step"]  # how far it got (as last read): lostSteps
+    if observed.summary:  # a stopped or failed trainer's own split of this attempt
+        goodput.read_summary(status, int(status["attempt"]), observed.summary)
+    if not permanent and (by_cluster or counted < spec["maxRestarts"]):
+        status["restarts"] = restarts + 1
+        status["attempt"] = int(status["attempt"]) + 1
+        if by_cluster:
+            status["disruptions"] = disruptions + 1
+        result.delete.append(ref(observed.workload))
+        resume = resume_point(spec, status, observed.summary)
+        cost = ("not counted: the cluster ended the pod" if by_cluster
+                else f"{counted + 1}/{spec['maxRestarts']}")
+        message = f"attempt {restarts} failed ({detail}); restarting the gang ({cost}), {resume}"
+        result.events.append(Event("Warning", "Restarting", message))
+        result.requeue_after = 0.0
+        return api.RESTARTING, "GangRestart", message
+    status["completionTime"] = ws.completion_time or timestamp(now)
+    if permanent:
+        return api.FAILED, "PermanentError", f"failed: {detail} (a restart cannot fix this)"
+    if spec["maxRestarts"]:
+        return api.FAILED, "MaxRestartsExceeded", f"failed after {counted} counted restart(s): {detail}"
+    return api.FAILED, ws.reason, f"failed: {detail}"
+
+
+def resume_point(spec: dict[str, Any], status: dict[str, Any], summary: dict[str, Any] | None = None) -> str:
+    if "emptyDir" in api.output_of(spec):
+        return "starting from epoch 0 (the output is an emptyDir, which goes with the pods)"
+    if (summary or {}).get("status") == "stopped" and isinstance((summary or {}).get("global_step"), int):
+        assert summary is not None
+        return f"resuming at step {summary['global_step']}, from the checkpoint it saved on SIGTERM"
+    checkpoint = status.get("lastCheckpoint") or {}
+    if checkpoint.get("step"):  # the trainer's newest, an epoch's or a step checkpoint
+        return f"resuming from the newest checkpoint, at step {checkpoint['step']} or later"
+    if checkpoint.get("epoch"):
+        epoch, total, steps = checkpoint["epoch"], status.get("totalEpochs"), status.get("stepsTotal")
+        # Checkpoints are taken at epoch ends, and every epoch has the same number of steps.
+        at_step = f", step {epoch * steps // total}" if total and steps and steps % total == 0 else ""
+        return f"resuming from the checkpoint of epoch {epoch}{at_step}"
+    return "resuming from the newest checkpoint"

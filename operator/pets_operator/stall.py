@@ -1,0 +1,105 @@
+"""Progress that stops: the Stalled condition (no step for longer than the run's pace allows) and the
+ProgressReported condition (rank 0's endpoint answers, or why not)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pets_operator import api
+from pets_operator.backends import parse_timestamp
+from pets_operator.plan_types import Event, Observed, Plan, set_condition
+
+
+def stalled(result: Plan, spec: dict[str, Any], now: datetime, generation: int | None) -> None:
+    """Stalled: a Running training whose progress has not moved for longer than its own pace allows."""
+    status = result.status
+    bound = stall_bound(spec, status)
+    last = status.get("lastProgressTime") or status.get("startTime")
+    if status.get("phase") != api.RUNNING or bound is None or not last:
+        if any(c["type"] == "Stalled" for c in status["conditions"]):
+            set_condition(status["conditions"], "Stalled", False, "NotRunning", "", now, generation)
+        return
+    quiet = (now - parse_timestamp(last)).total_seconds()
+    stalled = quiet > bound
+    was = next((c for c in status["conditions"] if c["type"] == "Stalled" and c["status"] == "True"), None)
+    message = (f"no progress since {last} ({quiet:.0f} s, more than {bound:.0f} s)" if stalled else "")
+    set_condition(status["conditions"], "Stalled", stalled, "NoProgress" if stalled else "Progressing",
+                   message, now, generation)
+    if stalled and not was:
+        result.events.append(Event("Warning", "Stalled", message))
+    if not stalled:
+        left = bound - quiet
+        result.requeue_after = left if result.requeue_after is None else min(result.requeue_after, left)
+
+
+PROGRESS_GRACE_SECONDS = 30.0  # the trainer serves its gauges a few seconds after it starts
+
+
+# Reads must have failed this long (a second scrape, 10 s after the first) before status says so.
+PROGRESS_CONFIRM_SECONDS = 15.0
+
+
+# The scraper's words for a rank 0 it could not reach (scraper._describe). Any other error means rank 0
+# answered with something the operator refused: a redirect, a compressed or oversized body, a bad value.
+UNREACHABLE_ERRORS = ("timed out", "cannot connect", "server disconnected", "connection error")
+
+
+def unreachable(progress_error: str) -> bool:
+    """Whether a scrape's error says rank 0 could not be reached (the error is "<url>: <kind>")."""
+    kind = progress_error.rsplit("/metrics: ", 1)[-1]
+    return kind.startswith(UNREACHABLE_ERRORS)
+
+
+def progress_reported(result: Plan, observed: Observed, now: datetime, generation: int | None) -> None:
+    """ProgressReported: False, with the reason, when a running rank 0's gauges cannot be read (a
+    NetworkPolicy, a crashed metrics server, a wrong port); one Warning Event when that starts."""
+    status = result.status
+    if status.get("phase") != api.RUNNING:
+        return
+    if observed.progress is not None:
+        set_condition(status["conditions"], "ProgressReported", True, "Scraped", "", now, generation)
+        return
+    since = observed.rank0_running_since
+    if not observed.progress_error or not since:
+        return
+    left = PROGRESS_GRACE_SECONDS - (now - parse_timestamp(since)).total_seconds()
+    if observed.progress_failing_since is not None:
+        # One failed read is not enough: a rank 0 that has just finished its last step closes its
+        # endpoint a few seconds before the pod ends, and that is no reason to say anything.
+        left = max(left, PROGRESS_CONFIRM_SECONDS - (now - observed.progress_failing_since).total_seconds())
+    if left > 0:  # too early to say; look again when the grace is over (no event may come by then)
+        result.requeue_after = left if result.requeue_after is None else min(result.requeue_after, left)
+        return
+    if unreachable(observed.progress_error):
+        reason = "EndpointUnreachable"
+        message = (f"rank 0's progress cannot be read: {observed.progress_error}; the operator must reach "
+                   f"the trainer's metrics port (NetworkPolicy: the training's own admits the operator's "
+                   f"pods and the chart's trainingNetworkPolicy.metricsFrom; a namespace's other policies "
+                   f"may deny it, see the chart's networkPolicy.enabled)")
+    else:
+        reason = "ProgressRefused"
+        message = (f"rank 0's progress was refused: {observed.progress_error}; its metrics endpoint must "
+                   "serve the pets_* gauges as the trainer does (docs/contract.md)")
+    was = next((c for c in status["conditions"] if c["type"] == "ProgressReported"), None)
+    set_condition(status["conditions"], "ProgressReported", False, reason, message, now, generation)
+    if not was or was.get("status") != "False":
+        result.events.append(Event("Warning", "ProgressUnreadable", message))
+
+
+STALL_MIN_SECONDS = 120.0
+
+
+STALL_STEPS = 20  # this many steps' time without progress
+
+
+def stall_bound(spec: dict[str, Any], status: dict[str, Any]) -> float | None:
+    """Seconds without progress after which a Running training is Stalled: spec.stallTimeoutSeconds,
+    else 20 of its own steps (at least 2 minutes), once it has taken a step to measure."""
+    explicit = (spec.get("scheduling") or {}).get("stallTimeoutSeconds")
+    if explicit:
+        return float(explicit)
+    steps, elapsed = status.get("step"), status.get("elapsedSeconds")
+    if not steps or not elapsed:
+        return None
+    return max(STALL_MIN_SECONDS, STALL_STEPS * float(elapsed) / float(steps))
