@@ -5,7 +5,7 @@ What is checked (rendered into one temp directory):
   `charts/pets-training/ci/*.yaml` variant, plus the NetworkPolicy on;
 - what `pets-operator render` makes of `petstraining.yaml` and every PetsTraining in `examples/`, on the
   Job backend and on the PyTorchJob backend (`examples/pytorchjob.yaml`, and the sample as one);
-- the client's `fetch` pod (`pets_client.client.fetch_pod`).
+- the client's `fetch` pod (`pets_client.transfer.fetch_pod`).
 
 checkov reads a Job's pod template but not a PyTorchJob's (a custom resource), so each replica type's
 template is checked as a Job of its own; the Worker's carries the init container the harness's
@@ -92,7 +92,7 @@ def as_checkable(manifest: dict[str, Any]) -> list[dict[str, Any]]:
 def render_trainings(out: Path) -> None:
     from pets_operator import render
 
-    from pets_client import client
+    from pets_client import transfer
 
     samples = [REPO / "petstraining.yaml", *sorted((REPO / "examples").glob("*.yaml"))]
     for sample in samples:
@@ -107,7 +107,7 @@ def render_trainings(out: Path) -> None:
                 (out / f"render-{sample.stem}-{backend}.yaml").write_text(yaml.safe_dump_all(checkable))
     training = {"metadata": {"name": "pets", "namespace": TRAININGS_NAMESPACE},
                 "spec": {"output": {"persistentVolumeClaim": {"claimName": "pets-results"}}}}
-    pod = client.fetch_pod(training, "pets-training/trainer:0.1.0", ["summary.json"])
+    pod = transfer.fetch_pod(training, "pets-training/trainer:0.1.0", ["summary.json"])
     pod["metadata"] |= {"name": "pets-fetch", "namespace": TRAININGS_NAMESPACE}
     (out / "client-fetch-pod.yaml").write_text(yaml.safe_dump(pod))
 

@@ -7,14 +7,11 @@ credentials (a kubeconfig, or a pod's service account).
 
 from __future__ import annotations
 
-import base64
-import binascii
 import builtins
 import copy
 import hashlib
 import io
 import os
-import re
 import secrets
 import sys
 import tempfile
@@ -22,9 +19,10 @@ import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any
 
 from . import _api
+from . import upload as up
 from .errors import (
     FetchError,
     InvalidTrainingError,
@@ -38,9 +36,20 @@ from .errors import (
     terminal_text,
 )
 from .progress import BarState, bar_state, dataset_line, final_line, phase_line
-
-if TYPE_CHECKING:
-    from .upload import LocalFile, UploadResult
+from .transfer import (
+    CHUNK_OUTPUT_BYTES,
+    CHUNK_TRIES,
+    STDERR_KEPT_BYTES,
+    check_names,
+    chunk_command,
+    collect,
+    decode_chunk,
+    fetch_pod,
+    list_command,
+    listing_limit,
+    output_claim,
+    parse_listing,
+)
 
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 WATCH_CHUNK_S = 300  # one watch request at most this long; then it resumes from the last resourceVersion
@@ -111,289 +120,6 @@ def pod_selector(children: dict[str, Any], rank: int) -> str:
                 f"{_api.KUBEFLOW_REPLICA_TYPE_LABEL}={kind},{_api.KUBEFLOW_REPLICA_INDEX_LABEL}={index}")
     raise LogsError("the training has no workload yet (status.children is empty): the operator has "
                     "not created its Job; is the operator running?")
-
-
-FETCH_UID = 65532
-
-
-def output_claim(training: dict[str, Any]) -> dict[str, Any] | None:
-    """The claim a training writes its outputs to ({claimName, path?}), or None for an emptyDir (or a
-    training the operator has not yet seen): spec.output.persistentVolumeClaim, or the claim the operator
-    makes for spec.output.managedClaim; where spec.output is unset, what the operator chose
-    (status.output: a managed claim by default)."""
-    output = (training.get("spec") or {}).get("output") or (training.get("status") or {}).get("output") or {}
-    if output.get("managedClaim") is not None:
-        return {"claimName": f"{training['metadata']['name']}{_api.OUTPUT_CLAIM_SUFFIX}"}
-    return output.get("persistentVolumeClaim") or None
-
-
-def helper_pod(*, owner: str, component: str, image: str, claim_name: str | None, volume_name: str,
-               mount_path: str, read_only: bool, sub_path: str = "", scheduling: dict[str, Any] | None = None,
-               labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None,
-               lifetime_s: int = 900) -> dict[str, Any]:
-    """A short-lived pod that mounts one claim at ``mount_path`` and sleeps, for the client's exec calls
-    (`fetch` reads through it, `upload` writes). Its container is named ``component``. ``scheduling``: a
-    training spec whose nodeSelector, tolerations, imagePullSecrets and priorityClassName it copies."""
-    mount: dict[str, Any] = {"name": volume_name, "mountPath": mount_path}
-    if read_only:
-        mount["readOnly"] = True
-    sub = sub_path.strip("/")
-    if sub:
-        mount["subPath"] = sub
-    security: dict[str, Any] = {"runAsNonRoot": True, "runAsUser": FETCH_UID, "runAsGroup": FETCH_UID,
-                                "seccompProfile": {"type": "RuntimeDefault"}}
-    if not read_only:
-        # As the trainer's pods (builders.py): a claim's root made by a provisioner is writable by the
-        # group; OnRootMismatch skips the recursive chown of a claim that already has its data.
-        security |= {"fsGroup": FETCH_UID, "fsGroupChangePolicy": "OnRootMismatch"}
-    volume: dict[str, Any] = {"claimName": claim_name}
-    if read_only:
-        volume["readOnly"] = True
-    pod_spec: dict[str, Any] = {
-        "restartPolicy": "Never",
-        "activeDeadlineSeconds": lifetime_s,  # goes away by itself if the client dies before deleting it
-        "terminationGracePeriodSeconds": 0,
-        "automountServiceAccountToken": False,
-        # The trainer's uid and gid (the operator's builders.RUN_AS, the images' user): the trainer writes
-        # model.safetensors 0600, so only its own uid can read it back, and reads what upload wrote.
-        "securityContext": security,
-        "containers": [{
-            "name": component,
-            "image": image,
-            "imagePullPolicy": "IfNotPresent",
-            "command": ["sleep", str(lifetime_s)],
-            "volumeMounts": [mount],
-            "resources": {"requests": {"cpu": "50m", "memory": "64Mi"},
-                          "limits": {"cpu": "500m", "memory": "256Mi"}},
-            "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                                "capabilities": {"drop": ["ALL"]}},
-        }],
-        "volumes": [{"name": volume_name, "persistentVolumeClaim": volume}],
-    }
-    for key in ("nodeSelector", "tolerations", "imagePullSecrets", "priorityClassName"):
-        if (scheduling or {}).get(key):
-            pod_spec[key] = copy.deepcopy((scheduling or {})[key])
-    return {
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {
-            "generateName": f"{owner[:40]}-{component}-",
-            "labels": {"app.kubernetes.io/name": "pets-training", "app.kubernetes.io/component": component,
-                       "app.kubernetes.io/managed-by": "pets-client"} | (labels or {}),
-            "annotations": dict(annotations or {}),
-        },
-        "spec": pod_spec,
-    }
-
-
-def fetch_pod(training: dict[str, Any], image: str, files: list[str]) -> dict[str, Any]:
-    """A short-lived pod that mounts the training's output claim read-only, for `fetch`."""
-    name = training["metadata"]["name"]
-    claim = output_claim(training) or {}
-    return helper_pod(owner=name, component="fetch", image=image, claim_name=claim.get("claimName"),
-                      volume_name="output", mount_path=_api.OUTPUT_DIR, read_only=True,
-                      sub_path=str(claim.get("path") or "/"), scheduling=training.get("spec") or {},
-                      labels={f"{_api.GROUP}/fetch-of": name},
-                      annotations={f"{_api.GROUP}/files": ",".join(files)})
-
-
-_SAFE_FILE = re.compile(r"^[A-Za-z0-9_.-][A-Za-z0-9_./-]*$")
-
-
-# The exec stream of the kubernetes client (37.0.2, v5.channel.k8s.io, against this project's cluster)
-# dropped whole 32 KiB websocket frames from large outputs: a 45 MB tar came back about 1.2 MB short,
-# binary or base64 alike, with exit code 0. So fetch checks everything it reads: sizes and sha256
-# first, then each file in chunks small enough to come through (a short chunk is read again), and the
-# whole file against its digest.
-CHUNK_BYTES = 1 << 20
-CHUNK_TRIES = 3
-# The fetch pod runs the training's image, which may print anything: nothing it sends is trusted.
-# A file is assembled in memory, so a listed size above this is refused (a resnet50d
-# model.safetensors is about 95 MB); nothing read is longer than the listing says.
-MAX_FETCH_FILE_BYTES = 8 << 30
-_CHUNK_OUTPUT_BYTES = 4 * ((CHUNK_BYTES + 2) // 3) + 64  # one chunk's base64, and a little whitespace
-_STDERR_KEPT_BYTES = 4096
-_LISTING_LINE = re.compile(r"^([0-9]{1,20}) ([0-9a-f]{64}) (.+)$")
-
-
-def check_name(name: str) -> str:
-    """``name`` when it is a plain relative path under the output directory (letters, digits, ``_.-/``;
-    no empty, ``.`` or ``..`` part, not absolute); else FetchError naming it."""
-    if (not isinstance(name, str) or not _SAFE_FILE.fullmatch(name)
-            or any(p in ("", ".", "..") for p in name.split("/"))):
-        raise FetchError(f"cannot fetch {name!r}: a path relative to the output directory is needed "
-                         "(letters, digits, '_', '.', '-' and '/', no '.' or '..' part)")
-    return name
-
-
-def _check_names(files: list[str]) -> None:
-    for f in files:
-        check_name(f)
-
-
-def list_command(files: list[str], root: str = _api.OUTPUT_DIR) -> list[str]:
-    """The fetch pod's first command: `<size> <sha256> <name>` for each of ``files`` under ``root``
-    (/output; upload lists what is already in the claim with it)."""
-    _check_names(files)
-    script = ('cd "$0" || exit 3; for f in ' + " ".join(files) + '; do [ -f "$f" ] && '
-              'echo "$(stat -c %s "$f") $(sha256sum "$f" | cut -d " " -f 1) $f"; done; true')
-    return ["sh", "-c", script, root]
-
-
-def listing_limit(files: list[str]) -> int:
-    """The most bytes list_command can print for ``files``: what a pod sends beyond it is refused."""
-    return sum(len(f.encode()) + 20 + 1 + 64 + 1 + 1 for f in files) + 64
-
-
-def chunk_command(name: str, index: int) -> list[str]:
-    """Chunk ``index`` (CHUNK_BYTES each) of the file ``name`` under /output, as base64."""
-    _check_names([name])
-    script = 'cd "$0" && dd if="$1" bs=' + str(CHUNK_BYTES) + ' skip="$2" count=1 2>/dev/null | base64 -w0'
-    return ["sh", "-c", script, _api.OUTPUT_DIR, name, str(index)]
-
-
-def parse_listing(text: bytes) -> list[tuple[str, int, str]]:
-    """list_command's output -> (name, size, sha256) of each file that is there (lines of another
-    shape are left out; check_listing then holds the names and sizes to what was asked for)."""
-    out = []
-    for line in text.decode(errors="replace").split("\n"):
-        m = _LISTING_LINE.match(line)
-        if m:
-            out.append((m.group(3), int(m.group(1)), m.group(2)))
-    return out
-
-
-def check_listing(wanted: list[str], listing: list[tuple[str, int, str]],
-                  max_bytes: int = MAX_FETCH_FILE_BYTES) -> list[tuple[str, int, str]]:
-    """The listing when it names only files of ``wanted``, each once, each a plain relative name, each
-    no larger than ``max_bytes``; else FetchError naming the first entry that is not."""
-    asked = set(wanted)
-    seen: set[str] = set()
-    for name, size, _ in listing:
-        if name not in asked:
-            raise FetchError(f"the fetch pod listed {name!r}, which was not asked for "
-                             f"(asked: {', '.join(sorted(asked))}): nothing was written")
-        if name in seen:
-            raise FetchError(f"the fetch pod listed {name!r} twice: nothing was written")
-        seen.add(name)
-        check_name(name)
-        if size < 0 or size > max_bytes:
-            raise FetchError(f"the fetch pod listed {name!r} at {size} bytes, more than the "
-                             f"{max_bytes} a fetch takes: nothing was written")
-    return listing
-
-
-def target_path(dest: str | os.PathLike[str], name: str) -> Path:
-    """Where ``name`` is written under ``dest``, or FetchError naming it: the name is checked again
-    (whatever its size), and the path with every symlink already in ``dest`` resolved (the parents
-    and the file itself) must lie inside the resolved ``dest``. The path returned is the resolved
-    parent joined with the file's own name (an existing file or link there is replaced, not followed)."""
-    check_name(name)
-
-    def resolved(path: Path) -> Path:
-        try:
-            return Path(os.path.realpath(path, strict=True))
-        except FileNotFoundError:  # not there yet, or a link to nothing: resolved as far as it goes
-            return Path(os.path.realpath(path))
-        except OSError as exc:  # a link loop
-            raise FetchError(f"cannot write {name!r}: {exc}") from None
-
-    root = Path(os.path.realpath(dest))
-    parent = resolved(root.joinpath(*name.split("/")[:-1]))
-    final = resolved(parent / name.split("/")[-1])
-    for path in (parent, final):
-        if path != root and not path.is_relative_to(root):
-            raise FetchError(f"cannot write {name!r}: {path} is outside {root} (a symlink in the "
-                             "destination points out of it): nothing was written")
-    if final == root:
-        raise FetchError(f"cannot write {name!r}: it is the destination itself")
-    return parent / name.split("/")[-1]
-
-
-def assemble(name: str, size: int, digest: str, read_chunk: Any) -> bytes:
-    """The file from its chunks (``read_chunk(index)`` -> bytes), each checked for length and read
-    again when short (a longer one is refused: it is not what the listing said), the whole checked
-    against ``digest``; FetchError when it cannot be had whole."""
-    data = bytearray()
-    for index in range((size + CHUNK_BYTES - 1) // CHUNK_BYTES):
-        want = min(CHUNK_BYTES, size - index * CHUNK_BYTES)
-        for _ in range(CHUNK_TRIES):
-            chunk = read_chunk(index)
-            if len(chunk) > want:
-                raise FetchError(f"{name}: chunk {index} came back with {len(chunk)} bytes, more than the "
-                                 f"{want} the listing says (the file changed, or the pod is not telling "
-                                 "the truth); fetch again")
-            if len(chunk) == want:
-                break
-        else:
-            raise FetchError(f"{name}: chunk {index} came back with {len(chunk)} of {want} bytes "
-                             f"{CHUNK_TRIES} times; fetch again")
-        data += chunk
-    if hashlib.sha256(data).hexdigest() != digest:
-        raise FetchError(f"{name}: the copy does not match its sha256 in the volume; fetch again")
-    return bytes(data)
-
-
-def decode_chunk(encoded: bytes) -> bytes:
-    """A chunk as chunk_command printed it; b"" when it is not whole base64 (read it again)."""
-    try:
-        return base64.b64decode(encoded.strip(), validate=True)
-    except binascii.Error:
-        return b""
-
-
-def _make_dirs(root: Path, name: str) -> None:
-    """The directories of ``name`` under ``root``, each made as a real directory (never through a link)."""
-    here = root
-    for part in name.split("/")[:-1]:
-        here = here / part
-        try:
-            here.mkdir()
-        except FileExistsError:
-            pass
-        if here.is_symlink() or not here.is_dir():
-            target_path(root, name)  # a link that stays inside is fine; one that leads out is refused
-            if not here.is_dir():
-                raise FetchError(f"cannot write {name!r}: {here} is not a directory")
-
-
-def save(dest: Path, name: str, data: bytes) -> Path:
-    """Write a fetched file under ``dest``: the name checked and resolved again (target_path), into a
-    new file in the resolved directory (O_EXCL, O_NOFOLLOW) that then replaces the file's name, so
-    neither a link nor a hard link already there is written through. FetchError names what it refused."""
-    root = Path(os.path.realpath(dest))
-    target_path(root, name)
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        _make_dirs(root, name)
-        path = target_path(root, name)
-        tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.part"
-        flags = (os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-                 | getattr(os, "O_BINARY", 0) | getattr(os, "O_CLOEXEC", 0))
-        fd = os.open(tmp, flags, 0o666)
-        try:
-            with os.fdopen(fd, "wb") as out:
-                out.write(data)
-            os.replace(tmp, path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-    except OSError as exc:
-        raise FetchError(f"cannot write {name!r} under {dest}: {exc}") from exc
-    return Path(dest).joinpath(*name.split("/"))
-
-
-def collect(dest: str | os.PathLike[str], wanted: list[str], listing_text: bytes,
-            read_chunk: Any) -> list[Path]:
-    """fetch's local half: the pod's listing checked (check_listing) and every target path checked
-    (target_path) before anything is read or written, then each file assembled from
-    ``read_chunk(name, index)`` and saved. An empty list when none of ``wanted`` is there."""
-    _check_names(wanted)
-    listing = check_listing(wanted, parse_listing(listing_text))
-    for fname, _, _ in listing:
-        target_path(dest, fname)
-    return [save(Path(dest), fname,
-                 assemble(fname, size, digest, lambda index, f=fname: read_chunk(f, index)))
-            for fname, size, digest in listing]
 
 
 # ----------------------------------------------------------------------------- credentials
@@ -578,7 +304,6 @@ class PetsTrainingClient:
 
     def _train_on(self, data_dir: str | os.PathLike[str], spec: dict[str, Any] | None, name: str | None,
                   claim: str | None, path: str, progress: bool, fields: dict[str, Any]) -> str:
-        from . import upload as up
 
         files = up.walk(data_dir)
         sub = up.claim_dir(path)
@@ -796,7 +521,7 @@ class PetsTrainingClient:
                 "this namespace) to keep summary.json, progress.jsonl, metrics.png, model.safetensors, "
                 "config.yaml and dataset.json; the final summary is in status.summary meanwhile.")
         wanted = builtins.list(files or _api.OUTPUT_FILES)
-        _check_names(wanted)
+        check_names(wanted)
         manifest = fetch_pod(training, self._trainer_image(training), wanted)
         pod = self._call("creating the fetch pod", self.core.create_namespaced_pod, self.namespace, manifest)
         pod_name = pod.metadata.name
@@ -805,7 +530,7 @@ class PetsTrainingClient:
             listing = self._exec_bytes(pod_name, list_command(wanted), listing_limit(wanted))
             got = collect(dest, wanted, listing,
                           lambda f, index: decode_chunk(self._exec_bytes(pod_name, chunk_command(f, index),
-                                                                         _CHUNK_OUTPUT_BYTES)))
+                                                                         CHUNK_OUTPUT_BYTES)))
             if not got:
                 raise FetchError(f"none of {', '.join(wanted)} are in {name}'s output volume yet "
                                  "(the training has not written them)")
@@ -868,8 +593,8 @@ class PetsTrainingClient:
         try:
             def keep(stdout: bytes | None, stderr: bytes | None) -> None:
                 out.write(stdout or b"")
-                if err.tell() < _STDERR_KEPT_BYTES:
-                    err.write((stderr or b"")[:_STDERR_KEPT_BYTES - err.tell()])
+                if err.tell() < STDERR_KEPT_BYTES:
+                    err.write((stderr or b"")[:STDERR_KEPT_BYTES - err.tell()])
                 if out.tell() > limit:
                     raise error(f"the {role} pod sent more than the {limit} bytes its command can "
                                      "print: refused (it runs the training's image: is that the trainer?)")
@@ -893,7 +618,7 @@ class PetsTrainingClient:
     def upload(self, local_dir: str | os.PathLike[str], *, claim: str, path: str = "/",
                image: str | None = None, access_modes: builtins.list[str] | None = None,
                storage_class: str | None = None, progress: bool = True, file: IO[str] | None = None,
-               timeout: float = FETCH_POD_START_S) -> UploadResult:
+               timeout: float = FETCH_POD_START_S) -> up.UploadResult:
         """Copy every regular file under ``local_dir`` into the claim ``claim`` at ``path`` (relative
         names kept) and return what was copied and skipped.
 
@@ -907,7 +632,6 @@ class PetsTrainingClient:
         takes its name. ``timeout`` bounds the wait for that pod to start. Arguments are checked (the
         folder, its names, the claim name, the path) before anything is created: UploadError.
         """
-        from . import upload as up
 
         check = up.check_claim_name(claim)
         sub = up.claim_dir(path)
@@ -921,7 +645,6 @@ class PetsTrainingClient:
         """True when the claim was made here; UploadError when an existing one is too small."""
         from kubernetes.client.exceptions import ApiException
 
-        from . import upload as up
 
         try:
             found = self.core.read_namespaced_persistent_volume_claim(claim, self.namespace)
@@ -937,12 +660,11 @@ class PetsTrainingClient:
         up.check_capacity(claim, capacity or requested, total)
         return False
 
-    def _upload(self, files: builtins.list[LocalFile], claim: str, sub: str, *, image: str,
+    def _upload(self, files: builtins.list[up.LocalFile], claim: str, sub: str, *, image: str,
                 access_modes: builtins.list[str], storage_class: str | None, progress: bool,
-                file: IO[str] | None, timeout: float, scheduling: dict[str, Any] | None) -> UploadResult:
+                file: IO[str] | None, timeout: float, scheduling: dict[str, Any] | None) -> up.UploadResult:
         from kubernetes.client.exceptions import ApiException
 
-        from . import upload as up
 
         total = sum(f.size for f in files)
         created = self._ensure_claim(claim, total, access_modes, storage_class)
@@ -956,7 +678,7 @@ class PetsTrainingClient:
 
         try:
             self._wait_pod_running(pod_name, timeout, role="upload", error=UploadError)
-            run(up.prepare_command(root), _STDERR_KEPT_BYTES, f"making {root} in the claim {claim}")
+            run(up.prepare_command(root), STDERR_KEPT_BYTES, f"making {root} in the claim {claim}")
             listing: builtins.list[tuple[str, int, str]] = []
             for batch in up.listing_batches([f.name for f in files]):
                 listing += parse_listing(run(list_command(batch, root), listing_limit(batch),
@@ -979,17 +701,16 @@ class PetsTrainingClient:
                 pass
 
     @staticmethod
-    def _upload_file(run: Any, root: str, entry: LocalFile, advance: Any) -> None:
+    def _upload_file(run: Any, root: str, entry: up.LocalFile, advance: Any) -> None:
         """One file: its chunks written (an exec that fails is sent again, CHUNK_TRIES at most), then
         checked by size and sha256 in the pod and renamed into place."""
-        from . import upload as up
 
         digest = hashlib.sha256()
         for first, chunks in up.exec_groups(up.read_chunks(entry.path)):
             command = up.write_command(root, entry.name, first, chunks)
             for attempt in range(1, CHUNK_TRIES + 1):
                 try:
-                    run(command, _STDERR_KEPT_BYTES, f"writing {entry.name}")
+                    run(command, STDERR_KEPT_BYTES, f"writing {entry.name}")
                     break
                 except UploadError:
                     if attempt == CHUNK_TRIES:
@@ -999,7 +720,7 @@ class PetsTrainingClient:
                 advance(len(chunk))
         if digest.hexdigest() != entry.sha256:
             raise UploadError(f"{entry.path} changed while it was uploaded; upload again")
-        run(up.commit_command(root, entry.name, entry.size, entry.sha256), _STDERR_KEPT_BYTES,
+        run(up.commit_command(root, entry.name, entry.size, entry.sha256), STDERR_KEPT_BYTES,
             f"checking {entry.name}")
 
     def plot(self, name: str, out: str | os.PathLike[str]) -> Path:

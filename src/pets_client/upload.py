@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from . import _api
-from .client import check_name, helper_pod
 from .errors import FetchError, UploadError
+from .transfer import check_name, helper_pod
 
 UPLOAD_DIR = "/data"  # where the upload pod mounts the whole claim (the trainer mounts its data there)
 UPLOAD_CHUNK_BYTES = 64 << 10  # raw bytes per argument: 87,384 as base64, under the kernel's 128 KiB

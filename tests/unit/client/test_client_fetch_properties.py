@@ -27,7 +27,8 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from pets_client import _api
-from pets_client.client import (
+from pets_client.errors import FetchError
+from pets_client.transfer import (
     CHUNK_BYTES,
     CHUNK_TRIES,
     MAX_FETCH_FILE_BYTES,
@@ -40,7 +41,6 @@ from pets_client.client import (
     save,
     target_path,
 )
-from pets_client.errors import FetchError
 
 from .tree import snapshot
 

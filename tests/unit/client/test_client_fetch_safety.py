@@ -20,11 +20,13 @@ from typing import Any
 import pytest
 
 from pets_client import _api
-from pets_client.client import (
-    _CHUNK_OUTPUT_BYTES,
+from pets_client.client import PetsTrainingClient
+from pets_client.errors import FetchError
+from pets_client.plot import plot_progress, read_progress
+from pets_client.transfer import (
     CHUNK_BYTES,
+    CHUNK_OUTPUT_BYTES,
     MAX_FETCH_FILE_BYTES,
-    PetsTrainingClient,
     assemble,
     check_listing,
     check_name,
@@ -35,8 +37,6 @@ from pets_client.client import (
     save,
     target_path,
 )
-from pets_client.errors import FetchError
-from pets_client.plot import plot_progress, read_progress
 
 from .tree import snapshot
 
@@ -196,7 +196,7 @@ def test_nothing_is_read_for_an_empty_file_but_its_digest_is_checked() -> None:
 def test_the_listing_limit_fits_the_listing_of_every_file() -> None:
     files = ["summary.json", "checkpoints/epoch_12/model.safetensors"]
     assert listing_limit(files) >= len(_listing({f: b"" for f in files}).replace(b"0 ", b"9" * 20 + b" "))
-    assert _CHUNK_OUTPUT_BYTES >= len(base64.b64encode(b"\xff" * CHUNK_BYTES))
+    assert CHUNK_OUTPUT_BYTES >= len(base64.b64encode(b"\xff" * CHUNK_BYTES))
     assert list_command(files)  # the same names pass both
 
 
@@ -343,7 +343,7 @@ def test_fetch_reads_no_more_than_the_listing_says(tree: Path, monkeypatch: pyte
     pets, _ = _client(monkeypatch, files)
     assert pets.fetch("pets", tree / "dest") == [tree / "dest" / "summary.json"]
     assert (tree / "dest" / "summary.json").read_bytes() == files["summary.json"]
-    assert pets.limits == [listing_limit(WANTED), _CHUNK_OUTPUT_BYTES]  # type: ignore[attr-defined]
+    assert pets.limits == [listing_limit(WANTED), CHUNK_OUTPUT_BYTES]  # type: ignore[attr-defined]
     # a pod that sends more than the file it listed: refused, nothing written
     pets, _ = _client(monkeypatch, files, chunk_text=lambda n, i: base64.b64encode(b'{"a": 1}' + b" " * 99))
     before = snapshot(tree)

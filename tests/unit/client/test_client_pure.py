@@ -15,9 +15,11 @@ import pytest
 
 from pets_client import InvalidTrainingError, LogsError, build_training
 from pets_client import _api as client_api
-from pets_client.client import (
+from pets_client.client import _Reporter, pod_selector
+from pets_client.errors import FetchError, server_error
+from pets_client.progress import BarState, bar_state, dataset_line, final_line, phase_line, postfix
+from pets_client.transfer import (
     CHUNK_BYTES,
-    _Reporter,
     assemble,
     chunk_command,
     decode_chunk,
@@ -25,11 +27,8 @@ from pets_client.client import (
     list_command,
     output_claim,
     parse_listing,
-    pod_selector,
     save,
 )
-from pets_client.errors import FetchError, server_error
-from pets_client.progress import BarState, bar_state, dataset_line, final_line, phase_line, postfix
 
 pytestmark = pytest.mark.unit
 

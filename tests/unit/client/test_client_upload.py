@@ -14,7 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pets_client import UploadError, cli
-from pets_client.client import PetsTrainingClient, list_command, listing_limit, parse_listing
+from pets_client.client import PetsTrainingClient
+from pets_client.transfer import list_command, listing_limit, parse_listing
 from pets_client.upload import (
     GIB,
     MAX_ARG_BYTES,
