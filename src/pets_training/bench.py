@@ -1,13 +1,16 @@
-"""``make bench``: four loops side by side, on the same synthetic JPEG files, the same model and batch, one
+"""``make bench``: five loops side by side, on the same synthetic JPEG files, the same model and batch, one
 process each, in one process tree: the tutorial's loop as written (fp32), the tutorial's loop with the
-mixed precision it asks for (fp16 on a GPU, bf16 on a CPU), our trainer, and the model-only ceiling (our
-training step on one batch kept in memory: no data loading). Prints images/s of each with its ratio to
-the tutorial as written and, last, ``speedup: X.XXx`` (ours against the tutorial as written).
+mixed precision it asks for (fp16 on a GPU; on a CPU as our trainer maps it: bf16, or skipped with a line
+where the CPU has no bf16 instructions), our trainer on its CPU input path and on its device input path,
+and the model-only ceiling (our setup and training step, so our dtype and cudnn setting, on one batch
+kept in memory: no data loading). Prints images/s of each with its ratio to the tutorial as written and
+its share of the ceiling and, last, ``speedup: X.XXx`` (ours against the tutorial as written).
 Throughput is measured over ``--steps`` training steps after ``--warmup`` steps (data loading included:
 a step's time runs from the end of the previous step); each loop runs ``--repeats`` times, in a rotated
-order, and its best run counts (the machine may be shared).
+order, and its best run counts (the machine may be shared). ``--cpus N`` runs every loop's process tree
+on N cores (as a pod with a CPU limit of N: our trainer plans its threads and workers from them).
 
-    python -m pets_training.bench [--steps 4] [--warmup 1] [--model resnet50d] [--batch-size 64]
+    python -m pets_training.bench [--steps 4] [--warmup 1] [--model resnet50d] [--batch-size 64] [--cpus 4]
 """
 
 from __future__ import annotations
@@ -57,8 +60,12 @@ def _result(output: str) -> dict[str, Any]:
     raise RuntimeError(f"no RESULT line in the output:\n{output[-4000:]}")
 
 
-def _run(cmd: list[str], log_path: Path) -> dict[str, Any]:
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+def _run(cmd: list[str], log_path: Path, cpus: set[int] | None = None) -> dict[str, Any]:
+    def pin() -> None:  # the loop's process and every child it starts: these cores only
+        if cpus:
+            os.sched_setaffinity(0, cpus)
+
+    proc = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=pin)
     log_path.write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
         raise RuntimeError(
@@ -74,7 +81,7 @@ def _our_config(args: argparse.Namespace) -> Any:
         ["--data", args.data, "--model", args.model, "--image-size", str(args.image_size),
          "--batch-size", str(args.batch_size), "--max-train-steps", str(args.warmup + args.steps),
          "--output-dir", str(Path(args.output) / "ours"), "--no-checkpoints", "--mixed-precision", "fp16",
-         "--no-pretrained"]  # every loop starts from random init: no download, and the same work
+         "--no-pretrained", "--input-path", args.input_path]  # random init in every loop: the same work
     )  # fmt: skip
 
 
@@ -116,20 +123,35 @@ def ceiling_worker(args: argparse.Namespace) -> int:
 LOOPS = {
     "tutorial": "tutorial loop as written (fp32, PIL + ToTensor, autograd through the frozen backbone)",
     "tutorial-mp": "tutorial loop with its mixed precision ({precision})",
-    "ours": "ours (pets-train: bf16 autocast on CPU, channels_last, no-grad frozen backbone, uint8 batches, "
-            "libjpeg-turbo decode, quota-sized threads)",
+    "ours": "ours (pets-train: {precision} autocast, channels_last, no-grad frozen backbone, uint8 batches, "
+            "decode and crop in the workers, quota-sized threads)",
+    "ours-device": "ours on the device input path (workers read files; decode and crop on the {device})",
     "ceiling": "model-only ceiling (our step on one batch in memory, no data loading)",
 }
 
 
-def report(ips: dict[str, float], precision: str) -> list[str]:
-    """The lines `make bench` prints: each loop's images/s and its ratio to the tutorial as written."""
-    base = ips["tutorial"]
-    lines = [f"{LOOPS[name].format(precision=precision)}: {value:.2f} images/s ({value / base:.2f}x)"
+def report(ips: dict[str, float], precision: str, device: str = "cpu") -> list[str]:
+    """The lines `make bench` prints: each loop's images/s, its ratio to the tutorial as written and its
+    share of the ceiling (our setup: our dtype and cudnn setting)."""
+    base, ceiling = ips["tutorial"], ips["ceiling"]
+    lines = [f"{LOOPS[name].format(precision=precision, device=device)}: {value:.2f} images/s "
+             f"({value / base:.2f}x, {100 * value / ceiling:.0f} % of the ceiling)"
              for name, value in ips.items()]
-    lines.append(f"ours at {100 * ips['ours'] / ips['ceiling']:.0f} % of the model-only ceiling")
+    lines.append(f"ours at {100 * ips['ours'] / ceiling:.0f} % of the model-only ceiling")
     lines.append(f"speedup: {ips['ours'] / base:.2f}x")
     return lines
+
+
+def tutorial_precision(on_gpu: bool) -> tuple[str | None, str]:
+    """The tutorial's `--mixed_precision fp16` as our trainer maps it (None: the loop is skipped), and why."""
+    from .model import cpu_runs_bf16_natively, resolve_precision
+
+    precision = resolve_precision("fp16", on_gpu, on_gpu or cpu_runs_bf16_natively())
+    if precision.mixed_precision == "no":
+        return None, ("tutorial-mp: skipped: this CPU has no bf16 instructions (AVX-512 BF16 or AMX), "
+                      "where torch emulates bf16 (one step took over 3 min); our trainer maps the tutorial's "
+                      "fp16 to no mixed precision here, which is the tutorial as written")
+    return precision.mixed_precision, f"tutorial-mp: {precision.mixed_precision}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -149,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--output", default="bench-output", help="logs and bench.json (default: bench-output)"
     )
+    parser.add_argument("--cpus", type=int, help="run every loop on this many cores (default: all)")
+    parser.add_argument("--input-path", default="cpu", help=argparse.SUPPRESS)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--ceiling", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -174,32 +198,40 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    # what the tutorial's `accelerate launch --mixed_precision fp16` gives: fp16 on a GPU; accelerate
-    # has no fp16 on a CPU, where bf16 is the mixed precision (as our trainer maps it, with a log line)
-    precision = "fp16" if torch.cuda.is_available() else "bf16"
+    on_gpu = torch.cuda.is_available()
+    available = sorted(os.sched_getaffinity(0))
+    if args.cpus is not None and not 1 <= args.cpus <= len(available):
+        parser.error(f"--cpus must be 1 to {len(available)} (the cores this process may use), "
+                     f"got {args.cpus}")
+    cpus = set(available[:args.cpus]) if args.cpus else None
+    # the tutorial's `accelerate launch --mixed_precision fp16`: fp16 on a GPU; on a CPU as ours maps it
+    mixed, precision_line = tutorial_precision(on_gpu)
+    print(precision_line + (f"; every loop on {args.cpus} core(s)" if cpus else ""), flush=True)
     base_cmd = [sys.executable, "-m", "pets_training.baseline", *common, "--steps", str(steps), "--no-eval"]
     ours_cmd = [sys.executable, "-m", "pets_training.bench", *common, "--steps", str(args.steps),
                 "--warmup", str(args.warmup), "--output", str(output)]  # fmt: skip
-    commands = {
-        "tutorial": base_cmd,
-        "tutorial-mp": [*base_cmd, "--mixed-precision", precision],
-        "ours": [*ours_cmd, "--worker"],
-        "ceiling": [*ours_cmd, "--ceiling"],
-    }
+    commands = {"tutorial": base_cmd}
+    if mixed is not None:
+        commands["tutorial-mp"] = [*base_cmd, "--mixed-precision", mixed]
+    commands["ours"] = [*ours_cmd, "--worker"]
+    commands["ours-device"] = [*ours_cmd, "--worker", "--input-path", "device"]
+    commands["ceiling"] = [*ours_cmd, "--ceiling"]
+    precision = mixed or "no"
     runs: dict[str, list[float]] = {name: [] for name in commands}
     names = list(commands)
     # this machine may be shared: rotate the order and keep each loop's best (least disturbed) run
     for repeat in range(args.repeats):
         for name in names[repeat % len(names):] + names[:repeat % len(names)]:
-            result = _run(commands[name], output / f"{name}-{repeat + 1}.log")
+            result = _run(commands[name], output / f"{name}-{repeat + 1}.log", cpus)
             runs[name].append(throughput(result["step_times"], result["step_images"], args.warmup))
             print(f"  {name} run {repeat + 1}: {runs[name][-1]:.2f} images/s", flush=True)
     ips = {name: max(values) for name, values in runs.items()}
-    lines = report(ips, precision)
+    lines = report(ips, precision, "GPU" if on_gpu else "CPU")
     (output / "bench.json").write_text(json.dumps({
         "model": args.model, "batch_size": args.batch_size, "image_size": args.image_size,
         "steps": args.steps, "warmup": args.warmup, "repeats": args.repeats, "runs": runs,
-        "mixed_precision": precision,
+        "mixed_precision": precision, "cpus": args.cpus, "cudnn_benchmark": on_gpu,
+        "ours_of_ceiling_by_loop": {name: round(value / ips["ceiling"], 3) for name, value in ips.items()},
         "images_per_second": {name: round(value, 3) for name, value in ips.items()},
         "baseline_images_per_second": round(ips["tutorial"], 3),
         "ours_images_per_second": round(ips["ours"], 3),

@@ -3,6 +3,7 @@ from pathlib import Path
 import pytest
 
 from pets_training.bench import throughput
+from pets_training.model import cpu_runs_bf16_natively
 
 from .helpers import PYTHON, read_json, run
 
@@ -18,25 +19,32 @@ def test_throughput_counts_only_the_timed_steps() -> None:
         throughput([1.0, 2.0], [8, 8], warmup=2)
 
 
-@pytest.mark.timeout(300)
-def test_bench_runs_the_four_loops_on_the_same_files_and_ends_with_the_speedup(tmp_path: Path) -> None:
+@pytest.mark.timeout(360)
+def test_bench_runs_the_five_loops_on_the_same_files_and_ends_with_the_speedup(tmp_path: Path) -> None:
     output, _ = run(
         [PYTHON, "-m", "pets_training.bench", "--model", "resnet10t", "--image-size", "64",
-         "--batch-size", "8", "--jpeg-size", "80", "--steps", "2", "--repeats", "1",
+         "--batch-size", "8", "--jpeg-size", "80", "--steps", "2", "--repeats", "1", "--cpus", "1",
          "--output", str(tmp_path / "out")],
-        timeout=280, env={"PETS_CACHE": str(tmp_path / "cache")},
+        timeout=340, env={"PETS_CACHE": str(tmp_path / "cache")},
     )  # fmt: skip
     lines = output.strip().splitlines()
     assert lines[-1].startswith("speedup: ") and lines[-1].endswith("x")
-    # the four loops side by side, each with its ratio to the tutorial as written
-    four = lines[-6:-2]
-    assert [line.split(" (")[0].split(":")[0] for line in four] == [
-        "tutorial loop as written", "tutorial loop with its mixed precision", "ours", "model-only ceiling"]
-    assert four[0].endswith("images/s (1.00x)") and "(bf16)" in four[1]
+    # the loops side by side, each with its ratio to the tutorial as written and its share of the ceiling
+    loops = lines[-7:-2]
+    assert [line.split(" (")[0].split(":")[0] for line in loops] == [
+        "tutorial loop as written", "tutorial loop with its mixed precision", "ours",
+        "ours on the device input path", "model-only ceiling"]
+    assert loops[0].endswith(" % of the ceiling)") and " images/s (1.00x, " in loops[0]
+    assert loops[4].endswith(", 100 % of the ceiling)")
+    expected_mp = "(bf16)" if cpu_runs_bf16_natively() else "skipped"
+    assert expected_mp in output and "every loop on 1 core(s)" in output
     assert lines[-2].startswith("ours at ") and lines[-2].endswith("% of the model-only ceiling")
+    assert "1 CPU(s) from CPUs available to this process" in (tmp_path / "out" / "ours-1.log").read_text()
+    assert "input path device (asked)" in (tmp_path / "out" / "ours-device-1.log").read_text()
     result = read_json(tmp_path / "out" / "bench.json")
     ips = result["images_per_second"]
-    assert set(ips) == {"tutorial", "tutorial-mp", "ours", "ceiling"} and all(v > 0 for v in ips.values())
+    assert set(ips) == {"tutorial", "tutorial-mp", "ours", "ours-device", "ceiling"}
+    assert all(v > 0 for v in ips.values()) and result["cpus"] == 1
     assert result["speedup"] == pytest.approx(ips["ours"] / ips["tutorial"], rel=1e-2)
     # The line shows 2 decimals of the ratio, the JSON 3: they agree to the line's rounding (formatting
     # the JSON's rounded value again could differ in the last digit).
@@ -49,7 +57,22 @@ def test_report_gives_each_loop_its_ratio_and_ends_with_the_speedup() -> None:
     from pets_training.bench import report
 
     lines = report({"tutorial": 10.0, "tutorial-mp": 20.0, "ours": 40.0, "ceiling": 50.0}, "bf16")
-    assert lines[0].endswith(": 10.00 images/s (1.00x)")
-    assert lines[1].startswith("tutorial loop with its mixed precision (bf16): 20.00 images/s (2.00x)")
-    assert lines[2].endswith(": 40.00 images/s (4.00x)") and lines[3].endswith(": 50.00 images/s (5.00x)")
+    assert lines[0].endswith(": 10.00 images/s (1.00x, 20 % of the ceiling)")
+    assert lines[1].startswith("tutorial loop with its mixed precision (bf16): 20.00 images/s (2.00x, 40 %")
+    assert lines[2].endswith(": 40.00 images/s (4.00x, 80 % of the ceiling)")
+    assert lines[3].endswith(": 50.00 images/s (5.00x, 100 % of the ceiling)")
     assert lines[4:] == ["ours at 80 % of the model-only ceiling", "speedup: 4.00x"]
+
+
+def test_without_bf16_instructions_the_tutorials_mixed_precision_is_skipped_with_a_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pets_training import model
+    from pets_training.bench import tutorial_precision
+
+    monkeypatch.setattr(model, "cpu_runs_bf16_natively", lambda: False)
+    mixed, line = tutorial_precision(on_gpu=False)
+    assert mixed is None and line.startswith("tutorial-mp: skipped: this CPU has no bf16 instructions")
+    monkeypatch.setattr(model, "cpu_runs_bf16_natively", lambda: True)
+    assert tutorial_precision(on_gpu=False) == ("bf16", "tutorial-mp: bf16")
+    assert tutorial_precision(on_gpu=True) == ("fp16", "tutorial-mp: fp16")
