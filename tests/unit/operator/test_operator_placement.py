@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 from operator_specs import TARGET, env_of, spec  # tests/unit/operator/operator_specs.py
-from pets_operator import api, backends, builders, cluster, handlers, plan_types, pods, status
+from pets_operator import act, api, backends, builders, cluster, observe, plan_types, pods, status
 
 pytestmark = pytest.mark.unit
 
@@ -215,7 +215,7 @@ def test_a_lost_pod_of_the_current_attempt_restarts_the_gang_uncounted_and_is_fo
     assert [r["name"] for r in p.delete] == ["pets-r3"]
     assert [(e.type, e.reason) for e in p.events] == [("Warning", "NodeLost"), ("Warning", "Restarting")]
     assert "node node-b" in p.events[0].message and "pets-r3-1-x" in p.events[0].message
-    assert handlers.next_delay(p, 10.0) == 0.5
+    assert act.next_delay(p, 10.0) == 0.5
 
 
 def test_a_lost_pod_of_a_failed_attempt_is_the_cause_not_its_peers_exit() -> None:
@@ -308,12 +308,12 @@ def test_only_pods_being_deleted_make_the_operator_read_their_node_once_per_roun
                trainer_pod(2, node_name="node-b"), trainer_pod(3, node_name="node-b"),
                trainer_pod(4, node_name="node-c")]  # NotReady: its kubelet reports, not lost
     stale = [trainer_pod(0, job="pets-r2", node_name="node-gone")]
-    lost, why = handlers._lost_pods(fake_cluster(core), handlers._lost_candidates(current + stale))
+    lost, why = observe.lost_pods(fake_cluster(core), observe.lost_candidates(current + stale))
     assert [p["metadata"]["name"] for p in lost] == ["pets-2-x", "pets-3-x", "pets-r2-0-x"]
     assert why == {"node-b": "Ready Unknown", "node-gone": pods.node_lost(None)}
     assert sorted(core.reads) == ["node-a", "node-b", "node-c", "node-gone"]  # node-b once
     healthy = FakeCore({})
-    assert handlers._lost_pods(fake_cluster(healthy), handlers._lost_candidates(
+    assert observe.lost_pods(fake_cluster(healthy), observe.lost_candidates(
         [trainer_pod(i, deleting=False) for i in range(3)])) == ([], {})
     assert healthy.reads == []
 

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from pets_operator import api, backends, builders, plan_types, pods, stall, status
+from pets_operator import act, api, backends, builders, plan_types, pods, stall, status
 
 pytestmark = pytest.mark.unit
 
@@ -605,23 +605,22 @@ def test_unreadable_progress_is_said_once_after_the_grace() -> None:
 
 
 def test_a_plans_deadline_only_ever_shortens_the_wait() -> None:
-    from pets_operator import handlers
 
     running = plan_types.Plan(status={"phase": api.RUNNING}, requeue_after=180.0)  # a stall bound far off
-    assert handlers.next_delay(running, poll_active=10.0) == 180.0  # a watched Job: no poll, the bound
-    assert handlers.next_delay(plan_types.Plan(status={"phase": api.RUNNING}), 10.0) == handlers.RESYNC
-    assert handlers.next_delay(running, poll_active=10.0, watched=False) == 10.0  # a PyTorchJob is polled
+    assert act.next_delay(running, poll_active=10.0) == 180.0  # a watched Job: no poll, the bound
+    assert act.next_delay(plan_types.Plan(status={"phase": api.RUNNING}), 10.0) == act.RESYNC
+    assert act.next_delay(running, poll_active=10.0, watched=False) == 10.0  # a PyTorchJob is polled
     soon = plan_types.Plan(status={"phase": api.RUNNING}, requeue_after=3.0)
-    assert handlers.next_delay(soon, poll_active=10.0) == 3.0
+    assert act.next_delay(soon, poll_active=10.0) == 3.0
     restart = plan_types.Plan(status={"phase": api.RESTARTING}, requeue_after=0.0)
-    assert handlers.next_delay(restart, poll_active=10.0) == 0.5
+    assert act.next_delay(restart, poll_active=10.0) == 0.5
     ttl = plan_types.Plan(status={"phase": api.SUCCEEDED}, requeue_after=60.0)
-    assert handlers.next_delay(ttl, poll_active=10.0) == 60.0
-    assert handlers.next_delay(plan_types.Plan(status={"phase": api.SUCCEEDED}), 10.0) is None
+    assert act.next_delay(ttl, poll_active=10.0) == 60.0
+    assert act.next_delay(plan_types.Plan(status={"phase": api.SUCCEEDED}), 10.0) is None
     waiting = plan_types.Plan(status={"phase": api.PENDING, "pendingSince": "2026-01-02T03:04:05Z"})
-    assert handlers.next_delay(waiting, poll_active=10.0) == 10.0  # mount failures: only in Events
-    assert handlers.next_delay(plan_types.Plan(status={"phase": api.PENDING}), 10.0) == handlers.RESYNC
-    assert handlers.next_delay(plan_types.Plan(status={"phase": api.QUEUED}), 10.0) == handlers.POLL_IDLE
+    assert act.next_delay(waiting, poll_active=10.0) == 10.0  # mount failures: only in Events
+    assert act.next_delay(plan_types.Plan(status={"phase": api.PENDING}), 10.0) == act.RESYNC
+    assert act.next_delay(plan_types.Plan(status={"phase": api.QUEUED}), 10.0) == act.POLL_IDLE
 
 
 def test_a_rank_that_finished_first_is_not_waiting() -> None:
