@@ -152,9 +152,23 @@ bench-operator: install ## operator memory (at rest, with 100 PetsTrainings) and
 	KCM_CONTROLLERS='*,-job' tests/cluster/run-with-control-plane.sh $(PY) tests/integration/bench_operator.py \
 	  $(BENCH_OPERATOR_ARGS)
 
+.PHONY: release
+# The version's one source is pets_training.__version__ (Chart.yaml and CHANGELOG.md follow it, and
+# tests/unit/test_version.py says where they do not); a release tag names a clean, committed tree.
+release: install $(HELM) ## VERSION=x.y.z: check the version everywhere, build the images tagged with it, package the chart into dist/, tag git vX.Y.Z
+	@[[ -n "$(VERSION)" ]] || { echo "usage: make release VERSION=x.y.z"; exit 2; }
+	@[[ "$$(image/build.sh version)" == "$(VERSION)" ]] || { echo "pets_training.__version__ is \
+	  $$(image/build.sh version), not $(VERSION): set it, Chart.yaml and a CHANGELOG.md section first"; exit 2; }
+	@git diff --quiet HEAD || { echo "the tree has uncommitted changes: commit them, then release"; exit 2; }
+	$(VENV)/bin/pytest -q -m unit tests/unit/test_version.py
+	image/build.sh all
+	mkdir -p dist && $(HELM) package charts/pets-training -d dist
+	git rev-parse -q --verify "refs/tags/v$(VERSION)" >/dev/null || git tag -a "v$(VERSION)" -m "PetsTraining $(VERSION)"
+	@echo "released $(VERSION): images pets-training/{trainer,operator}:$(VERSION), dist/pets-training-$(VERSION).tgz, tag v$(VERSION)"
+
 .PHONY: clean
 clean: ## remove build and test outputs (not the cache)
-	rm -rf output bench-output .pytest_cache .mypy_cache .ruff_cache
+	rm -rf output bench-output dist .pytest_cache .mypy_cache .ruff_cache
 
 .PHONY: bench-scale
 bench-scale: install ## COUNT trainings (default 1000) on 50 kwok nodes vs a raw client: latency, status lag, idle requests, RSS -> bench-output/scale.json

@@ -9,6 +9,7 @@
 #   image/build.sh all         engine, base, wheelhouse, operator, trainer
 #   image/build.sh clean       remove our images and their build cache (not the base, not $PETS_CACHE)
 #   image/build.sh sizes       print the images' sizes
+#   image/build.sh version     print the version the images are tagged with
 #
 # Environment:
 #   PETS_CACHE          cache directory (default ~/.cache/pets-training): rootfs tarball, wheelhouse
@@ -48,9 +49,9 @@ check_python() {
     die "PETS_PYTHON=$PETS_PYTHON is not a Python 3.11 or newer (tomllib reads pyproject.toml); set PETS_PYTHON"
 }
 
+# pets_training.__version__, the one source of the version (its __init__ imports nothing).
 version() {
-  "$PETS_PYTHON" -c 'import sys, tomllib; print(tomllib.load(open(sys.argv[1], "rb"))["project"]["version"])' \
-    "$ROOT/pyproject.toml"
+  PYTHONPATH="$ROOT/src" "$PETS_PYTHON" -c 'import pets_training; print(pets_training.__version__)'
 }
 
 image_tag() { echo "pets-training/$1:$(version)"; }
@@ -319,8 +320,9 @@ main() {
     all) cmd_all ;;
     clean) cmd_clean ;;
     sizes) cmd_sizes ;;
+    version) version ;;
     -h | --help | help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}" ;;
-    *) die "unknown subcommand '$cmd'; expected one of: engine base wheelhouse trainer operator all clean sizes" ;;
+    *) die "unknown subcommand '$cmd'; expected one of: engine base wheelhouse trainer operator all clean sizes version" ;;
   esac
 }
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pets_operator import k8s_schema
+from pets_training import __version__
 
 GROUP = "training.pets.dev"
 VERSION = "v1alpha1"
@@ -28,7 +29,7 @@ SINGULAR = "petstraining"
 SHORT_NAMES = ["pt"]
 CRD_NAME = f"{PLURAL}.{GROUP}"
 
-DEFAULT_IMAGE = "pets-training/trainer:0.1.0"
+DEFAULT_IMAGE = f"pets-training/trainer:{__version__}"
 # spec.output.managedClaim: the claim the operator makes is named <training>-output, of this size unless
 # the spec says otherwise (a resnet50d run keeps about 0.7 GB: two checkpoints and the model).
 OUTPUT_CLAIM_SUFFIX = "-output"

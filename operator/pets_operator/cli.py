@@ -19,6 +19,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from pets_operator import api, backends, builders
+from pets_training import __version__
 
 DEFAULT_LIVENESS_PORT = 8080
 DEFAULT_METRICS_PORT = 8000
@@ -86,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="pets-operator",
         description="Kubernetes operator for PetsTraining (training.pets.dev/v1alpha1).",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser(

@@ -6,12 +6,17 @@ Kept here (not imported from pets_operator) so the client installs and imports o
 
 from __future__ import annotations
 
+from importlib.metadata import version
+
+# The distribution's version (pets_training.__version__), read without importing the trainer's package.
+__version__ = version("pets-training")
+
 GROUP = "training.pets.dev"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
 KIND = "PetsTraining"
 PLURAL = "petstrainings"
-DEFAULT_IMAGE = "pets-training/trainer:0.1.0"
+DEFAULT_IMAGE = f"pets-training/trainer:{__version__}"
 OUTPUT_DIR = "/output"
 OUTPUT_CLAIM_SUFFIX = "-output"  # spec.output.managedClaim's claim: <training>-output (the operator's api)
 GENERATE_NAME = "pets-"

@@ -26,7 +26,7 @@ from typing import Any
 
 import yaml
 
-from ._api import OUTPUT_FILES
+from ._api import OUTPUT_FILES, __version__
 from .errors import PetsClientError, WaitTimeoutError, terminal_text
 from .progress import final_accuracy
 
@@ -45,6 +45,7 @@ def parser() -> argparse.ArgumentParser:
     common = _common()
     p = argparse.ArgumentParser(prog="kubectl pets", parents=[common],
                                 description="Run and inspect PetsTrainings (training.pets.dev).")
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = sub.add_parser("run", parents=[common], help="create a PetsTraining from a YAML file")

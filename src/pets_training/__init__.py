@@ -13,4 +13,6 @@ Modules, top to bottom:
 - ``cli`` (``pets-train``), ``launch`` (``pets-launch``), ``bench`` and ``baseline`` (``make bench``).
 """
 
+# The one source of the version: the package, the images' tags, the chart (a unit test compares) and
+# every --version read it. A release changes it here and in Chart.yaml, and adds a CHANGELOG entry.
 __version__ = "0.1.0"

@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from . import __version__
 from .contract import PermanentError
 
 MIXED_PRECISION_CHOICES = ("no", "fp16", "bf16")
@@ -262,6 +263,7 @@ def build_parser(prog: str = "pets-train") -> argparse.ArgumentParser:
         argument_default=argparse.SUPPRESS,  # only flags given on the command line land in the namespace
     )
     parser.add_argument("--config", type=Path, help="YAML file of settings (keys are the flag names)")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     for f in dataclasses.fields(TrainConfig):
         flag = "--" + f.name.replace("_", "-")
         kind = _base_type(f.name)
