@@ -181,6 +181,12 @@ def waiting_reason(pod: dict[str, Any], events: list[dict[str, Any]] | None = No
 # Why the API server refuses a pod the Job controller creates (its FailedCreate Event's message), and
 # whether time can fix it: (pattern, what it is, what to do).
 _REFUSALS: list[tuple[re.Pattern[str], str, str]] = [
+    # Policies first: their messages quote names (a ServiceAccount) that the patterns below look for.
+    (re.compile(r"peerAdmission\.creators"),
+     "the chart's trainer-pod policy refuses the workload's controller",
+     "add the user the message names to the chart value trainingNetworkPolicy.peerAdmission.creators"),
+    (re.compile(r"ValidatingAdmissionPolicy", re.I), "a ValidatingAdmissionPolicy refuses the pod",
+     "a person must satisfy or change the policy"),
     (re.compile(r"exceeded quota|status unknown for quota"), "a ResourceQuota of the namespace is exhausted",
      "the Job controller retries, and the pods start once the quota's usage drops or the quota is raised"),
     (re.compile(r"violates PodSecurity"), "the namespace's Pod Security level forbids the pod",

@@ -34,6 +34,7 @@ def test_by_default_only_the_workload_controllers_make_trainer_pods(helm: str) -
     binding = ours(manifest, "ValidatingAdmissionPolicyBinding")
     variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
     assert json.loads(variables["creators"]) == ["system:serviceaccount:kube-system:job-controller",
+                                                 "system:kube-controller-manager",
                                                  "system:serviceaccount:kubeflow:training-operator"]
     # the label it guards is the one the operator's NetworkPolicy admits peers by
     (condition,) = policy["spec"]["matchConditions"]

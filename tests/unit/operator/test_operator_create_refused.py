@@ -26,6 +26,15 @@ CASES = [
     (POD + "maximum cpu usage per Container is 500m, but limit is 900m", "LimitRange", "a person must"),
     ('admission webhook "deny.example.com" denied the request: trainings need a team label', "webhook",
      "a person must"),
+    # the chart's trainer-pod policy, where the Job controller runs as a user it does not list
+    (POD + "ValidatingAdmissionPolicy 'petstrainings.training.pets.dev-trainer-pods-ops-pets' with binding "
+     "'petstrainings.training.pets.dev-trainer-pods-ops-pets' denied request: metadata.labels[training.pets"
+     ".dev/training]: \"pets\" makes a pod a peer of that training (its NetworkPolicy admits it to the "
+     "rendezvous): only the workload controllers may set it (chart value trainingNetworkPolicy.peerAdmission"
+     ".creators: system:serviceaccount:kube-system:job-controller), not system:serviceaccount:kube-system:"
+     "other; create a PetsTraining instead", "trainer-pod policy", "peerAdmission.creators"),
+    (POD + "ValidatingAdmissionPolicy 'team-labels' with binding 'team-labels' denied request: no team",
+     "ValidatingAdmissionPolicy", "a person must"),
 ]
 
 
