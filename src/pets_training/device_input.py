@@ -8,13 +8,14 @@ exactly; on a GPU, nvJPEG's decode differs from libjpeg-turbo's by about 1.3-1.5
 
 Files that are not JPEGs (PNG) are decoded in the worker, as on the CPU path; a JPEG nvJPEG refuses
 (CMYK, progressive on some versions) is decoded on the CPU and moved. ``auto`` takes this path where a
-GPU decoder works, and says in one line why not where it does not.
+GPU decoder works, and says in one line why not where it does not. With the decoded store
+(``--input-store``) there is nothing to decode: no workers at all, the loader yields sampler keys, and each
+image is read once and kept on the device (``StoreCrops``).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -47,23 +48,17 @@ class EncodedBatch:
 
 
 class EncodedImages(Dataset[tuple[torch.Tensor, bool, int, int]]):
-    """The training set's files, read as they are (a JPEG's bytes; anything else decoded here), or its
-    images from the decoded store (``decoded``, --input-store): then only the crops are left to do."""
+    """The training set's files, read as they are (a JPEG's bytes; anything else decoded here)."""
 
-    def __init__(
-        self, paths: list[Path], labels: list[int], decoded: Callable[[int], torch.Tensor] | None = None
-    ):
+    def __init__(self, paths: list[Path], labels: list[int]):
         self.paths = paths
         self.labels = labels
-        self.decoded = decoded
 
     def __len__(self) -> int:
         return len(self.paths)
 
     def __getitem__(self, key: int) -> tuple[torch.Tensor, bool, int, int]:
         index = int(key) % len(self.paths)
-        if self.decoded is not None:
-            return self.decoded(index), False, int(key), self.labels[index]
         raw = self.paths[index].read_bytes()
         if raw[:2] == JPEG_MAGIC:
             return torch.frombuffer(bytearray(raw), dtype=torch.uint8), True, int(key), self.labels[index]
@@ -103,6 +98,51 @@ class DeviceCrops:
         return torch.stack(crops), batch.labels.to(self.device, non_blocking=True)
 
 
+@dataclass
+class KeyBatch:
+    """A batch of sampler keys (no ``.to``: they stay on the host) and labels."""
+
+    keys: list[int]
+    labels: torch.Tensor
+
+
+class Keys(Dataset[tuple[int, int]]):
+    def __init__(self, labels: list[int]):
+        self.labels = labels
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, key: int) -> tuple[int, int]:
+        return int(key), self.labels[int(key) % len(self.labels)]
+
+
+def collate_keys(samples: list[tuple[int, int]]) -> KeyBatch:
+    return KeyBatch([key for key, _ in samples], torch.tensor([label for _, label in samples]))
+
+
+class StoreCrops:
+    """KeyBatch -> (uint8 crops, labels) on ``device`` from the decoded store, with no workers: each image is
+    read here the first time and kept on the device (on a CPU the store's memory map is the only copy)."""
+
+    def __init__(self, images: PetsImages, device: torch.device):
+        self.images = images
+        self.device = device
+        self.kept: dict[int, torch.Tensor] = {}
+
+    def image(self, index: int) -> torch.Tensor:
+        if self.device.type == "cpu":
+            return self.images.load(index)
+        if index not in self.kept:
+            self.kept[index] = self.images.load(index).to(self.device, non_blocking=True)
+        return self.kept[index]
+
+    def __call__(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        n = len(self.images)
+        crops = [self.images.crop(self.image(key % n), *divmod(key, n)) for key in batch.keys]
+        return torch.stack(crops), batch.labels.to(self.device, non_blocking=True)
+
+
 def gpu_decoder_missing(device: torch.device) -> str:
     """Why ``device`` cannot decode JPEGs ("" when it can): no GPU, or nvJPEG failing on a tiny JPEG."""
     if device.type != "cuda":
@@ -136,14 +176,20 @@ def choose_input_path(requested: str, images: PetsImages, device: torch.device) 
 
 def device_train_loader(
     images: PetsImages, cfg: TrainConfig, options: dict[str, Any], device: torch.device
-) -> tuple[DataLoader, EpochShuffleSampler, DeviceCrops]:
-    """The device path's training loader (its sampler the CPU path's) and what finishes its batches."""
+) -> tuple[DataLoader, EpochShuffleSampler, DeviceCrops | StoreCrops]:
+    """The device path's training loader (its sampler the CPU path's) and what finishes its batches. From
+    the decoded store (--input-store) it has no workers: the loader yields keys, the images stay on the
+    device."""
     paths = images.files()
     if paths is None:
         raise ValueError("the device input path reads image files; the synthetic set has none")
     sampler = EpochShuffleSampler(len(images), cfg.seed)
-    stored = isinstance(getattr(images.load, "load_all", None), StoreLoader)
-    dataset = EncodedImages(paths, images.labels, images.load if stored else None)
-    loader = DataLoader(dataset, batch_size=cfg.batch_size, sampler=sampler,
+    if isinstance(getattr(images.load, "load_all", None), StoreLoader):
+        log.info("input store on the device path: no DataLoader workers; each training image is read once "
+                 "and kept on %s", device)
+        keys = DataLoader(Keys(images.labels), batch_size=cfg.batch_size, sampler=sampler,
+                          collate_fn=collate_keys)
+        return keys, sampler, StoreCrops(images, device)
+    loader = DataLoader(EncodedImages(paths, images.labels), batch_size=cfg.batch_size, sampler=sampler,
                         collate_fn=collate_encoded, persistent_workers=options["num_workers"] > 0, **options)
     return loader, sampler, DeviceCrops(images, paths, device)

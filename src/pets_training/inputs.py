@@ -6,7 +6,9 @@ fork of the training process itself could copy a lock one of those threads holds
 hung that way for good, 2026-11-24), and a forkserver without the preload makes every worker import
 torch again (about 3 s of CPU each).
 
-Evaluation reads an :class:`EvalStore`: this process's shard of the eval set, decoded and resized once
+Training batches come from the CPU path (workers decode and crop) or the device path (device_input.py:
+workers read files, the device decodes and crops), per ``--input-path``. Evaluation reads an
+:class:`EvalStore`: this process's shard of the eval set, decoded and resized once
 (the eval transform is deterministic) into uint8 batches of one shape, the last one padded and masked.
 Every later evaluation is its forward passes alone, with no loader or worker started.
 """

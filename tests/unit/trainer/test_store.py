@@ -9,9 +9,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from accelerate.data_loader import skip_first_batches
 
+from pets_training.config import resolve
 from pets_training.data import build_data, write_synthetic
-from pets_training.device_input import DeviceCrops, EncodedImages, collate_encoded
+from pets_training.device_input import StoreCrops, device_train_loader
+from pets_training.inputs import worker_options
 from pets_training.store import StoreError, use_store, why_stale
 
 from .helpers import assert_same_progress, train_variants
@@ -19,6 +22,10 @@ from .helpers import assert_same_progress, train_variants
 pytestmark = pytest.mark.unit
 
 CPU = torch.device("cpu")
+
+
+def _cfg() -> object:
+    return resolve(overrides={"batch_size": 5, "seed": 42})
 
 
 def _set(tmp_path: Path) -> Path:
@@ -38,14 +45,15 @@ def test_the_store_gives_the_files_crops_and_is_reused(tmp_path: Path) -> None:
         assert torch.equal(stored.train[key][0], plain.train[key][0])
     for i in range(len(plain.eval)):
         assert torch.equal(stored.eval[i][0], plain.eval[i][0])
-    # the device path reads the store's decoded images: the same crops again
-    paths = stored.train.files()
-    assert paths is not None
-    encoded = EncodedImages(paths, stored.train.labels, stored.train.load)
-    batch = collate_encoded([encoded[k] for k in range(n)])
-    assert not any(batch.encoded)
-    assert torch.equal(DeviceCrops(stored.train, paths, CPU)(batch)[0],
-                       torch.stack([plain.train[k][0] for k in range(n)]))
+    # the device path crops the store's decoded images, with no workers: the same crops again
+    loader, sampler, crops = device_train_loader(stored.train, _cfg(), worker_options(0, False), CPU)
+    assert isinstance(crops, StoreCrops) and loader.num_workers == 0
+    sampler.set_epoch(2)
+    keys = list(sampler)
+    got = torch.cat([crops(batch)[0] for batch in loader])
+    assert torch.equal(got, torch.stack([plain.train[k][0] for k in keys]))
+    resumed = torch.cat([crops(batch)[0] for batch in skip_first_batches(loader, 1)])  # a resume at step 1
+    assert torch.equal(resumed, got[5:])
     again = build_data(str(images), 32, 42, 0.8, 0, 0)
     assert "reusing it" in use_store(again, str(tmp_path / "store"))
 
