@@ -40,6 +40,10 @@ def test_a_jobs_failed_create_event_reaches_status_as_pod_create_refused(
     assert st["phase"] == "Pending"
     assert st["message"].startswith("2/2 pod(s) waiting: 3 pod create(s) refused: a ResourceQuota"), st
     assert "exceeded quota: tiny" in st["message"] and "quota's usage drops" in st["message"], st
-    events = client.CoreV1Api(admin).list_namespaced_event(
-        namespace, field_selector="involvedObject.name=refused,reason=PodCreateRefused").items
-    assert len(events) == 1, [e.message for e in events]
+    # kopf posts Events from a queue of its own, after the status write: wait for it, then count.
+    def events() -> list[Any]:
+        return list(client.CoreV1Api(admin).list_namespaced_event(
+            namespace, field_selector="involvedObject.name=refused,reason=PodCreateRefused").items)
+
+    wait_for("the PodCreateRefused Event", events)
+    assert len(events()) == 1, [e.message for e in events()]
