@@ -157,8 +157,8 @@ bench-operator: install ## operator memory (at rest, with 100 PetsTrainings) and
 # tests/unit/test_version.py says where they do not); a release tag names a clean, committed tree.
 release: install $(HELM) ## VERSION=x.y.z: check the version everywhere, build the images tagged with it, package the chart into dist/, tag git vX.Y.Z
 	@[[ -n "$(VERSION)" ]] || { echo "usage: make release VERSION=x.y.z"; exit 2; }
-	@[[ "$$(image/build.sh version)" == "$(VERSION)" ]] || { echo "pets_training.__version__ is \
-	  $$(image/build.sh version), not $(VERSION): set it, Chart.yaml and a CHANGELOG.md section first"; exit 2; }
+	@have=$$(image/build.sh version); [[ $$have == "$(VERSION)" ]] || { echo "pets_training.__version__ is" \
+	  "$$have, not $(VERSION): set it, Chart.yaml and a CHANGELOG.md section first"; exit 2; }
 	@git diff --quiet HEAD || { echo "the tree has uncommitted changes: commit them, then release"; exit 2; }
 	$(VENV)/bin/pytest -q -m unit tests/unit/test_version.py
 	image/build.sh all
