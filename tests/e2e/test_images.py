@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import tomllib
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -19,10 +18,12 @@ import pytest
 import yaml
 from pets_operator.builders import RUN_AS
 
+from pets_training import __version__
+
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
-VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+VERSION = __version__
 TRAINER = f"pets-training/trainer:{VERSION}"
 OPERATOR = f"pets-training/operator:{VERSION}"
 OPERATOR_MAX_BYTES = 300_000_000
