@@ -112,29 +112,54 @@ class EvalStore:
         return sum(t.numel() * t.element_size() for t in self.images)
 
 
+class EvalStoreBuild:
+    """The decoding of this process's eval shard into an :class:`EvalStore`: ``start`` sets its workers
+    (forkserver workers, gone when done) decoding the whole shard ahead, beside training; ``collect``
+    waits for what is left (all of it, here, without ``start`` or workers)."""
+
+    def __init__(
+        self, dataset: PetsImages, batch_size: int, rank: int, world: int, workers: int, device: torch.device
+    ):
+        self.indices, self.batch, self.batches = eval_shard(len(dataset), rank, world, batch_size)
+        workers = min(workers, self.batches)
+        options = worker_options(workers, device.type == "cuda")
+        if workers:  # every batch asked for at once: the workers decode the shard without waiting for us
+            options["prefetch_factor"] = math.ceil(self.batches / workers) + 1
+        self.loader = DataLoader(Subset(dataset, self.indices), batch_size=self.batch, **options)
+        self.device = device
+        self.running: Iterator[Any] | None = None
+
+    def start(self) -> None:
+        if self.running is None and self.loader.num_workers:
+            self.running = iter(self.loader)
+
+    def collect(self) -> EvalStore:
+        batch = self.batch
+        images: list[torch.Tensor] = []
+        labels: list[torch.Tensor] = []
+        valid: list[torch.Tensor] = []
+        for chunk, chunk_labels in self.running or self.loader:
+            images.append(_pad(chunk, batch))
+            labels.append(_pad(chunk_labels, batch))
+            valid.append(torch.arange(batch) < chunk.shape[0])
+        self.running = None
+        while len(images) < self.batches:  # a short shard: masked batches, so every process runs as many
+            images.append(torch.zeros_like(images[0]))  # check_fits_world: every shard has a sample
+            labels.append(torch.zeros(batch, dtype=torch.long))
+            valid.append(torch.zeros(batch, dtype=torch.bool))
+
+        def to_device(ts: list[torch.Tensor]) -> list[torch.Tensor]:
+            return [t.to(self.device, non_blocking=True) for t in ts]
+
+        return EvalStore(to_device(images), to_device(labels), to_device(valid), len(self.indices))
+
+
 def build_eval_store(
     dataset: PetsImages, batch_size: int, rank: int, world: int, workers: int, device: torch.device
 ) -> EvalStore:
-    """Decode and resize this process's eval shard once (in ``workers`` forkserver workers, gone when
-    done; 0: here) into an :class:`EvalStore` on ``device``."""
-    indices, batch, batches = eval_shard(len(dataset), rank, world, batch_size)
-    loader = DataLoader(Subset(dataset, indices), batch_size=batch,
-                        **worker_options(min(workers, batches), device.type == "cuda"))
-    images: list[torch.Tensor] = []
-    labels: list[torch.Tensor] = []
-    valid: list[torch.Tensor] = []
-    for chunk, chunk_labels in loader:
-        images.append(_pad(chunk, batch))
-        labels.append(_pad(chunk_labels, batch))
-        valid.append(torch.arange(batch) < chunk.shape[0])
-    while len(images) < batches:  # a short shard: masked batches, so every process runs as many
-        images.append(torch.zeros_like(images[0]))  # check_fits_world: every shard has a sample
-        labels.append(torch.zeros(batch, dtype=torch.long))
-        valid.append(torch.zeros(batch, dtype=torch.bool))
-    def to_device(ts: list[torch.Tensor]) -> list[torch.Tensor]:
-        return [t.to(device, non_blocking=True) for t in ts]
-
-    return EvalStore(to_device(images), to_device(labels), to_device(valid), len(indices))
+    """Decode and resize this process's eval shard once (in ``workers`` forkserver workers; 0: here) into
+    an :class:`EvalStore` on ``device``."""
+    return EvalStoreBuild(dataset, batch_size, rank, world, workers, device).collect()
 
 
 def _pad(t: torch.Tensor, size: int) -> torch.Tensor:

@@ -41,7 +41,7 @@ from .checkpoint import (
 from .config import TrainConfig, resolve, to_yaml
 from .contract import PodContract, ProcessContext
 from .data import EpochShuffleSampler, PetsData, build_data, check_fits_world, report_counts, write_report
-from .inputs import Batch, EvalStore, build_eval_store, evaluate, start_worker_server, train_loader
+from .inputs import Batch, EvalStore, EvalStoreBuild, evaluate, start_worker_server, train_loader
 from .model import cpu_runs_bf16_natively, create_model, inner_model, resolve_precision, trainable_module
 from .progress import (
     DATASET_GAUGE_KEYS,
@@ -154,7 +154,7 @@ class Training:
     make_batch: Callable[[Any], Batch]  # a loader's batch -> (uint8 crops, labels) on the device
     output_dir: Path
     checkpoint_dir: Path
-    eval_workers: int  # DataLoader workers that build the eval store at the first evaluation
+    eval_build: EvalStoreBuild  # started after the first training step, collected at the first evaluation
     eval_store: EvalStore | None = None
     attempt: int | None = None  # $PETS_ATTEMPT, the checkpoint fence's token (None: no fence)
     # rank 0's hostname when every machine shares checkpoint_dir (rank 0 alone publishes), else None
@@ -322,6 +322,8 @@ def setup(cfg: TrainConfig, pod: PodContract, process: ProcessContext) -> Traini
     normalise = Normalise(model, accelerator.device, cfg.channels_last)
 
     loader, train_sampler, make_batch = train_loader(data, cfg, workers, accelerator.device)
+    eval_build = EvalStoreBuild(data.eval, cfg.eval_batch_size, accelerator.process_index,
+                                accelerator.num_processes, workers, accelerator.device)
     optimizer = torch.optim.Adam([p for p in module.parameters() if p.requires_grad], lr=cfg.lr / 25)
     scheduler = torch.optim.lr_scheduler.OneCycleLR(
         optimizer, max_lr=cfg.lr, epochs=cfg.epochs, steps_per_epoch=len(loader)
@@ -335,7 +337,7 @@ def setup(cfg: TrainConfig, pod: PodContract, process: ProcessContext) -> Traini
         # scheduler (rank 0's); every rank still writes its random_states_<rank>.pkl
         accelerator.project_configuration.save_on_each_node = shared_host is None
     return Training(accelerator, data, module, normalise, optimizer, scheduler, loader, train_sampler,
-                    make_batch, output_dir, checkpoint_dir, workers, shared_checkpoint_host=shared_host)
+                    make_batch, output_dir, checkpoint_dir, eval_build, shared_checkpoint_host=shared_host)
 
 
 def _make_accelerator(
@@ -452,9 +454,8 @@ def run_epoch(
     if state.stopped:
         return
     state.split.charge()
-    if t.eval_store is None:  # built once, at the first evaluation of this run
-        t.eval_store = build_eval_store(t.data.eval, cfg.eval_batch_size, t.accelerator.process_index,
-                                        t.accelerator.num_processes, t.eval_workers, t.accelerator.device)
+    if t.eval_store is None:  # built once, by the first evaluation of this run
+        t.eval_store = t.eval_build.collect()
         log.info("eval store: %d image(s) of this process in %d batch(es), %.1f MiB on %s",
                  t.eval_store.samples, len(t.eval_store),
                  t.eval_store.nbytes / 2**20, t.accelerator.device)
@@ -628,6 +629,7 @@ def train_epoch(
         state.steps_this_run += 1
         if state.steps_this_run == 1:
             state.split.first_step_done()
+            t.eval_build.start()  # its workers decode the eval shard while this epoch trains
             if accelerator.is_main_process:
                 # make bench-e2e measures time-to-first-step from this line's log timestamp
                 log.info("first training step done, %.1f s after the start of this run",

@@ -11,7 +11,7 @@ import torch
 from accelerate import Accelerator
 
 from pets_training.data import build_data
-from pets_training.inputs import build_eval_store, eval_shard, evaluate, start_worker_server
+from pets_training.inputs import EvalStoreBuild, build_eval_store, eval_shard, evaluate, start_worker_server
 from pets_training.model import create_model, trainable_module
 from pets_training.train import Normalise
 
@@ -57,8 +57,12 @@ def test_workers_from_the_preloaded_forkserver_build_the_same_store() -> None:
     data = build_data("synthetic", 32, 42, 0.8, 3, 40)  # 24 eval images
     here = build_eval_store(data.eval, 4, 0, 1, 0, torch.device("cpu"))
     workers = build_eval_store(data.eval, 4, 0, 1, 2, torch.device("cpu"))
-    assert all(torch.equal(a, b) for a, b in zip(here.images, workers.images, strict=True))
-    assert all(torch.equal(a, b) for a, b in zip(here.labels, workers.labels, strict=True))
+    early = EvalStoreBuild(data.eval, 4, 0, 1, 2, torch.device("cpu"))
+    early.start()  # as after the first training step: the workers decode ahead, collected later
+    for other in (workers, early.collect()):
+        assert all(torch.equal(a, b) for a, b in zip(here.images, other.images, strict=True))
+        assert all(torch.equal(a, b) for a, b in zip(here.labels, other.labels, strict=True))
+        assert [v.tolist() for v in here.valid] == [v.tolist() for v in other.valid]
     server = Path(f"/proc/{forkserver._forkserver._forkserver_pid}")  # type: ignore[attr-defined]
     assert "libtorch_cpu" in (server / "maps").read_text()
     assert len(os.listdir(server / "task")) == 1
