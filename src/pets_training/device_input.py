@@ -6,11 +6,11 @@ index), whatever the workers or a resume. On the CPU tensor backend its crops eq
 exactly; on a GPU, nvJPEG's decode differs from libjpeg-turbo's by about 1.3-1.5 levels of 255 on average
 (docs/gpu.md), and so do the crops.
 
-Files that are not JPEGs (PNG) are decoded in the worker, as on the CPU path; a JPEG nvJPEG refuses
-(CMYK, progressive on some versions) is decoded on the CPU and moved. ``auto`` takes this path where a
-GPU decoder works, and says in one line why not where it does not. With the decoded store
-(``--input-store``) there is nothing to decode: no workers at all, the loader yields sampler keys, and each
-image is read once and kept on the device (``StoreCrops``).
+Files that are not JPEGs (PNG) are decoded in the worker, as on the CPU path; when nvJPEG refuses a JPEG
+of the batch (CMYK), the batch is decoded one by one and what it still refuses is decoded on the CPU.
+``auto`` takes this path where a GPU decoder works, and says in one line why not where it does not.
+With the decoded store (``--input-store``) there is nothing to decode: no workers at all, the loader
+yields sampler keys, and each image is read once and kept on the device (``StoreCrops``).
 """
 
 from __future__ import annotations
@@ -85,11 +85,17 @@ class DeviceCrops:
         if jpegs:
             try:
                 decoded = decode_jpeg([out[i] for i in jpegs], mode=ImageReadMode.RGB, device=self.device)
-            except RuntimeError:  # one the decoder refuses (CMYK...): each on the CPU, PIL where needed
-                decoded = [load_file_fast(self.paths[batch.keys[i] % len(self.paths)]) for i in jpegs]
+            except RuntimeError:  # one the decoder refuses (CMYK on nvJPEG...): one by one, it on the CPU
+                decoded = [self.decode_one(out[i], batch.keys[i]) for i in jpegs]
             for i, image in zip(jpegs, decoded, strict=True):
                 out[i] = image
         return [image.to(self.device, non_blocking=True) for image in out]
+
+    def decode_one(self, data: torch.Tensor, key: int) -> torch.Tensor:
+        try:
+            return decode_jpeg(data, mode=ImageReadMode.RGB, device=self.device)
+        except RuntimeError:  # the CPU path's decode: libjpeg-turbo, else PIL, else CorruptImageError
+            return load_file_fast(self.paths[key % len(self.paths)])
 
     def __call__(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
         n = len(self.paths)

@@ -70,6 +70,35 @@ def test_device_path_crops_equal_the_cpu_paths(data: PetsData) -> None:
         assert labels.tolist() == data.train.labels
 
 
+def test_images_the_batched_decode_refuses_are_decoded_one_by_one_then_on_the_cpu(
+    data: PetsData, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """nvJPEG refuses some JPEGs (CMYK): the batch is decoded one by one, and what still fails goes to the
+    CPU path's decoder; the crops do not change."""
+    from pets_training import device_input
+
+    paths = data.train.files()
+    assert paths is not None
+    encoded = EncodedImages(paths, data.train.labels)
+    keys = list(range(len(data.train)))
+    expected = _cpu_batches(data, keys)
+    real = device_input.decode_jpeg
+    refused = {"lists": 0, "single": 0}
+
+    def picky(images: object, **kwargs: object) -> object:
+        if isinstance(images, list):  # the batched call fails
+            refused["lists"] += 1
+            raise RuntimeError("nvjpeg: unsupported")
+        if refused["single"] < 3:  # and the first three one by one
+            refused["single"] += 1
+            raise RuntimeError("nvjpeg: unsupported")
+        return real(images, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(device_input, "decode_jpeg", picky)
+    images, _ = DeviceCrops(data.train, paths, CPU)(collate_encoded([encoded[k] for k in keys]))
+    assert torch.equal(images, expected) and refused == {"lists": 1, "single": 3}
+
+
 def _epoch(data: PetsData, workers: int, epoch: int, skip: int = 0) -> list[torch.Tensor]:
     loader, sampler, crops = device_train_loader(data.train, _cfg(), worker_options(workers, False), CPU)
     sampler.set_epoch(epoch)
