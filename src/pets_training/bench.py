@@ -60,12 +60,8 @@ def _result(output: str) -> dict[str, Any]:
     raise RuntimeError(f"no RESULT line in the output:\n{output[-4000:]}")
 
 
-def _run(cmd: list[str], log_path: Path, cpus: set[int] | None = None) -> dict[str, Any]:
-    def pin() -> None:  # the loop's process and every child it starts: these cores only
-        if cpus:
-            os.sched_setaffinity(0, cpus)
-
-    proc = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=pin)
+def _run(cmd: list[str], log_path: Path) -> dict[str, Any]:
+    proc = subprocess.run(cmd, capture_output=True, text=True)
     log_path.write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
         raise RuntimeError(
@@ -204,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--cpus must be 1 to {len(available)} (the cores this process may use), "
                      f"got {args.cpus}")
     cpus = set(available[:args.cpus]) if args.cpus else None
+    if cpus:  # this process only waits: the loops and their workers inherit it (no preexec_fn after threads)
+        os.sched_setaffinity(0, cpus)
     # the tutorial's `accelerate launch --mixed_precision fp16`: fp16 on a GPU; on a CPU as ours maps it
     mixed, precision_line = tutorial_precision(on_gpu)
     print(precision_line + (f"; every loop on {args.cpus} core(s)" if cpus else ""), flush=True)
@@ -222,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     # this machine may be shared: rotate the order and keep each loop's best (least disturbed) run
     for repeat in range(args.repeats):
         for name in names[repeat % len(names):] + names[:repeat % len(names)]:
-            result = _run(commands[name], output / f"{name}-{repeat + 1}.log", cpus)
+            result = _run(commands[name], output / f"{name}-{repeat + 1}.log")
             runs[name].append(throughput(result["step_times"], result["step_images"], args.warmup))
             print(f"  {name} run {repeat + 1}: {runs[name][-1]:.2f} images/s", flush=True)
     ips = {name: max(values) for name, values in runs.items()}
