@@ -15,9 +15,13 @@ Every later evaluation is its forward passes alone, with no loader or worker sta
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import multiprocessing
+import os
+import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -55,7 +59,36 @@ def worker_options(workers: int, pin: bool) -> dict[str, Any]:
     options: dict[str, Any] = {"num_workers": workers, "pin_memory": pin}
     if workers > 0:
         options["multiprocessing_context"] = WORKER_CONTEXT
+        options["worker_init_fn"] = functools.partial(exit_with, os.getpid())
     return options
+
+
+def exit_with(trainer: int, _worker_id: int) -> None:
+    """In each worker: exit once the training process is gone. A worker is the forkserver's child, so
+    torch's own watchdog (is my parent alive?) keeps it, and it the forkserver, alive after a SIGKILL."""
+
+    def watch() -> None:
+        while _running(trainer):
+            time.sleep(1.0)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="pets-exit-with-trainer", daemon=True).start()
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` runs: a zombie does not (a killed trainer stays one while its launcher, which may be
+    reading our inherited stdout, has not reaped it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc: a zombie counts as running
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
 
 
 Batch = tuple[torch.Tensor, torch.Tensor]
