@@ -91,12 +91,11 @@ if [[ "${1:-}" == __inner ]]; then
 fi
 
 # ---------------------------------------------------------------- outside: build, configure, run
-# lib.sh exported its default PETS_STATE (the e2e cluster's, /tmp/pets-training-cluster): with it set,
-# run-with-control-plane.sh would bring up (and then down!) that cluster's control plane instead of a
-# private one on free ports. The benchmark always gets its own.
-[[ -z "$caller_state" ]] ||
-  die "PETS_STATE is set ($caller_state): the scale benchmark runs on its own private control plane; unset it"
-unset PETS_STATE PETS_APISERVER_PORT PETS_ETCD_PORT
+# The benchmark always gets a private control plane on free ports: run-with-control-plane.sh makes it
+# under the state root ($PETS_STATE/control-plane.XXXXXX: the caller's, as CI's, else lib.sh's default),
+# beside whatever cluster runs there, unless PETS_CONTROL_PLANE_STATE names one, which is not wanted here.
+[[ -z "$caller_state" ]] || export PETS_STATE="$caller_state"
+unset PETS_CONTROL_PLANE_STATE PETS_APISERVER_PORT PETS_ETCD_PORT
 export SCALE_PRIVATE_STATE=1
 [[ -x "$PY" ]] || die "$PY not found: run \`make install\` (or set PY)"
 t0=$SECONDS
