@@ -111,7 +111,8 @@ def test_hostile_metrics_endpoints_cannot_hurt_the_operator_or_other_tenants(
         other_tenant.create(f"hostile-{mode}", hostile_spec(hostile_image, mode, token))
     normal = [f"normal-{i}" for i in range(3)]
     for name in normal:
-        trainings.create(name, {**LONGER_SPEC, "replicas": 1, "epochs": 3})
+        # long enough for three 10 s progress polls while Running, now that an epoch takes a few seconds
+        trainings.create(name, {**LONGER_SPEC, "replicas": 1, "epochs": 8})
 
     # Poll the normal trainings until they end; note when each one's status.step changes while it runs.
     step_changes: dict[str, list[tuple[float, int]]] = {name: [] for name in normal}
