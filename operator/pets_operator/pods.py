@@ -257,25 +257,16 @@ def running_count(pods: list[dict[str, Any]]) -> int:
 
 def _terminated(pod: dict[str, Any]) -> dict[str, Any] | None:
     """The state of the container that ended: an init container that failed (the dataset initializer),
-    else the trainer. Its message (a summary, or a log tail) with URLs' credentials redacted."""
+    else the trainer."""
     for cs in _status(pod).get("initContainerStatuses") or []:
         term = (cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get("terminated")
         if term and term.get("exitCode"):
-            return _redacted(term)
+            return dict(term)
     for cs in _status(pod).get("containerStatuses") or []:
         term = (cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get("terminated")
         if term:
-            return _redacted(term)
+            return dict(term)
     return None
-
-
-def _redacted(term: dict[str, Any]) -> dict[str, Any]:
-    """A container's terminated state whose message shows no URL's userinfo or query string (the log
-    tail of a container that crashed before it could redact them itself)."""
-    term = dict(term)
-    if isinstance(term.get("message"), str):
-        term["message"] = redact_urls(term["message"])
-    return term
 
 
 def _disruption(pod: dict[str, Any]) -> str | None:
@@ -320,6 +311,10 @@ def first_failure(pods: list[dict[str, Any]], rank_of: Callable[[dict[str, Any]]
     disrupted = [p for p in failed if _disruption(p)]
     pod = min(disrupted or failed, key=finished)
     term = _terminated(pod) or {}
+    # The message (a summary, or the log tail of a container that crashed before it could redact it)
+    # shows no URL's userinfo or query string.
+    if isinstance(term.get("message"), str):
+        term["message"] = redact_urls(term["message"])
     code = term.get("exitCode")
     summary = parse_summary(term.get("message"))
     trainer_error = (summary or {}).get("error")
