@@ -121,7 +121,8 @@ def test_only_the_trainings_own_pods_reach_its_rendezvous_and_it_trains(
 
     workers = [n for n in client.CoreV1Api(kube_api).list_node().items if not dedicated_control_plane(n)]
     name = "guarded"
-    spec = {**LONGER_SPEC, "epochs": 3}
+    # Long enough to be running after three refused connects (3 s each) and the policy's deletion.
+    spec = {**LONGER_SPEC, "epochs": 10}
     if len(workers) >= 2:
         spec["placement"] = {"spreadAcrossNodes": True}
     trainings.create(name, spec)
