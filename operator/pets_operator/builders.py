@@ -180,7 +180,9 @@ def dataset_init_container(spec: dict[str, Any], trainer: dict[str, Any]) -> dic
     dataset = spec["dataset"]
     s3 = dataset.get("s3") or {}
     args = ["--url", dataset["url"], "--cache", api.DATASET_CACHE_DIR, "--summary-path", TERMINATION_LOG,
-            "--layout", dataset.get("layout", "auto")]
+            "--layout", dataset.get("layout", "auto"),
+            # the claim's requested size: the initializer never writes past it (a provisioner may not hold it)
+            "--cache-size", str((dataset.get("cache") or {}).get("size") or api.DEFAULT_DATASET_CACHE_SIZE)]
     if dataset.get("sha256"):
         args += ["--sha256", dataset["sha256"]]
     for flag, key in (("--s3-endpoint", "endpoint"), ("--s3-region", "region"),

@@ -310,6 +310,10 @@ def test_a_url_dataset_is_fetched_by_an_init_container_into_a_shared_cache_claim
     assert args[args.index("--layout") + 1] == "imagefolder"
     assert args[args.index("--s3-endpoint") + 1] == "http://s3.example:7070"
     assert args[args.index("--credentials-secret") + 1] == "s3-keys"
+    assert args[args.index("--cache-size") + 1] == "5Gi"  # the claim's size: the initializer's cap
+    sized = builders.build_job(spec(dataset={"url": "https://x/a.tar", "cache": {"size": "1Gi"}}), TARGET)
+    (sized_init,) = sized["spec"]["template"]["spec"]["initContainers"]
+    assert sized_init["args"][sized_init["args"].index("--cache-size") + 1] == "1Gi"
     assert trainer["args"][trainer["args"].index("--data") + 1] == "/data"
     # the keys go to the init container only, from the Secret
     assert {e["name"]: e["valueFrom"]["secretKeyRef"] for e in init["env"]} == {
