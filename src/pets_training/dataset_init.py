@@ -13,6 +13,10 @@ the same data downloads nothing, and its log says so. Anything a restart cannot 
 that does not match, credentials the server refuses, an archive with no images, and any error not
 foreseen: a restart fetches the same source the same way. No line it writes carries a URL's userinfo or
 query string (``redact``).
+
+What it writes is bounded by ``--cache-size`` (spec.dataset.cache.size, which the operator passes): the
+download, the objects, and an archive's members (``archive``: its own member check, and an expansion
+ratio), each refused from its stated size before it is written.
 """
 
 from __future__ import annotations
@@ -25,17 +29,16 @@ import logging
 import os
 import re
 import shutil
-import tarfile
 import time
 import urllib.error
 import urllib.request
-import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from .archive import ArchiveError, blocks, quantity_bytes, unpack
 from .contract import PERMANENT_EXIT_CODE, PermanentError
 from .data import DataError, list_samples
 from .redact import redact_urls
@@ -61,6 +64,7 @@ class Source:
     s3_endpoint: str | None = None
     s3_region: str | None = None
     credentials_secret: str | None = None  # named in errors; the keys come in the environment
+    cache_size: str | None = None  # spec.dataset.cache.size: what is written stops there (archive.py)
 
     @property
     def is_s3(self) -> bool:
@@ -69,6 +73,15 @@ class Source:
     def key(self) -> dict[str, Any]:
         """What a cache must hold to serve this source: the same URL, digest and S3 endpoint."""
         return {"url": self.url, "sha256": self.sha256, "s3Endpoint": self.s3_endpoint}
+
+    @property
+    def cap(self) -> int | None:
+        return None if self.cache_size is None else quantity_bytes("spec.dataset.cache.size", self.cache_size)
+
+    def too_large(self, what: str, size: int) -> SourceError:
+        return SourceError(f"spec.dataset.cache.size: {what} ({size} bytes or more) does not fit in the "
+                           f"cache's {self.cache_size} ({self.cap} bytes): nothing more was written, and "
+                           "what was is removed. Give spec.dataset.cache.size more room")
 
 
 def cached(cache: Path, source: Source) -> dict[str, Any] | None:
@@ -115,12 +128,18 @@ def _open_url(url: str, timeout: float) -> BinaryIO:
     raise AssertionError("unreachable")
 
 
-def download(url: str, dest: Path, timeout: float = 60.0) -> tuple[str, int]:
-    """Stream ``url`` into ``dest``; returns its sha256 and size. Progress every 10 s in the log."""
+def download(source: Source, dest: Path, timeout: float = 60.0) -> tuple[str, int]:
+    """Stream the source's URL into ``dest``, no more than its cap; returns its sha256 and size.
+    Progress every 10 s in the log."""
+    url, cap = source.url, source.cap
     digest, size, last = hashlib.sha256(), 0, time.monotonic()
     with _open_url(url, timeout) as response, open(dest, "wb") as out:
         total = response.headers.get("Content-Length") if hasattr(response, "headers") else None
+        if cap is not None and total and total.isdigit() and blocks(int(total)) > cap:
+            raise source.too_large(f"the archive at {url}", int(total))
         while chunk := response.read(CHUNK):
+            if cap is not None and blocks(size + len(chunk)) > cap:
+                raise source.too_large(f"the archive at {url}", size + len(chunk))
             out.write(chunk)
             digest.update(chunk)
             size += len(chunk)
@@ -128,49 +147,6 @@ def download(url: str, dest: Path, timeout: float = 60.0) -> tuple[str, int]:
                 last = time.monotonic()
                 log.info("downloaded %d of %s bytes", size, total or "?")
     return digest.hexdigest(), size
-
-
-def extract(archive: Path, dest: Path, url: str) -> None:
-    """Unpack a .tar (any compression) or .zip into ``dest``. Members that would land outside it (absolute
-    names, ``..``, links out) are refused: tarfile's ``data`` filter, and the same check for zip."""
-    dest.mkdir(parents=True)
-    if tarfile.is_tarfile(archive):
-        try:
-            with tarfile.open(archive) as tar:
-                if hasattr(tarfile, "data_filter"):  # Python 3.11.4+, and Debian's backport
-                    tar.extractall(dest, filter="data")
-                else:
-                    tar.extractall(dest, members=_safe_members(tar, dest, url))
-        except (tarfile.TarError, OSError) as err:
-            raise SourceError(f"spec.dataset.url: the archive at {url} cannot be unpacked: {err}") from err
-        return
-    if zipfile.is_zipfile(archive):
-        with zipfile.ZipFile(archive) as zf:
-            root = dest.resolve()
-            for name in zf.namelist():
-                target = (dest / name).resolve()
-                if target != root and root not in target.parents:
-                    raise SourceError(f"spec.dataset.url: the archive at {url} has a member outside its "
-                                      f"folder: {name!r}")
-            try:
-                zf.extractall(dest)
-            except (zipfile.BadZipFile, OSError) as err:
-                raise SourceError(f"spec.dataset.url: the archive at {url} cannot be unpacked: {err}") \
-                    from err
-        return
-    raise SourceError(f"spec.dataset.url: {url} is not a .tar, .tar.gz or .zip archive")
-
-
-def _safe_members(tar: tarfile.TarFile, dest: Path, url: str) -> Iterator[tarfile.TarInfo]:
-    """What the ``data`` filter keeps, for a Python without it: files and folders inside ``dest``."""
-    root = dest.resolve()
-    for member in tar:
-        target = (dest / member.name).resolve()
-        if (target != root and root not in target.parents) or member.issym() or member.islnk():
-            raise SourceError(f"spec.dataset.url: the archive at {url} has a member outside its folder or "
-                              f"a link: {member.name!r}")
-        if member.isfile() or member.isdir():
-            yield member
 
 
 def data_root(extracted: Path) -> Path:
@@ -190,13 +166,19 @@ def check_images(root: Path, source: Source) -> int:
 
 def fetch_http(source: Source, work: Path) -> Path:
     archive = work / "archive"
-    digest, size = download(source.url, archive)
+    digest, size = download(source, archive)
     if source.sha256 and digest != source.sha256.lower():
         raise SourceError(f"spec.dataset.sha256: the archive at {source.url} has sha256 {digest} ({size} "
                           f"bytes), not the {source.sha256} the spec expects")
     log.info("downloaded %s: %d bytes, sha256 %s%s", source.url, size, digest,
              " (matches spec.dataset.sha256)" if source.sha256 else "")
-    extract(archive, work / "extracted", source.url)
+    try:
+        members, written = unpack(archive, work / "extracted", f"the archive at {source.url}", source.cap,
+                                  source.cache_size or "")
+    except ArchiveError as err:
+        raise SourceError(str(err)) from None
+    log.info("unpacked %d members, %d bytes counted in 4 KiB blocks (%.1f times the archive)", members,
+             written, written / max(1, size))
     archive.unlink()
     return data_root(work / "extracted")
 
@@ -232,7 +214,7 @@ def fetch_s3(source: Source, work: Path) -> Path:
                secret_key=os.environ.get("AWS_SECRET_ACCESS_KEY"), secure=endpoint.scheme == "https",
                region=source.s3_region or "us-east-1")
     dest = (work / "objects").resolve()
-    count = 0
+    count = written = 0
     try:
         for obj in s3.list_objects(bucket, prefix=prefix, recursive=True):
             name = str(obj.object_name)
@@ -243,7 +225,11 @@ def fetch_s3(source: Source, work: Path) -> Path:
             if dest not in target.parents:
                 raise SourceError(f"spec.dataset.url: the object key {name!r} leads outside the dataset "
                                   "folder")
-            s3.fget_object(bucket, name, str(target))
+            written += blocks(obj.size or 0)
+            if source.cap is not None and written > source.cap:
+                raise source.too_large(f"the objects under {source.url}", written)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            _get_object(s3, bucket, name, target, obj.size or 0)
             count += 1
     except (S3Error, InvalidResponseError) as err:
         code = s3_error_code(err)
@@ -260,6 +246,21 @@ def fetch_s3(source: Source, work: Path) -> Path:
         raise SourceError(f"spec.dataset.url: no object under {source.url} at {where}")
     log.info("downloaded %d objects from %s at %s", count, source.url, where)
     return dest
+
+
+def _get_object(s3: Any, bucket: str, name: str, target: Path, size: int) -> None:
+    """One object into ``target``, no more than the ``size`` its listing gave (which the cap counted)."""
+    response = s3.get_object(bucket, name)
+    try:
+        with open(target, "wb") as out:
+            for chunk in response.stream(CHUNK):
+                if out.tell() + len(chunk) > size:
+                    raise SourceError(f"spec.dataset.url: the object {name!r} sent more than the {size} "
+                                      "bytes its listing gave: refused")
+                out.write(chunk)
+    finally:
+        response.close()
+        response.release_conn()
 
 
 def initialize(cache: Path, source: Source) -> dict[str, Any]:
@@ -301,6 +302,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--s3-endpoint")
     p.add_argument("--s3-region")
     p.add_argument("--credentials-secret", help="the Secret the S3 keys come from (named in errors)")
+    p.add_argument("--cache-size", help="spec.dataset.cache.size (a quantity, such as 5Gi): nothing written "
+                   "into the cache passes it (unset: no cap but the expansion ratio)")
     p.add_argument("--summary-path", type=Path, help="where a failure's JSON goes (the termination log)")
     return p
 
@@ -325,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     for handler in logging.getLogger().handlers:
         handler.addFilter(RedactingFilter(args.url))
     source = Source(args.url, args.sha256, args.layout, args.s3_endpoint, args.s3_region,
-                    args.credentials_secret)
+                    args.credentials_secret, args.cache_size)
     try:
         initialize(args.cache, source)
     except PermanentError as err:
