@@ -126,7 +126,7 @@ CLEAN ?= 1
 test-images: install ## build both images from a clean engine (offline base; CLEAN=0: as cached) and test them with docker
 	if [ "$(CLEAN)" != 0 ]; then image/build.sh clean; fi
 	image/build.sh all
-	$(VENV)/bin/pytest -m e2e tests/e2e/test_images.py
+	$(VENV)/bin/pytest -m e2e tests/e2e/test_images.py tests/e2e/test_images_extract.py
 
 # ---------------------------------------------------------------- end to end
 .PHONY: e2e
@@ -146,6 +146,11 @@ BENCH_E2E_ARGS ?=
 bench-e2e: install ## time from kubectl apply to pods Running and to the first step (median of 5; BENCH_E2E_ARGS)
 	tests/e2e/bench.sh $(CLUSTER) $(BENCH_E2E_ARGS)
 
+.PHONY: bench-upload
+BENCH_UPLOAD_ARGS ?=
+bench-upload: install ## kubectl pets upload of a Pets-sized folder (7,390 JPEGs, 500x375) beside kubectl cp into the same claim: s, files/s, MB/s, ratio -> output/bench-upload.json (BENCH_UPLOAD_ARGS)
+	tests/e2e/bench_upload.sh $(CLUSTER) $(BENCH_UPLOAD_ARGS)
+
 .PHONY: bench-operator
 BENCH_OPERATOR_ARGS ?=
 bench-operator: install ## operator memory (at rest, with 100 PetsTrainings) and create->Job latency p50/p99 (BENCH_OPERATOR_ARGS)
@@ -153,11 +158,11 @@ bench-operator: install ## operator memory (at rest, with 100 PetsTrainings) and
 	  $(BENCH_OPERATOR_ARGS)
 
 .PHONY: release
-# The version's one source is pets_training.__version__ (Chart.yaml and CHANGELOG.md follow it, and
+# The version's one source is pets_contract.__version__ (Chart.yaml and CHANGELOG.md follow it, and
 # tests/unit/test_version.py says where they do not); a release tag names a clean, committed tree.
 release: install $(HELM) ## VERSION=x.y.z: check the version everywhere, build the images tagged with it, package the chart into dist/, tag git vX.Y.Z
 	@[[ -n "$(VERSION)" ]] || { echo "usage: make release VERSION=x.y.z"; exit 2; }
-	@have=$$(image/build.sh version); [[ $$have == "$(VERSION)" ]] || { echo "pets_training.__version__ is" \
+	@have=$$(image/build.sh version); [[ $$have == "$(VERSION)" ]] || { echo "pets_contract.__version__ is" \
 	  "$$have, not $(VERSION): set it, Chart.yaml and a CHANGELOG.md section first"; exit 2; }
 	@git diff --quiet HEAD || { echo "the tree has uncommitted changes: commit them, then release"; exit 2; }
 	$(VENV)/bin/pytest -q -m unit tests/unit/test_version.py

@@ -49,9 +49,9 @@ check_python() {
     die "PETS_PYTHON=$PETS_PYTHON is not a Python 3.11 or newer (tomllib reads pyproject.toml); set PETS_PYTHON"
 }
 
-# pets_training.__version__, the one source of the version (its __init__ imports nothing).
+# pets_contract.__version__, the one source of the version (its __init__ imports nothing).
 version() {
-  PYTHONPATH="$ROOT/src" "$PETS_PYTHON" -c 'import pets_training; print(pets_training.__version__)'
+  PYTHONPATH="$ROOT/src" "$PETS_PYTHON" -c 'import pets_contract; print(pets_contract.__version__)'
 }
 
 image_tag() { echo "pets-training/$1:$(version)"; }

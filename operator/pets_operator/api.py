@@ -17,24 +17,53 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pets_contract import env as contract_env
+from pets_contract.names import (  # noqa: F401  (the API's names, read here as api.<NAME>)
+    ACTIVE_PHASES,
+    ANNOTATION_ATTEMPT,
+    ANNOTATION_DATASET_URL,
+    ANNOTATION_SPEC_DIGEST,
+    API_VERSION,
+    CRD_NAME,
+    DEFAULT_IMAGE,
+    FAILED,
+    FINISHED_PHASES,
+    GROUP,
+    KIND,
+    LABEL_ATTEMPT,
+    LABEL_COMPONENT,
+    LABEL_DATASET_CACHE,
+    LABEL_INSTANCE,
+    LABEL_MANAGED_BY,
+    LABEL_NAME,
+    LABEL_OUTPUT_RETENTION,
+    LABEL_PART_OF,
+    LABEL_TRAINING,
+    MANAGED_BY,
+    METRICS_PORT,
+    OUTPUT_CLAIM_SUFFIX,
+    OUTPUT_DIR,
+    PENDING,
+    PHASES,
+    PLURAL,
+    PREEMPTED,
+    QUEUED,
+    RESTARTING,
+    RUNNING,
+    SHORT_NAMES,
+    SINGULAR,
+    SUCCEEDED,
+    SUSPENDED,
+    VERSION,
+)
 from pets_operator import k8s_schema
-from pets_training import __version__
 
-GROUP = "training.pets.dev"
-VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
-KIND = "PetsTraining"
-PLURAL = "petstrainings"
-SINGULAR = "petstraining"
-SHORT_NAMES = ["pt"]
-CRD_NAME = f"{PLURAL}.{GROUP}"
-
-DEFAULT_IMAGE = f"pets-training/trainer:{__version__}"
-# spec.output.managedClaim: the claim the operator makes is named <training>-output, of this size unless
-# the spec says otherwise (a resnet50d run keeps about 0.7 GB: two checkpoints and the model).
-OUTPUT_CLAIM_SUFFIX = "-output"
 DATASET_CACHE_PREFIX = "pets-dataset-"  # + a hash of spec.dataset.url and its digest (builders)
+DATASET_CACHE_DIR = "/dataset-cache"  # where the dataset init container mounts the cache claim
 DEFAULT_DATASET_CACHE_SIZE = "5Gi"
+# spec.output.managedClaim: the claim the operator makes is named <training>-output (OUTPUT_CLAIM_SUFFIX),
+# of this size unless the spec says otherwise (a resnet50d run keeps about 0.7 GB: two checkpoints and
+# the model).
 DEFAULT_OUTPUT_CLAIM_SIZE = "5Gi"
 DEFAULT_CHECKPOINT_INTERVAL = 60  # spec.checkpoint.intervalSeconds (why: its description)
 DEFAULT_GRACE_PERIOD = 30  # spec.checkpoint.gracePeriodSeconds (why: its description)
@@ -45,46 +74,9 @@ DEFAULT_WORKERS = 48  # concurrent reconciliations
 DEFAULT_PROGRESS_INTERVAL = 10.0  # seconds between two reads of a running training's progress
 DEFAULT_SCRAPE_CONCURRENCY = 64  # progress reads in flight at once
 DEFAULT_SCRAPE_TIMEOUT = 2.0  # seconds for one progress read
-METRICS_PORT = 9090  # the trainer's progress endpoint on rank 0 (docs/contract.md)
-OUTPUT_DIR = "/output"
 DATA_DIR = "/data"
 PRETRAINED_CACHE_DIR = "/pretrained-cache"  # where spec.pretrainedCache's claim is mounted, read-only
 MAX_NAME_LENGTH = 52  # leaves room for "-<index>" pod hostnames and "-<hash>" pod names within 63
-
-# Phases of status.phase.
-PENDING = "Pending"
-RUNNING = "Running"
-RESTARTING = "Restarting"
-SUCCEEDED = "Succeeded"
-FAILED = "Failed"
-SUSPENDED = "Suspended"
-QUEUED = "Queued"  # a queue (Kueue) holds the workload: not admitted yet
-PREEMPTED = "Preempted"  # the queue took the admission back; it resumes from its checkpoint when re-admitted
-PHASES = [PENDING, QUEUED, RUNNING, RESTARTING, PREEMPTED, SUSPENDED, SUCCEEDED, FAILED]
-ACTIVE_PHASES = [RUNNING, RESTARTING]
-FINISHED_PHASES = [SUCCEEDED, FAILED]
-
-# Labels on every child.
-LABEL_NAME = "app.kubernetes.io/name"
-LABEL_INSTANCE = "app.kubernetes.io/instance"
-LABEL_COMPONENT = "app.kubernetes.io/component"
-LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
-LABEL_PART_OF = "app.kubernetes.io/part-of"
-LABEL_TRAINING = f"{GROUP}/training"
-# On a claim of spec.output.managedClaim: its retentionPolicy (Delete or Retain), so retained claims are
-# found with `kubectl get pvc -l training.pets.dev/output-retention=Retain`.
-LABEL_OUTPUT_RETENTION = f"{GROUP}/output-retention"
-LABEL_DATASET_CACHE = f"{GROUP}/dataset-cache"  # on spec.dataset.url's cache claim: shared, not owned
-ANNOTATION_DATASET_URL = f"{GROUP}/dataset-url"
-DATASET_CACHE_DIR = "/dataset-cache"  # where the dataset init container mounts the cache claim
-MANAGED_BY = "pets-operator"
-ANNOTATION_ATTEMPT = f"{GROUP}/attempt"
-# On the trainer pods: the attempt they belong to, so a selector (spec.placement's spread) can pick
-# exactly one attempt's pods whatever the backend.
-LABEL_ATTEMPT = f"{GROUP}/attempt"
-# On the workload: a digest of the spec it was built from, so an edit made while it was suspended
-# (or queued) is noticed and the workload rebuilt from the current spec.
-ANNOTATION_SPEC_DIGEST = f"{GROUP}/spec-digest"
 
 # Kueue: a PetsTraining labelled with a queue passes these labels to its workload and leaves the
 # workload's suspend to Kueue (https://kueue.sigs.k8s.io/docs/tasks/run/jobs/).
@@ -158,9 +150,7 @@ ABS_PATH = r"^/.*$"
 QUANTITY = r"^([0-9]+([.][0-9]+)?|[.][0-9]+)([KMGTPE]i|[numkMGTPE]|[eE][-+]?[0-9]{1,2})?$"
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 IMAGE = r"^[^\s]+$"
-RESERVED_ENV = [
-    "JOB_COMPLETION_INDEX", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-]
+RESERVED_ENV = list(contract_env.CONTROLLER_ENV)  # and every name with our prefix (OPERATOR_PREFIX)
 
 
 # ----------------------------------------------------------------------------- cross-field rules
@@ -363,12 +353,13 @@ RULES: list[Rule] = [
     Rule(
         id="env-not-reserved",
         at="spec.env[]",
-        cel="!self.name.startsWith('PETS_') && !(self.name in "
+        cel=f"!self.name.startsWith('{contract_env.OPERATOR_PREFIX}') && !(self.name in "
             + "[" + ", ".join(f"'{n}'" for n in RESERVED_ENV) + "])",
-        message="spec.env[].name must not start with PETS_ or be one of "
+        message=f"spec.env[].name must not start with {contract_env.OPERATOR_PREFIX} or be one of "
                 + ", ".join(RESERVED_ENV) + " (they belong to the pod contract)",
-        check=lambda env: not env["name"].startswith("PETS_") and env["name"] not in RESERVED_ENV,
-        example_spec={"env": [{"name": "OK", "value": "1"}, {"name": "PETS_MAIN_ADDR", "value": "x"}]},
+        check=lambda env: not env["name"].startswith(contract_env.OPERATOR_PREFIX) and \
+            env["name"] not in RESERVED_ENV,
+        example_spec={"env": [{"name": "OK", "value": "1"}, {"name": contract_env.MAIN_ADDR, "value": "x"}]},
         field_path=".name",
     ),
     # Pretrained weights come from one source: the hub (default), a hub cache volume, or one file.

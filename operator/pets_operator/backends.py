@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
+from pets_contract import names
 from pets_operator import api, builders
 
 
@@ -153,11 +154,11 @@ class JobBackend(Backend):
                              active, ready, start)
 
     def pods_selector(self, workload_name: str) -> str:
-        return f"job-name={workload_name}"
+        return f"{names.JOB_NAME_LABEL}={workload_name}"
 
     def rank_of(self, pod: dict[str, Any]) -> int | None:
         labels = (pod.get("metadata") or {}).get("labels") or {}
-        index = labels.get("batch.kubernetes.io/job-completion-index")
+        index = labels.get(names.JOB_INDEX_LABEL)
         return int(index) if index and index.isdigit() else None
 
     def suspend_patch(self, value: bool) -> dict[str, Any]:
@@ -177,7 +178,7 @@ class PyTorchJobBackend(Backend):
     name, group, version, plural, kind = "pytorchjob", "kubeflow.org", "v1", "pytorchjobs", "PyTorchJob"
     children_key, uses_service, always_served = "pytorchJob", False, False
     install_hint = "install the Kubeflow training-operator"
-    container = "pytorch"  # the container name the training-operator looks for
+    container = names.TRAINER_CONTAINERS[1]  # "pytorch": the container name the training-operator looks for
     PORT_NAME = "pytorchjob-port"  # the port name it reads the rendezvous port from
 
     def build_workload(self, spec: dict[str, Any], target: builders.Target) -> dict[str, Any]:
@@ -224,13 +225,13 @@ class PyTorchJobBackend(Backend):
                              active, start)
 
     def pods_selector(self, workload_name: str) -> str:
-        return f"training.kubeflow.org/job-name={workload_name}"
+        return f"{names.KUBEFLOW_JOB_NAME_LABEL}={workload_name}"
 
     def rank_of(self, pod: dict[str, Any]) -> int | None:
         """The Master is rank 0; Worker i is rank i + 1 (as the training-operator sets RANK)."""
         labels = (pod.get("metadata") or {}).get("labels") or {}
-        kind, index = labels.get("training.kubeflow.org/replica-type"), labels.get(
-            "training.kubeflow.org/replica-index", "")
+        kind, index = labels.get(names.KUBEFLOW_REPLICA_TYPE_LABEL), labels.get(
+            names.KUBEFLOW_REPLICA_INDEX_LABEL, "")
         if not index.isdigit():
             return None
         return int(index) + (0 if kind == "master" else 1)

@@ -14,14 +14,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pets_contract import env as contract_env
+from pets_contract import exits, names
 from pets_operator import api, pods
 
-CONTAINER = "trainer"
+CONTAINER = names.TRAINER_CONTAINERS[0]  # "trainer"
 PORT_NAME = "rendezvous"
 TERMINATION_LOG = "/dev/termination-log"
-# The pods' uid and gid, and the images' user (image/Dockerfile): non-root and above any host user's
-# (checkov's CKV_K8S_40 asks for >= 10000; hosts give users 1000-60000), distroless's "nonroot".
-RUN_AS = 65532
+# The pods' uid and gid (pets_contract.names.RUN_AS, the images' user): non-root and above any host
+# user's (checkov's CKV_K8S_40 asks for >= 10000; hosts give users 1000-60000), distroless's "nonroot".
+RUN_AS = names.RUN_AS
 # The trainer image's HOME (image/Dockerfile).
 HOME = "/home/pets"
 # The root filesystem is read-only; these are where the trainer writes besides /output, /dev/shm and
@@ -319,19 +321,19 @@ def _env(spec: dict[str, Any], target: Target, *, container_name: str,
     The recipe (mixed precision, output directory...) travels as trainer flags, see `trainer_args`.
     """
     env: list[dict[str, Any]] = [
-        {"name": "PETS_NUM_MACHINES", "value": str(spec["replicas"])},
-        {"name": "PETS_PROCS_PER_MACHINE", "value": str(spec["processesPerReplica"])},
-        {"name": "PETS_MAIN_PORT", "value": str(spec["masterPort"])},
+        {"name": contract_env.NUM_MACHINES, "value": str(spec["replicas"])},
+        {"name": contract_env.PROCS_PER_MACHINE, "value": str(spec["processesPerReplica"])},
+        {"name": contract_env.MAIN_PORT, "value": str(spec["masterPort"])},
         # The attempt (docs/contract.md): the trainer's checkpoint fencing token, so a pod of an older
         # attempt (a partitioned node's) cannot publish a checkpoint over a newer attempt's.
-        {"name": "PETS_ATTEMPT", "value": str(target.attempt)},
-        {"name": "PETS_CPU_LIMIT", "valueFrom": {"resourceFieldRef": {
+        {"name": contract_env.ATTEMPT, "value": str(target.attempt)},
+        {"name": contract_env.CPU_LIMIT, "valueFrom": {"resourceFieldRef": {
             "containerName": container_name, "resource": "limits.cpu", "divisor": "1"}}},
     ]
     if headless_service:
         # Without our headless Service (a controller that names the main pod itself), the controller
         # sets MASTER_ADDR, which the launcher falls back to.
-        env.insert(2, {"name": "PETS_MAIN_ADDR", "value": main_address(target)})
+        env.insert(2, {"name": contract_env.MAIN_ADDR, "value": main_address(target)})
     # User extras cannot shadow the contract: api's env-not-reserved rule refuses them (server and local).
     env += [dict(extra) for extra in spec.get("env") or []]
     return env
@@ -609,10 +611,10 @@ def build_job(spec: dict[str, Any], target: Target) -> dict[str, Any]:
             "podFailurePolicy": {"rules": [
                 {"action": "FailJob",
                  "onExitCodes": {"containerName": CONTAINER, "operator": "In",
-                                 "values": [pods.PERMANENT_EXIT_CODE]}},
+                                 "values": [exits.PERMANENT]}},
                 *([{"action": "FailJob",
                     "onExitCodes": {"containerName": DATASET_INIT, "operator": "In",
-                                    "values": [pods.PERMANENT_EXIT_CODE]}}]
+                                    "values": [exits.PERMANENT]}}]
                   if dataset_source(spec) == "url" else []),
                 {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
             ]},

@@ -18,8 +18,8 @@ import random
 import sys
 from collections.abc import Callable, Sequence
 
+from pets_contract import __version__
 from pets_operator import api, backends, builders
-from pets_training import __version__
 
 DEFAULT_LIVENESS_PORT = 8080
 DEFAULT_METRICS_PORT = 8000

@@ -26,28 +26,21 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from pets_contract import gauges
+from pets_contract import summary as summary_keys
 from pets_operator import api
 from pets_operator.backends import parse_timestamp, timestamp
 
 WAITING_PHASES = (api.PENDING, api.QUEUED, api.SUSPENDED, api.PREEMPTED, api.RESTARTING)
-# rank 0's gauge -> (the attempt's field, the summary's time_seconds key)
-TRAINER_PARTS = {
-    "pets_startup_seconds": ("startupSeconds", "startup"),
-    "pets_train_seconds_total": ("trainSeconds", "train"),
-    "pets_eval_seconds_total": ("evalSeconds", "eval"),
-    "pets_checkpoint_seconds_total": ("checkpointSeconds", "checkpoint"),
-    "pets_restore_seconds": ("restoreSeconds", "restore"),
-}
-SECONDS_TOP = 2.0**53  # as mirror.PROGRESS_TOP: exact as a JSON number
-# The same gauges as the progress parser reads them: metric -> (field, type, top) (mirror.READ_FIELDS)
-GAUGE_FIELDS = {metric: (key, float, SECONDS_TOP) for metric, (key, _summary_key) in TRAINER_PARTS.items()}
+# rank 0's gauges of a run's time split: each feeds its attempt's field, from the gauge or the summary
+TIME_GAUGES = tuple(gauge for gauge in gauges.group(gauges.TIME) if gauge.field and gauge.summary_key)
 ATTEMPTS_KEPT = 10  # older attempts are added into `earlier`
 
 
 def _seconds(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    return round(float(value), 3) if 0 <= value <= SECONDS_TOP else None
+    return round(float(value), 3) if 0 <= value <= gauges.TOP else None
 
 
 def begin(status: dict[str, Any], created: str | None, now: datetime) -> None:
@@ -114,26 +107,26 @@ def read_attempt(status: dict[str, Any], attempt: int, started: str | None,
     """Rank 0's gauges of this run, as read now."""
     book = status.setdefault("goodput", {})
     run = _run(book, attempt, started)
-    for metric, (key, _summary_key) in TRAINER_PARTS.items():
-        if (value := _seconds(progress.get(metric))) is not None:
-            run[key] = value
-    if (last := _seconds(progress.get("pets_step"))) is not None:
+    for gauge in TIME_GAUGES:
+        if (value := _seconds(progress.get(gauge.name))) is not None:
+            run[str(gauge.field)] = value
+    if (last := _seconds(progress.get(gauges.BY_KEY["step"].name))) is not None:
         run["lastStep"] = int(last)
-    if (first := _seconds(progress.get("pets_resume_step"))) is not None:
+    if (first := _seconds(progress.get(gauges.BY_KEY["resume_step"].name))) is not None:
         _resumed_at(book, run, int(first))
 
 
 def read_summary(status: dict[str, Any], attempt: int, summary: dict[str, Any]) -> None:
     """The newest run's final summary (its termination message): its whole split, more exact than a read."""
-    times = summary.get("time_seconds")
+    times = summary.get(summary_keys.TIME_SECONDS)
     if not isinstance(times, dict):
         return
     book = status.setdefault("goodput", {})
     run = _run(book, attempt, None)
-    for key, summary_key in TRAINER_PARTS.values():
-        if (value := _seconds(times.get(summary_key))) is not None:
-            run[key] = value
-    if (first := _seconds(summary.get("resume_step"))) is not None:
+    for gauge in TIME_GAUGES:
+        if (value := _seconds(times.get(gauge.summary_key))) is not None:
+            run[str(gauge.field)] = value
+    if (first := _seconds(summary.get(summary_keys.RESUME_STEP))) is not None:
         _resumed_at(book, run, int(first))
 
 

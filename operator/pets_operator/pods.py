@@ -18,15 +18,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from pets_contract import exits
 from pets_training.redact import redact_urls
 
-# The trainer's exit code for an error a restart cannot fix (docs/contract.md). EX_CONFIG from
-# sysexits.h: "something was found in an unconfigured or misconfigured state".
-PERMANENT_EXIT_CODE = 78
 DATASET_INIT = "dataset"  # the init container that fetches spec.dataset.url (builders.dataset_init_container)
-# The trainer's exit code after a SIGTERM it answered with a step checkpoint (EX_TEMPFAIL): someone
-# stopped the pod (a deletion, a drain, a preemption); the training did not fail.
-STOPPED_EXIT_CODE = 75
 
 IMAGE_PULL_REASONS = {"ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull", "InvalidImageName"}
 CONFIG_REASONS = {"CreateContainerConfigError", "CreateContainerError", "RunContainerError"}
@@ -330,10 +325,10 @@ def first_failure(pods: list[dict[str, Any]], rank_of: Callable[[dict[str, Any]]
         message = str(_status(pod).get("message") or target.get("message") or disruption)
     elif term.get("reason") == "OOMKilled":
         cause, by_cluster, message = "OOMKilled", False, "the container ran out of memory (OOMKilled)"
-    elif code == PERMANENT_EXIT_CODE:
+    elif code == exits.PERMANENT:
         cause, by_cluster = "PermanentError", False
         message = trainer_error or "the trainer reported an error that a restart cannot fix"
-    elif code == STOPPED_EXIT_CODE:  # not the training's failure, so it does not count either
+    elif code == exits.STOPPED:  # not the training's failure, so it does not count either
         cause, by_cluster = "Stopped", True
         message = trainer_error or "stopped on SIGTERM after saving a step checkpoint"
     else:

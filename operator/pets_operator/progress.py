@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from pets_operator.mirror import READ_FIELDS
+from pets_contract.gauges import READ
 
 # Only `pets_*` samples and their HELP/TYPE lines reach the Prometheus parser: it is pure Python, and a
 # scrape is parsed on the event loop. Measured (2 busy cores): 256 KiB of other samples ("a 1\n" x 65536)
@@ -36,7 +36,7 @@ def parse_progress(text: str) -> dict[str, float]:
     raw: dict[str, float] = {}
     try:
         for family in text_string_to_metric_families(lines + "\n"):
-            if family.name not in READ_FIELDS:
+            if family.name not in READ:
                 continue
             for sample in family.samples:
                 if sample.name == family.name:
@@ -48,15 +48,16 @@ def parse_progress(text: str) -> dict[str, float]:
 
 def check_progress(raw: Mapping[str, object]) -> dict[str, float]:
     """Every value as the status field it feeds can hold it: a real number (not a bool), finite, within
-    0..the field's top (`READ_FIELDS`: 2**53, or 1 for an accuracy), integral for integer fields.
+    0..the field's top (`pets_contract.gauges`: 2**53, or 1 for an accuracy), integral for integer fields.
     NaN is dropped; a metric that is not a progress field is dropped. A failure raises `ProgressError`
     naming the status field (`value out of range: imagesPerSecond`): nothing out of range, infinite or
     beyond int64 ever reaches a status patch (the API server refuses such a patch, and `int(inf)` raises)."""
     out: dict[str, float] = {}
     for metric, value in raw.items():
-        if metric not in READ_FIELDS:
+        if metric not in READ:
             continue
-        key, kind, top = READ_FIELDS[metric]
+        gauge = READ[metric]
+        key, kind, top = gauge.field, gauge.kind, gauge.top
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ProgressError(f"value of the wrong type: {key}")
         if isinstance(value, float) and math.isnan(value):

@@ -1,38 +1,35 @@
-"""The PetsTraining API's names as the client needs them.
-
-Kept here (not imported from pets_operator) so the client installs and imports on its own, with
-`pip install .[client]`: no kopf, no torch. A unit test checks they match pets_operator.api.
-"""
+"""The PetsTraining API's names as the client uses them: the contract's (pets_contract.names, which
+imports neither kopf nor torch, so `pip install .[client]` is enough), and the client's own."""
 
 from __future__ import annotations
 
-from importlib.metadata import version
+from pets_contract import __version__
+from pets_contract.names import (
+    API_VERSION,
+    DEFAULT_IMAGE,
+    FAILED,
+    FINISHED_PHASES,
+    GROUP,
+    JOB_INDEX_LABEL,
+    JOB_NAME_LABEL,
+    KIND,
+    KUBEFLOW_JOB_NAME_LABEL,
+    KUBEFLOW_REPLICA_INDEX_LABEL,
+    KUBEFLOW_REPLICA_TYPE_LABEL,
+    OUTPUT_CLAIM_SUFFIX,
+    OUTPUT_DIR,
+    OUTPUT_FILES,
+    PLURAL,
+    SUCCEEDED,
+    TRAINER_CONTAINERS,
+    VERSION,
+)
 
-# The distribution's version (pets_training.__version__), read without importing the trainer's package.
-__version__ = version("pets-training")
+__all__ = [
+    "API_VERSION", "DEFAULT_IMAGE", "FAILED", "FINISHED_PHASES", "GENERATE_NAME", "GROUP", "JOB_INDEX_LABEL",
+    "JOB_NAME_LABEL", "KIND", "KUBEFLOW_JOB_NAME_LABEL", "KUBEFLOW_REPLICA_INDEX_LABEL",
+    "KUBEFLOW_REPLICA_TYPE_LABEL", "OUTPUT_CLAIM_SUFFIX", "OUTPUT_DIR", "OUTPUT_FILES", "PLURAL", "SUCCEEDED",
+    "TRAINER_CONTAINERS", "VERSION", "__version__",
+]
 
-GROUP = "training.pets.dev"
-VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
-KIND = "PetsTraining"
-PLURAL = "petstrainings"
-DEFAULT_IMAGE = f"pets-training/trainer:{__version__}"
-OUTPUT_DIR = "/output"
-OUTPUT_CLAIM_SUFFIX = "-output"  # spec.output.managedClaim's claim: <training>-output (the operator's api)
-GENERATE_NAME = "pets-"
-
-SUCCEEDED = "Succeeded"
-FAILED = "Failed"
-FINISHED_PHASES = (SUCCEEDED, FAILED)
-
-# What a training writes to its output directory (docs/trainer.md), and what `fetch` copies.
-OUTPUT_FILES = ("summary.json", "progress.jsonl", "metrics.png", "model.safetensors", "config.yaml",
-                "dataset.json")
-
-# Pod labels of each backend's workload (the Job controller's and the Kubeflow training-operator's).
-JOB_NAME_LABEL = "job-name"
-JOB_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
-KUBEFLOW_JOB_NAME_LABEL = "training.kubeflow.org/job-name"
-KUBEFLOW_REPLICA_TYPE_LABEL = "training.kubeflow.org/replica-type"
-KUBEFLOW_REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"
-TRAINER_CONTAINERS = ("trainer", "pytorch")  # the trainer container's name per backend
+GENERATE_NAME = "pets-"  # the name prefix of a training created without one

@@ -2,7 +2,7 @@
 
 Modules, top to bottom:
 
-- ``contract``: the pod contract, the one reader of the environment (docs/contract.md).
+- ``contract``: the pod contract's reader: the environment ``pets_contract.env`` names (docs/contract.md).
 - ``config``: the resolved training config (defaults < YAML file < flags) and its validation.
 - ``data``: file names -> labels, the seeded split, the synthetic pets set, datasets and transforms.
 - ``model``: the timm model, the frozen backbone, precision choice.
@@ -13,6 +13,4 @@ Modules, top to bottom:
 - ``cli`` (``pets-train``), ``launch`` (``pets-launch``), ``bench`` and ``baseline`` (``make bench``).
 """
 
-# The one source of the version: the package, the images' tags, the chart (a unit test compares) and
-# every --version read it. A release changes it here and in Chart.yaml, and adds a CHANGELOG entry.
-__version__ = "0.1.0"
+from pets_contract import __version__ as __version__  # the one source of the version

@@ -59,6 +59,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pets_contract import env
+
 STOPPED_EXIT_CODE = 75  # contract.STOPPED_EXIT_CODE, without importing torch's side of the package
 
 
@@ -233,7 +235,7 @@ def _tail(path: Path, chars: int = 3000) -> str:
 
 def _child_env() -> dict[str, str]:
     # the launcher's and the operator's variables would change what the trainer does
-    return {k: v for k, v in os.environ.items() if k not in ("PETS_EXIT_CODE_FILE", "PETS_ATTEMPT")}
+    return {k: v for k, v in os.environ.items() if k not in (env.EXIT_CODE_FILE, env.ATTEMPT)}
 
 
 def _preempt_run(

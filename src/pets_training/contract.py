@@ -1,4 +1,5 @@
-"""The pod contract (docs/contract.md), read from the environment in this one place.
+"""The pod contract (docs/contract.md), read from the environment in this one place; the names are
+``pets_contract.env``'s, the exit codes ``pets_contract.exits``'.
 
 Two readers, each pure (``from_env`` takes the mapping), each naming the variable and its value in its
 errors:
@@ -19,48 +20,39 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-# Set by the operator on the trainer container (PETS_MAIN_ADDR only with its headless Service: under a
-# PyTorchJob the training-operator sets MASTER_ADDR instead).
-NUM_MACHINES = "PETS_NUM_MACHINES"
-PROCS_PER_MACHINE = "PETS_PROCS_PER_MACHINE"
-MAIN_ADDR = "PETS_MAIN_ADDR"
-MAIN_PORT = "PETS_MAIN_PORT"
-CPU_LIMIT = "PETS_CPU_LIMIT"
-ATTEMPT = "PETS_ATTEMPT"  # the checkpoint fence's token (checkpoint.claim)
-OPERATOR_ENV = (NUM_MACHINES, PROCS_PER_MACHINE, MAIN_ADDR, MAIN_PORT, CPU_LIMIT, ATTEMPT)
+from pets_contract.env import (
+    ACCELERATE_MIXED_PRECISION,
+    ATTEMPT,
+    CONTROLLER_ENV,
+    CPU_LIMIT,
+    DEFAULT_MAIN_PORT,
+    EXIT_CODE_FILE,
+    JOB_COMPLETION_INDEX,
+    LOCAL_RANK,
+    LOCAL_WORLD_SIZE,
+    MAIN_ADDR,
+    MAIN_PORT,
+    MASTER_ADDR,
+    MASTER_PORT,
+    NUM_MACHINES,
+    OPERATOR_ENV,
+    OUTPUT_DIR,
+    PROCS_PER_MACHINE,
+    RANK,
+    RESOLVE_TIMEOUT,
+    WORLD_SIZE,
+)
+from pets_contract.exits import FAILURE as FAILURE_EXIT_CODE
+from pets_contract.exits import LAUNCH as LAUNCH_EXIT_CODE
+from pets_contract.exits import PERMANENT as PERMANENT_EXIT_CODE
+from pets_contract.exits import STOPPED as STOPPED_EXIT_CODE
+from pets_contract.exits import SUCCESS as SUCCESS_EXIT_CODE
 
-# Set by the workload's controller: the Indexed Job controller (JOB_COMPLETION_INDEX) or Kubeflow's
-# training-operator (the rest). The operator's own variables win where both say the same thing.
-JOB_COMPLETION_INDEX = "JOB_COMPLETION_INDEX"
-RANK = "RANK"
-WORLD_SIZE = "WORLD_SIZE"
-MASTER_ADDR = "MASTER_ADDR"
-MASTER_PORT = "MASTER_PORT"
-CONTROLLER_ENV = (JOB_COMPLETION_INDEX, RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)
-
-# Knobs of the image or the user, never set by the operator.
-OUTPUT_DIR = "PETS_OUTPUT_DIR"  # the image sets /output, so a plain `docker run` writes there
-RESOLVE_TIMEOUT = "PETS_RESOLVE_TIMEOUT"
-
-# Set per training process by torchrun (under `accelerate launch`) or notebook_launcher; accelerate's
-# `--mixed_precision` arrives as ACCELERATE_MIXED_PRECISION.
-LOCAL_RANK = "LOCAL_RANK"
-LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
-ACCELERATE_MIXED_PRECISION = "ACCELERATE_MIXED_PRECISION"
-
-# Set by `pets-launch` for the training processes it starts through `accelerate launch`: a file where a
-# process that fails permanently appends its exit code, since torchrun exits 1 whatever its workers did.
-EXIT_CODE_FILE = "PETS_EXIT_CODE_FILE"
-
-# Exit codes (docs/contract.md, "Exit codes"). PERMANENT_EXIT_CODE (EX_CONFIG) says a restart cannot help:
-# the operator (its own copy: pets_operator.pods.PERMANENT_EXIT_CODE) fails the training at once.
-SUCCESS_EXIT_CODE = 0
-FAILURE_EXIT_CODE = 1  # a failure a restart may fix
-LAUNCH_EXIT_CODE = 2  # the launcher's bad environment, or the main address did not resolve in time
-PERMANENT_EXIT_CODE = 78
-# Stopped by SIGTERM (a preemption, a pod deletion) after every rank finished its step and a step checkpoint
-# was saved: `--resume` continues from that step. EX_TEMPFAIL: "try again later"; not a failure of the run.
-STOPPED_EXIT_CODE = 75
+__all__ = [
+    "ACCELERATE_MIXED_PRECISION", "ATTEMPT", "CONTROLLER_ENV", "EXIT_CODE_FILE", "FAILURE_EXIT_CODE",
+    "LAUNCH_EXIT_CODE", "OPERATOR_ENV", "OUTPUT_DIR", "PERMANENT_EXIT_CODE", "STOPPED_EXIT_CODE",
+    "SUCCESS_EXIT_CODE", "ContractError", "PermanentError", "PodContract", "ProcessContext", "attempt_number",
+]
 
 
 class PermanentError(ValueError):
@@ -101,7 +93,7 @@ def _str(env: Mapping[str, str], names: Sequence[str], default: str | None) -> s
 
 
 def _port(env: Mapping[str, str]) -> int:
-    port = _int(env, [MAIN_PORT, MASTER_PORT], 29500, 1)
+    port = _int(env, [MAIN_PORT, MASTER_PORT], DEFAULT_MAIN_PORT, 1)
     if port > 65535:
         raise ContractError(f"{MAIN_PORT} must be a TCP port (1-65535), got {port}")
     return port
@@ -145,7 +137,7 @@ class PodContract:
     num_machines: int = 1
     procs_per_machine: int = 1
     main_addr: str = "127.0.0.1"
-    main_port: int = 29500
+    main_port: int = DEFAULT_MAIN_PORT
     resolve_timeout: float = 300.0
     cpu_limit: int | None = None  # None: unknown here (the cgroup or the host then say)
     output_dir: str | None = None  # the default of --output-dir

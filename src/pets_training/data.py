@@ -28,6 +28,9 @@ from torchvision.io import ImageReadMode, decode_jpeg
 from torchvision.transforms import v2
 from torchvision.transforms.functional import pil_to_tensor
 
+from pets_contract.gauges import DATASET_COUNTS
+from pets_contract.names import DATASET_REPORT_FILE
+
 from .contract import PermanentError
 
 log = logging.getLogger(__name__)
@@ -393,7 +396,7 @@ class PetsData:
         return len(self.classes)
 
 
-REPORT_FILE = "dataset.json"
+REPORT_FILE = DATASET_REPORT_FILE
 REPORT_SKIPPED_LIMIT = 1000  # names kept in the report; the count is always whole
 
 
@@ -417,7 +420,7 @@ def dataset_report(layout: str, root: str, labels: Sequence[str], skipped: Seque
     }
 
 
-REPORT_COUNTS = ("layout", "images", "classes", "skipped", "train_images", "eval_images")
+REPORT_COUNTS = ("layout", *DATASET_COUNTS)  # what the summary and status.dataset carry
 
 
 def report_counts(report: dict[str, Any]) -> dict[str, Any]:

@@ -11,71 +11,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from pets_contract import gauges
+from pets_contract.gauges import TIME_PARTS
+from pets_contract.names import PLOT_FILE, PROGRESS_FILE, SUMMARY_FILE
+from pets_contract.summary import LIMIT as SUMMARY_LIMIT
+
 log = logging.getLogger(__name__)
 
-PROGRESS_FILE = "progress.jsonl"
-SUMMARY_FILE = "summary.json"
-PLOT_FILE = "metrics.png"
-SUMMARY_LIMIT = 4096  # a Kubernetes termination message holds 4 KiB
-
-# The Prometheus gauges rank 0 serves (docs/contract.md; the operator reads the same names):
-# gauge name -> (its progress.jsonl key, help)
-GAUGES = {
-    "pets_epoch": ("epoch", "last finished epoch"),
-    "pets_total_epochs": ("total_epochs", "epochs in the whole run"),
-    "pets_train_loss": ("train_loss", "mean training loss of the last epoch"),
-    "pets_eval_accuracy": ("eval_accuracy", "evaluation accuracy after the last epoch (0-1)"),
-    "pets_images_per_second": ("images_per_second", "training images per second, all processes"),
-    "pets_elapsed_seconds": ("elapsed_seconds", "seconds of training so far"),
-    "pets_eta_seconds": ("eta_seconds", "estimated seconds to the end"),
-    "pets_step": ("step", "optimizer steps taken so far in the whole run (resumed runs included)"),
-    "pets_steps_total": ("steps_total", "optimizer steps of the whole run (steps per epoch x epochs)"),
-    "pets_checkpoint_epoch": ("checkpoint_epoch", "epoch of the newest complete checkpoint (0: none yet)"),
-    "pets_checkpoint_step": (
-        "checkpoint_step", "global step of the newest complete checkpoint, epoch or step (0: none yet)"
-    ),
-    "pets_resume_step": ("resume_step", "global step this run resumed at (0: a fresh start)"),
-    "pets_resume_skipped_checkpoints": (
-        "resume_skipped_checkpoints",
-        "newer step checkpoints this run could not resume from (another world size or steps per epoch)",
-    ),
-}
-# Served too; the operator reads the time split (all but pets_checkpoint_last_seconds) into status.goodput
-# (its goodput.GAUGE_FIELDS), not into the fields it mirrors (mirror.PROGRESS_FIELDS).
-TRAINER_GAUGES = {
-    "pets_checkpoint_seconds_total": (
-        "checkpoint_seconds_total",
-        "seconds the training loop was blocked saving checkpoints in this process's run (epoch and step)",
-    ),
-    "pets_checkpoint_last_seconds": ("checkpoint_last_seconds", "seconds the newest checkpoint's save took"),
-    # where this process's run spends its wall time (TimeSplit; docs/trainer.md, "Where a run's time goes")
-    "pets_startup_seconds": (
-        "startup_seconds",
-        "seconds from the start of this run to the end of its first training step, less the restore",
-    ),
-    "pets_train_seconds_total": (
-        "train_seconds_total",
-        "seconds of this run in the epoch loop after its first training step, less eval and checkpoint saves",
-    ),
-    "pets_eval_seconds_total": ("eval_seconds_total", "seconds of this run in evaluation"),
-    "pets_restore_seconds": (
-        "restore_seconds",
-        "seconds this run's resume took: finding and loading the checkpoint (0: no --resume)",
-    ),
-}
-# What the trainer made of the data (data.dataset_report, dataset.json), served once set up; the operator
-# reads them into status.dataset (its mirror.DATASET_FIELDS). The summary carries the layout as well.
-DATASET_GAUGES = {
-    "pets_dataset_images": ("dataset_images", "images the trainer found and could read"),
-    "pets_dataset_classes": ("dataset_classes", "classes among them"),
-    "pets_dataset_skipped": ("dataset_skipped", "files left out: not images, unlabelled or unreadable"),
-    "pets_dataset_train_images": ("dataset_train_images", "images in the training split"),
-    "pets_dataset_eval_images": ("dataset_eval_images", "images in the evaluation split"),
-}
-DATASET_GAUGE_KEYS = ("images", "classes", "skipped", "train_images", "eval_images")  # dataset_<key>
-
-# The parts of a run's wall time, in the summary's "time_seconds" (TimeSplit)
-TIME_PARTS = ("startup", "train", "eval", "checkpoint", "restore")
+__all__ = ["PLOT_FILE", "PROGRESS_FILE", "SUMMARY_FILE", "SUMMARY_LIMIT", "TIME_PARTS"]
 
 
 class TimeSplit:
@@ -147,18 +90,17 @@ class MetricsServer:
         log.info("serving Prometheus metrics on port %d (/metrics)", port)
 
     def update(self, record: dict[str, Any]) -> None:
-        for key, _doc in GAUGES.values():
-            if key in record:
-                self.set(key, record[key])
+        for gauge in gauges.group(gauges.PROGRESS):
+            if gauge.key in record:
+                self.set(gauge.key, record[gauge.key])
 
     def set(self, key: str, value: float) -> None:
         """One gauge by its progress.jsonl key; cheap enough for every step (a locked float write)."""
         if key not in self.gauges:
             from prometheus_client import Gauge
 
-            served = {**GAUGES, **TRAINER_GAUGES, **DATASET_GAUGES}
-            name, doc = next((n, d) for n, (k, d) in served.items() if k == key)
-            self.gauges[key] = Gauge(name, doc, registry=self.registry)
+            gauge = gauges.BY_KEY[key]
+            self.gauges[key] = Gauge(gauge.name, gauge.help, registry=self.registry)
         self.values[key] = float(value)
         self.gauges[key].set(float(value))
 

@@ -27,6 +27,8 @@ from accelerate.data_loader import skip_first_batches
 from accelerate.utils import ProjectConfiguration, broadcast_object_list, gather_object, set_seed
 from torch import nn
 
+from pets_contract.gauges import DATASET_COUNTS
+
 from .checkpoint import (
     SHARE_PROBE,
     Position,
@@ -44,7 +46,6 @@ from .data import EpochShuffleSampler, PetsData, build_data, check_fits_world, r
 from .inputs import Batch, EvalStore, EvalStoreBuild, evaluate, start_worker_server, train_loader
 from .model import cpu_runs_bf16_natively, create_model, inner_model, resolve_precision, trainable_module
 from .progress import (
-    DATASET_GAUGE_KEYS,
     PLOT_FILE,
     SUMMARY_FILE,
     MetricsServer,
@@ -233,7 +234,7 @@ def training_function(
         metrics.set("resume_step", state.resume_step)
         metrics.set("resume_skipped_checkpoints", state.skipped_checkpoints)
         for key, value in report_counts(t.data.report).items():
-            if key in DATASET_GAUGE_KEYS:
+            if key in DATASET_COUNTS:
                 metrics.set(f"dataset_{key}", value)
         _serve_time(metrics, split)
     try:

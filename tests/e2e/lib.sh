@@ -6,8 +6,8 @@ export PETS_STATE=${PETS_STATE:-/tmp/pets-training-cluster}
 export PETS_CACHE=${PETS_CACHE:-$HOME/.cache/pets-training}
 # kubectl and helm at the cluster's version (tests/cluster/build.sh) before any other.
 export PATH="$PETS_CACHE/bin:$PATH"
-# pets_training.__version__, the one source of the version (its __init__ imports nothing)
-VERSION=$(PYTHONPATH="$E2E_ROOT/src" python3 -c 'import pets_training; print(pets_training.__version__)')
+# pets_contract.__version__, the one source of the version (its __init__ imports nothing)
+VERSION=$(PYTHONPATH="$E2E_ROOT/src" python3 -c 'import pets_contract; print(pets_contract.__version__)')
 export VERSION
 
 die() { printf '[%s] error: %s\n' "$(basename "$0")" "$*" >&2; exit 1; }

@@ -18,7 +18,7 @@ import pytest
 import yaml
 from pets_operator.builders import RUN_AS
 
-from pets_training import __version__
+from pets_contract import __version__
 
 pytestmark = pytest.mark.e2e
 

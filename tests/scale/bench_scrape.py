@@ -52,7 +52,8 @@ from pets_operator import api
 from pets_operator.scraper import Reading, Scraper, Target, client_session
 from prometheus_client import generate_latest
 
-from pets_training.progress import DATASET_GAUGES, GAUGES, TRAINER_GAUGES, MetricsServer, epoch_record
+from pets_contract import gauges
+from pets_training.progress import MetricsServer, epoch_record
 
 HOSTILE_MODES = (
     "drip",  # 200, then a byte a second for ever
@@ -111,7 +112,7 @@ def trainer_page() -> bytes:
         server.set("step", 7 * 115 + 42)
         server.set("steps_total", 20 * 115)
         server.set("checkpoint_epoch", 6)
-        served = {key for key, _doc in {**GAUGES, **TRAINER_GAUGES, **DATASET_GAUGES}.values()}
+        served = set(gauges.BY_KEY)
         for key in sorted(served - set(server.gauges)):  # the rest (time split, dataset, resume): a count
             server.set(key, 42.0)
         assert set(server.gauges) == served

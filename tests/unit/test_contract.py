@@ -1,21 +1,27 @@
-"""The pod contract and the progress contract (docs/contract.md), checked across the two sides: what the
-operator builds is what the trainer reads, and nothing more."""
+"""The pod contract and the progress contract (docs/contract.md), exercised across the two sides: what the
+operator builds is what the trainer reads, and every gauge and summary figure the trainer gives lands in
+the status field the contract's table (pets_contract) names."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
-from pets_operator import api, builders, goodput, mirror, pods
+from pets_operator import api, builders, goodput, mirror
 from pets_operator.progress import parse_progress
+from prometheus_client import generate_latest
 
+from pets_contract import gauges
+from pets_contract import summary as summary_keys
 from pets_training import contract, data, launch, progress
 from pets_training.config import resolve
 
 pytestmark = pytest.mark.unit
 
 TARGET = builders.Target("pets", "ns")
+NOW = datetime(2026, 1, 2, tzinfo=UTC)
 # not the defaults, so a field wired to the wrong variable shows; one extra variable of the user's own
 CUSTOM = {
     "replicas": 3,
@@ -90,31 +96,45 @@ def test_the_pod_env_and_args_reach_the_launcher_and_the_trainer() -> None:
     assert cfg.resolved_checkpoint_dir(pod.output_dir).parent == Path(api.OUTPUT_DIR) / "checkpoints"
 
 
-def test_the_trainer_serves_the_gauges_the_operator_reads() -> None:
-    assert set(progress.GAUGES) == set(mirror.PROGRESS_FIELDS)
-    record = progress.epoch_record(1, 5, 0.5, 0.9, 100.0, 60.0, [60.0])
-    keys = {key for key, _ in progress.GAUGES.values()}
-    assert set(record) <= keys  # every progress.jsonl key is served
-    assert keys - set(record) == {"step", "steps_total", "checkpoint_epoch", "checkpoint_step",
-                                       "resume_step", "resume_skipped_checkpoints"}  # set live, not per epoch
-    # The run's time split feeds status.goodput: every part the trainer serves is read, by its name.
-    assert set(goodput.GAUGE_FIELDS) == set(progress.TRAINER_GAUGES) - {"pets_checkpoint_last_seconds"}
-    assert {part for _field, part in goodput.TRAINER_PARTS.values()} == set(progress.TIME_PARTS)
-    page = "".join(f"# TYPE {name} gauge\n{name} {i}.5\n" for i, name in enumerate(progress.TRAINER_GAUGES))
-    read = parse_progress(page)
-    assert read == {name: i + 0.5 for i, name in enumerate(progress.TRAINER_GAUGES) if name in read}
-    assert set(read) == set(goodput.GAUGE_FIELDS)
-    # The dataset report's counts feed status.dataset, each by its name, from the report's keys.
-    assert set(progress.DATASET_GAUGES) == set(mirror.DATASET_FIELDS)
-    assert {key for key, _doc in progress.DATASET_GAUGES.values()} == {
-        f"dataset_{key}" for key in progress.DATASET_GAUGE_KEYS}
-    assert set(progress.DATASET_GAUGE_KEYS) <= set(data.REPORT_COUNTS)
-    assert set(progress.DATASET_GAUGE_KEYS) == set(mirror.SUMMARY_DATASET_KEYS)
-    page = "".join(f"# TYPE {name} gauge\n{name} {i}\n" for i, name in enumerate(progress.DATASET_GAUGES))
-    assert parse_progress(page) == {name: float(i) for i, name in enumerate(progress.DATASET_GAUGES)}
+def _served_page() -> str:
+    """Rank 0's page with every gauge of the contract set, by the trainer's own MetricsServer."""
+    server = progress.MetricsServer(0)
+    try:
+        server.update(progress.epoch_record(3, 5, 0.5, 0.875, 100.0, 60.0, [20.0, 20.0, 20.0]))
+        for i, gauge in enumerate(gauges.GAUGES):
+            if gauge.key not in server.values:  # set live by the trainer, not per epoch
+                server.set(gauge.key, i + 1)
+        return generate_latest(server.registry).decode()
+    finally:
+        server.close()
 
 
-def test_the_permanent_exit_code_is_the_one_the_operator_fails_on() -> None:
-    assert contract.PERMANENT_EXIT_CODE == pods.PERMANENT_EXIT_CODE == 78
-    assert contract.STOPPED_EXIT_CODE == pods.STOPPED_EXIT_CODE == 75
-    assert launch.PERMANENT_EXIT_CODE == contract.PERMANENT_EXIT_CODE
+def test_every_gauge_the_trainer_serves_is_read_checked_and_mirrored() -> None:
+    read = parse_progress(_served_page())
+    assert set(read) == set(gauges.READ)  # all but the ones served for people (field None)
+    status: dict[str, Any] = {}
+    mirror.mirror_progress(status, read, NOW)
+    goodput.read_attempt(status, 0, None, read)
+    (attempt,) = status["goodput"]["attempts"]
+    places = {gauges.PROGRESS: status, gauges.DATASET: status["dataset"], gauges.TIME: attempt}
+    for gauge in gauges.READ.values():
+        where = places[gauge.group]
+        field = str(gauge.field)
+        if field.startswith("lastCheckpoint."):
+            where, field = status["lastCheckpoint"], field.split(".")[1]
+        assert where[field] == gauge.kind(read[gauge.name]), gauge
+    assert (status["evalAccuracy"], status["progress"]) == (0.875, f"3/{status['totalEpochs']}")
+
+
+def test_the_summary_s_final_figures_win_and_its_dataset_report_is_mirrored() -> None:
+    report = data.dataset_report("oxford", "/data", ["a", "a", "b"], [("x.txt", "not an image")], 2, 1)
+    summary = {"status": "succeeded", "epochs": 5, "final_accuracy": 0.5, "final_train_loss": 0.25,
+               "images_per_second": 12.5, "elapsed_seconds": 99.0, "resume_skipped_checkpoints": 2,
+               "dataset": data.report_counts(report)}
+    assert set(summary_keys.FINAL_FIGURES) <= set(summary)
+    status: dict[str, Any] = {"evalAccuracy": 0.1, "stepsTotal": 40, "step": 39}
+    mirror.mirror_summary(status, summary, 5)
+    assert (status["evalAccuracy"], status["trainLoss"], status["imagesPerSecond"]) == (0.5, 0.25, 12.5)
+    assert (status["elapsedSeconds"], status["resumeSkippedCheckpoints"], status["step"]) == (99.0, 2, 40)
+    assert status["dataset"] == {"layout": "oxford", "images": 3, "classes": 2, "skipped": 1,
+                                 "trainImages": 2, "evalImages": 1}

@@ -1,4 +1,4 @@
-"""One version everywhere: pets_training.__version__ is the source; the package, the chart, the default
+"""One version everywhere: pets_contract.__version__ is the source; the package, the chart, the default
 images, every --version and the CHANGELOG follow it (docs/development.md, "Releases")."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import yaml
 from pets_operator import api
 
 from pets_client import _api as client_api
-from pets_training import __version__
+from pets_contract import __version__
 
 pytestmark = pytest.mark.unit
 

@@ -7,8 +7,10 @@ import json
 from typing import Any
 
 import pytest
-from pets_operator import api, backends, builders, plan_types, pods, status
+from pets_operator import api, backends, builders, plan_types, status
 from test_operator_status import NOW, body, cond, job, run
+
+from pets_contract import exits
 
 pytestmark = pytest.mark.unit
 
@@ -217,7 +219,7 @@ def test_a_disruption_the_job_recorded_restarts_without_counting_even_when_the_p
     # Its peer stopped with it (exit 75: the evicted rank's SIGTERM stopped all, after a step checkpoint):
     # still the eviction, seen by the CI's e2e (the evicted pod already gone, its peer's 75 left).
     stopped = json.loads(json.dumps(peer))
-    stopped["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] = pods.STOPPED_EXIT_CODE
+    stopped["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] = exits.STOPPED
     p = run(body({"phase": api.RUNNING}, maxRestarts=0), failed, pods=[stopped])
     assert (p.status["restarts"], p.status["disruptions"]) == (1, 1)
     assert p.status["lastFailure"]["cause"] == "Disrupted", p.status["lastFailure"]

@@ -9,6 +9,8 @@ from typing import Any
 import pytest
 from pets_operator import act, api, backends, builders, plan_types, pods, stall, status
 
+from pets_contract import exits
+
 pytestmark = pytest.mark.unit
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
@@ -172,7 +174,7 @@ def test_the_first_pod_to_fail_is_the_cause_and_its_peers_lost_it() -> None:
 def test_permanent_exit_code_carries_the_trainers_reason() -> None:
     msg = json.dumps({"status": "failed", "error": "--model resnet9000: not a timm model"})
     f = pods.first_failure(
-        [failed(0, pods.PERMANENT_EXIT_CODE, "2026-01-02T03:00:01Z", message=msg)], RANK_OF
+        [failed(0, exits.PERMANENT, "2026-01-02T03:00:01Z", message=msg)], RANK_OF
     )
     assert f is not None and f.permanent and f.message == "--model resnet9000: not a timm model"
 
@@ -395,7 +397,7 @@ def failed_job(**extra: Any) -> dict[str, Any]:
 def test_permanent_error_fails_at_once_without_a_restart() -> None:
     msg = json.dumps({"status": "failed", "error": "--model resnet9000: not a timm model"})
     gang = [
-        failed(0, pods.PERMANENT_EXIT_CODE, "2026-01-02T03:00:01Z", message=msg),
+        failed(0, exits.PERMANENT, "2026-01-02T03:00:01Z", message=msg),
         failed(1, 1, "2026-01-02T03:00:03Z"),
     ]
     p = plan(body({"phase": api.RUNNING}), failed_job(reason="PodFailurePolicy"), gang)
@@ -406,7 +408,7 @@ def test_permanent_error_fails_at_once_without_a_restart() -> None:
         "pod": "pets-0-x",
         "rank": 0,
         "node": "node-a",
-        "exitCode": pods.PERMANENT_EXIT_CODE,
+        "exitCode": exits.PERMANENT,
         "message": "--model resnet9000: not a timm model",
         "time": "2026-01-02T03:00:01Z",
     }
@@ -461,8 +463,8 @@ def test_a_rank_stopped_on_sigterm_restarts_without_counting_and_resumes_at_its_
     summary = {"status": "stopped", "exit_code": 75, "global_step": 37, "checkpoint": "epoch_1_step_12",
                "error": "stopped (SIGTERM received) at global step 37 after saving epoch_1_step_12; "
                         "--resume continues from it"}
-    gang = [failed(0, pods.STOPPED_EXIT_CODE, "2026-01-02T03:00:01Z", message=json.dumps(summary)),
-            failed(1, pods.STOPPED_EXIT_CODE, "2026-01-02T03:00:01Z")]
+    gang = [failed(0, exits.STOPPED, "2026-01-02T03:00:01Z", message=json.dumps(summary)),
+            failed(1, exits.STOPPED, "2026-01-02T03:00:01Z")]
     st = {"phase": api.RUNNING, "restarts": 2, "lastCheckpoint": {"epoch": 1}}
     p = plan(body(st, maxRestarts=2), failed_job(), gang, summary=summary)
     assert p.status["phase"] == api.RESTARTING and p.status["disruptions"] == 1, p.status["message"]

@@ -28,14 +28,16 @@ from pets_operator import goodput, mirror, pods
 from pets_operator.progress import PETS_TEXT_CAP, ProgressError, check_progress, parse_progress
 from prometheus_client.utils import floatToGoString
 
+from pets_contract import gauges
+
 pytestmark = pytest.mark.unit
 
 PROPERTY = settings(max_examples=100, deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 MARKER = "SECRET-28-MARKER"  # what a hostile pod would like to see echoed into status and Events
-METRICS = list(mirror.READ_FIELDS)
-TOP = mirror.PROGRESS_TOP
-KEYS = "|".join(re.escape(key) for key, _kind, _top in mirror.READ_FIELDS.values())
+METRICS = list(gauges.READ)
+TOP = gauges.TOP
+KEYS = "|".join(re.escape(str(gauge.field)) for gauge in gauges.READ.values())
 # Every message parse_progress may raise, whole: the kind of failure and the status field, nothing else.
 OWN_MESSAGE = re.compile(rf"not Prometheus text format|pets_\* lines over {PETS_TEXT_CAP // 1024} KiB"
                          rf"|value (?:out of range|of the wrong type|not an integer): (?:{KEYS})")
@@ -47,20 +49,21 @@ def assert_checked(values: object) -> None:
     integer field; and what it mirrors into status is JSON the API server takes."""
     assert isinstance(values, dict)
     for metric, value in values.items():
-        assert metric in mirror.READ_FIELDS, metric
-        _key, kind, top = mirror.READ_FIELDS[metric]
+        assert metric in gauges.READ, metric
+        kind, top = gauges.READ[metric].kind, gauges.READ[metric].top
         assert type(value) is float and math.isfinite(value) and 0 <= value <= top, (metric, value)
         assert kind is float or value.is_integer(), (metric, value)
     mirrored: dict[str, Any] = {}
     mirror.mirror_progress(mirrored, values, NOW)
     goodput.read_attempt(mirrored, 0, None, values)
     json.dumps(mirrored, allow_nan=False)
-    for metric, (key, kind, top) in mirror.PROGRESS_FIELDS.items():
-        if metric in values and not key.startswith("lastCheckpoint"):
-            assert type(mirrored[key]) is kind and 0 <= mirrored[key] <= top, (key, mirrored[key])
+    for gauge in gauges.group(gauges.PROGRESS):
+        key = str(gauge.field)
+        if gauge.name in values and not key.startswith("lastCheckpoint"):
+            assert type(mirrored[key]) is gauge.kind and 0 <= mirrored[key] <= gauge.top, (key, mirrored[key])
     for part in ("epoch", "step"):  # lastCheckpoint: {epoch, step, time}, each a count when there
         value = (mirrored.get("lastCheckpoint") or {}).get(part)
-        assert value is None or (type(value) is int and 0 <= value <= mirror.PROGRESS_TOP), mirrored
+        assert value is None or (type(value) is int and 0 <= value <= gauges.TOP), mirrored
 
 
 def parse_or_refuse(text: str, parse: Callable[[str], dict[str, float]] = parse_progress) -> str:
@@ -164,7 +167,7 @@ def test_the_marker_never_reaches_an_error_wherever_it_is_put(page: str, eol: st
 
 
 def _in_range(metric: str) -> st.SearchStrategy[float | int]:
-    _key, kind, top = mirror.READ_FIELDS[metric]
+    kind, top = gauges.READ[metric].kind, gauges.READ[metric].top
     if kind is int:
         return st.integers(0, top)
     return st.floats(0, top, allow_nan=False)
@@ -197,7 +200,7 @@ def test_check_progress_of_any_mapping_gives_checked_values_or_our_error(raw: di
     outcome = parse_or_refuse("", lambda _text: check_progress(raw))
     if outcome == "ok":
         for metric, value in raw.items():
-            if metric in mirror.READ_FIELDS and not (isinstance(value, float) and math.isnan(value)):
+            if metric in gauges.READ and not (isinstance(value, float) and math.isnan(value)):
                 assert metric in check_progress(raw)
 
 

@@ -33,6 +33,8 @@ from pets_operator.scraper import (
 )
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
+from pets_contract import gauges
+
 pytestmark = pytest.mark.unit
 
 TOKEN = "SECRET-7f3a9c-TOKEN"  # what a hostile pod would like to see echoed into status and Events
@@ -256,7 +258,7 @@ def test_a_broken_http_answer_is_named_never_quoted(answer: bytes, kind: str) ->
     ("pets_step 99999999999999999999999999999\n", "value out of range: step"),  # beyond int64
     ("pets_steps_total 9223372036854775808\n", "value out of range: stepsTotal"),  # int64 max + 1
     ("pets_epoch 2.5\n", "value not an integer: epoch"),
-    ("pets_checkpoint_epoch -1\n", "value out of range: lastCheckpoint"),
+    ("pets_checkpoint_epoch -1\n", "value out of range: lastCheckpoint.epoch"),
     ("pets_epoch 1\n" * (PETS_TEXT_CAP // 13 + 1), "pets_* lines over 16 KiB"),
 ])
 def test_bad_gauges_and_garbage_are_a_reading_error_naming_the_field(text: str, kind: str) -> None:
@@ -285,14 +287,12 @@ def test_nan_is_no_value_and_the_good_gauges_still_read() -> None:
 
 
 def test_the_trainers_real_endpoint_reads_well_within_the_bounds() -> None:
-    """Every gauge the trainer serves (pets_training.progress.GAUGES), set, through prometheus_client's
+    """Every gauge the trainer serves (pets_contract.gauges), set, through prometheus_client's
     server (which would gzip for a client that accepts gzip): read, uncompressed, and mirrored."""
-    from pets_training.progress import GAUGES
-
     registry = CollectorRegistry()
-    for name in GAUGES:
-        value = 0.875 if name == "pets_eval_accuracy" else 1234567
-        Gauge(name, GAUGES[name][1], registry=registry).set(value)
+    for gauge in gauges.GAUGES:
+        value = 0.875 if gauge.key == "eval_accuracy" else 1234567
+        Gauge(gauge.name, gauge.help, registry=registry).set(value)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = int(s.getsockname()[1])
@@ -303,14 +303,14 @@ def test_the_trainers_real_endpoint_reads_well_within_the_bounds() -> None:
         server.shutdown()
         thread.join(5)
     assert reading.error is None and reading.progress is not None
-    assert set(reading.progress) == set(GAUGES) and reading.progress["pets_step"] == 1234567
+    assert set(reading.progress) == set(gauges.READ) and reading.progress["pets_step"] == 1234567
     mirrored: dict[str, Any] = {}
     mirror.mirror_progress(mirrored, reading.progress, datetime(2026, 1, 2, tzinfo=UTC))
     assert mirrored["step"] == 1234567 and mirrored["evalAccuracy"] == 0.875
 
 
 def test_check_progress_is_pure_and_bounds_every_field() -> None:
-    top = mirror.PROGRESS_TOP
+    top = gauges.TOP
     assert check_progress({"pets_step": top, "pets_eval_accuracy": 1, "pets_train_loss": 0.0}) == {
         "pets_step": float(top), "pets_eval_accuracy": 1.0, "pets_train_loss": 0.0}
     assert check_progress({"pets_eta_seconds": math.nan, "other": math.inf}) == {}
@@ -396,7 +396,7 @@ def test_fuzz_the_parser_and_checks_never_raise_else_and_never_pass_a_bad_value(
             continue
         outcomes["ok"] += 1
         for metric, value in values.items():
-            _key, kind, top = mirror.READ_FIELDS[metric]
+            kind, top = gauges.READ[metric].kind, gauges.READ[metric].top
             assert type(value) is float and math.isfinite(value) and 0 <= value <= top, (text, metric)
             assert kind is float or value.is_integer()
         mirrored: dict[str, Any] = {}

@@ -1,0 +1,40 @@
+"""The environment of a training pod (docs/contract.md, "Environment of a training pod"): who sets each
+name. The trainer reads them in one place, ``pets_training.contract``."""
+
+from __future__ import annotations
+
+# Set by the operator on the trainer container (MAIN_ADDR only with its headless Service: under a
+# PyTorchJob the training-operator sets MASTER_ADDR instead).
+NUM_MACHINES = "PETS_NUM_MACHINES"
+PROCS_PER_MACHINE = "PETS_PROCS_PER_MACHINE"
+MAIN_ADDR = "PETS_MAIN_ADDR"
+MAIN_PORT = "PETS_MAIN_PORT"
+CPU_LIMIT = "PETS_CPU_LIMIT"
+ATTEMPT = "PETS_ATTEMPT"  # the checkpoint fence's token (pets_training.checkpoint.claim)
+OPERATOR_ENV = (NUM_MACHINES, PROCS_PER_MACHINE, MAIN_ADDR, MAIN_PORT, CPU_LIMIT, ATTEMPT)
+OPERATOR_PREFIX = "PETS_"  # a user's spec.env may set no name of ours
+
+# Set by the workload's controller: the Indexed Job controller (JOB_COMPLETION_INDEX) or Kubeflow's
+# training-operator (the rest). The operator's own variables win where both say the same thing.
+JOB_COMPLETION_INDEX = "JOB_COMPLETION_INDEX"
+RANK = "RANK"
+WORLD_SIZE = "WORLD_SIZE"
+MASTER_ADDR = "MASTER_ADDR"
+MASTER_PORT = "MASTER_PORT"
+CONTROLLER_ENV = (JOB_COMPLETION_INDEX, RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)
+
+# Knobs of the image or the user, never set by the operator.
+OUTPUT_DIR = "PETS_OUTPUT_DIR"  # the image sets /output, so a plain `docker run` writes there
+RESOLVE_TIMEOUT = "PETS_RESOLVE_TIMEOUT"
+
+# Set per training process by torchrun (under `accelerate launch`) or notebook_launcher; accelerate's
+# `--mixed_precision` arrives as ACCELERATE_MIXED_PRECISION.
+LOCAL_RANK = "LOCAL_RANK"
+LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
+ACCELERATE_MIXED_PRECISION = "ACCELERATE_MIXED_PRECISION"
+
+# Set by `pets-launch` for the training processes it starts through `accelerate launch`: a file where a
+# process that fails permanently appends its exit code, since torchrun exits 1 whatever its workers did.
+EXIT_CODE_FILE = "PETS_EXIT_CODE_FILE"
+
+DEFAULT_MAIN_PORT = 29500  # torch.distributed's, and spec.masterPort's default
