@@ -139,7 +139,7 @@ def test_invalid_quantities_are_refused_naming_the_field(value: Any, where: str)
 
 
 def test_the_kubernetes_quantity_pattern_admits_signs_and_ours_does_not() -> None:
-    from pets_operator.api import _matches
+    from pets_operator.rules import _matches
 
     assert _matches(k8s_schema.QUANTITY_PATTERN, "-1") and not _matches(api.QUANTITY, "-1")
     assert not _matches(k8s_schema.QUANTITY_PATTERN, "0.5.5")
