@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, cast
 import kopf
 from kubernetes.client.exceptions import ApiException
 
-from pets_operator import api, backends, builders, metrics, plan_types
+from pets_operator import api, backends, children, metrics, plan_types
 from pets_operator.cluster import Cluster, api_message, child_refusal_permanent
 from pets_operator.observe import Key, kept
 from pets_operator.refusals import plan_child_refused
@@ -62,7 +62,7 @@ def carry_out(ctx: Context, cl: Cluster, body: dict[str, Any], result: plan_type
     refused: plan_types.Plan | None = None
     made: list[dict[str, Any]] = []
     for manifest in result.create:
-        if builders.owned(manifest):
+        if children.owned(manifest):
             kopf.adopt(manifest, owner=kbody)
         try:
             created = cl.create(manifest)

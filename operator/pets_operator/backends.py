@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from typing import Any, ClassVar
 
 from pets_contract import names
-from pets_operator import api, builders
+from pets_operator import api, builders, children
 
 
 class BackendUnavailable(api.SpecError):
@@ -101,15 +101,15 @@ class Backend:
         raise NotImplementedError
 
     def build_service(self, spec: dict[str, Any], target: builders.Target) -> dict[str, Any] | None:
-        return builders.build_service(spec, target) if self.uses_service else None
+        return children.build_service(spec, target) if self.uses_service else None
 
     def children(self, spec: dict[str, Any], target: builders.Target) -> list[dict[str, Any]]:
         """Everything one attempt needs, in creation order (the Service, the NetworkPolicy, the managed
         output claim and the dataset cache claim before the pods that use them)."""
         service = self.build_service(spec, target)
-        policy = builders.build_network_policy(spec, target)
-        claim = builders.build_output_claim(spec, target)
-        cache = builders.build_dataset_cache_claim(spec, target)
+        policy = children.build_network_policy(spec, target)
+        claim = children.build_output_claim(spec, target)
+        cache = children.build_dataset_cache_claim(spec, target)
         return [c for c in (service, policy, claim, cache) if c] + [self.build_workload(spec, target)]
 
     def children_names(self, name: str, attempt: int) -> dict[str, str]:
@@ -127,7 +127,7 @@ class JobBackend(Backend):
     disrupted_reason = "PodDisrupted"
 
     def build_workload(self, spec: dict[str, Any], target: builders.Target) -> dict[str, Any]:
-        return builders.build_job(spec, target)
+        return children.build_job(spec, target)
 
     def state(self, workload: dict[str, Any], replicas: int) -> WorkloadState:
         conds = _true_conditions(workload)
@@ -142,7 +142,7 @@ class JobBackend(Backend):
             c = conds.get("Failed") or conds["FailureTarget"]
             reason = c.get("reason") or "JobFailed"
             if reason == self.permanent_reason and "DisruptionTarget" in str(c.get("message")):
-                reason = self.disrupted_reason  # builders.build_job's second rule, not the exit code
+                reason = self.disrupted_reason  # children.build_job's second rule, not the exit code
             return WorkloadState(api.FAILED, reason, c.get("message") or f"Job failed ({reason})",
                                  active, ready, start, _norm_ts(c.get("lastTransitionTime")))
         if self.is_suspended(workload) or "Suspended" in conds:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pets_contract import env as contract_env
-from pets_contract import exits, names
+from pets_contract import names
 from pets_operator import api, pods
 
 CONTAINER = names.TRAINER_CONTAINERS[0]  # "trainer"
@@ -127,15 +127,8 @@ def selector(name: str) -> dict[str, str]:
 
 
 def dataset_source(spec: dict[str, Any]) -> str:
-    """Which dataset source the spec sets; the CRD's CEL rule enforces exactly one on the server."""
-    dataset = spec.get("dataset") or {}
-    chosen = [k for k in api.DATASET_SOURCES if k in dataset]
-    if len(chosen) != 1:
-        raise api.SpecError(
-            f"spec.dataset must set exactly one of {', '.join(api.DATASET_SOURCES)}; "
-            f"got {sorted(dataset) or 'none'}"
-        )
-    return chosen[0]
+    """Which dataset source a resolved spec sets: exactly one, by the rule resolve_spec applied."""
+    return next(key for key in api.DATASET_SOURCES if key in spec["dataset"])
 
 
 DATASET_INIT = pods.DATASET_INIT
@@ -148,32 +141,6 @@ def dataset_cache_name(spec: dict[str, Any]) -> str:
     endpoint = (dataset.get("s3") or {}).get("endpoint") or ""
     key = "\n".join([dataset["url"], dataset.get("sha256") or "", endpoint])
     return api.DATASET_CACHE_PREFIX + hashlib.sha256(key.encode()).hexdigest()[:12]
-
-
-def build_dataset_cache_claim(spec: dict[str, Any], target: Target) -> dict[str, Any] | None:
-    """The PersistentVolumeClaim spec.dataset.url is fetched into, or None for another source. Not owned
-    by the training (builders.owned): the next training on the same data finds it full."""
-    if dataset_source(spec) != "url":
-        return None
-    cache = spec["dataset"].get("cache") or {}
-    pvc: dict[str, Any] = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": {
-            "name": dataset_cache_name(spec),
-            "namespace": target.namespace,
-            "labels": {"app.kubernetes.io/name": "pets-training", api.LABEL_COMPONENT: "dataset-cache",
-                       api.LABEL_DATASET_CACHE: "true"},
-            "annotations": {api.ANNOTATION_DATASET_URL: spec["dataset"]["url"]},
-        },
-        "spec": {
-            "accessModes": gang_access_modes(spec),
-            "resources": {"requests": {"storage": str(cache.get("size") or api.DEFAULT_DATASET_CACHE_SIZE)}},
-        },
-    }
-    if cache.get("storageClassName"):
-        pvc["spec"]["storageClassName"] = cache["storageClassName"]
-    return pvc
 
 
 def dataset_init_container(spec: dict[str, Any], trainer: dict[str, Any]) -> dict[str, Any]:
@@ -229,7 +196,7 @@ def trainer_args(spec: dict[str, Any]) -> list[str]:
         "--image-size", str(spec["imageSize"]),
         "--output-dir", api.OUTPUT_DIR,
         "--checkpoint-dir", checkpoint_dir(spec),
-        "--checkpoint-interval-seconds", str(checkpointing(spec)["intervalSeconds"]),
+        "--checkpoint-interval-seconds", str(spec["checkpoint"]["intervalSeconds"]),
     ]
     # Explicit either way: the trainer's own default (pretrained, as in the tutorial) must not decide.
     args.append("--pretrained" if spec["pretrained"] else "--no-pretrained")
@@ -382,7 +349,7 @@ def pod_template(spec: dict[str, Any], target: Target, *, container_name: str = 
     if dataset_source(spec) == "url":
         pod["initContainers"] = [dataset_init_container(spec, container)]
     # SIGTERM: every rank finishes its step, saves and exits 75 (the trainer's STOPPED_EXIT_CODE).
-    pod["terminationGracePeriodSeconds"] = checkpointing(spec)["gracePeriodSeconds"]
+    pod["terminationGracePeriodSeconds"] = spec["checkpoint"]["gracePeriodSeconds"]
     if headless_service:
         pod["subdomain"] = service_name(target.name)
     for key in ("nodeSelector", "affinity", "priorityClassName", "serviceAccountName", "imagePullSecrets"):
@@ -390,7 +357,7 @@ def pod_template(spec: dict[str, Any], target: Target, *, container_name: str = 
             pod[key] = spec[key]
     pod["tolerations"] = tolerations(spec)
     meta_labels = labels(target.name, "trainer") | {api.LABEL_ATTEMPT: str(target.attempt)}
-    if placement(spec)["spreadAcrossNodes"]:
+    if spec["placement"]["spreadAcrossNodes"]:
         pod["topologySpreadConstraints"] = [spread_across_nodes(target)]
     return {
         "metadata": {
@@ -407,18 +374,6 @@ def pod_template(spec: dict[str, Any], target: Target, *, container_name: str = 
 NODE_LOST_TAINTS = ["node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready"]
 
 
-def checkpointing(spec: dict[str, Any]) -> dict[str, Any]:
-    """spec.checkpoint with its defaults (a spec resolved before the field existed has none)."""
-    schema = api.SPEC_SCHEMA["properties"]["checkpoint"]
-    return dict(api.apply_defaults(schema, spec.get("checkpoint") or {}))
-
-
-def placement(spec: dict[str, Any]) -> dict[str, Any]:
-    """spec.placement with its defaults (a spec resolved before the field existed has none)."""
-    schema = api.SPEC_SCHEMA["properties"]["placement"]
-    return dict(api.apply_defaults(schema, spec.get("placement") or {}))
-
-
 def tolerations(spec: dict[str, Any]) -> list[dict[str, Any]]:
     """spec.tolerations, then a NoExecute toleration of spec.placement.nodeLostSeconds for each taint of
     a lost node that the user's own tolerations do not already cover (theirs win)."""
@@ -429,7 +384,7 @@ def tolerations(spec: dict[str, Any]) -> list[dict[str, Any]]:
                    and (t.get("key") == key or (not t.get("key") and t.get("operator") == "Exists"))
                    for t in own)
 
-    seconds = placement(spec)["nodeLostSeconds"]
+    seconds = spec["placement"]["nodeLostSeconds"]
     return own + [{"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": seconds}
                   for key in NODE_LOST_TAINTS if not covered(key)]
 
@@ -491,137 +446,3 @@ def gang_access_modes(spec: dict[str, Any]) -> list[str]:
     return ["ReadWriteMany"] if spec["replicas"] > 1 else ["ReadWriteOnce"]
 
 
-def output_access_modes(spec: dict[str, Any]) -> list[str]:
-    """spec.output.managedClaim's access modes; unset: gang_access_modes."""
-    claim = api.output_of(spec)["managedClaim"]
-    return list(claim.get("accessModes") or gang_access_modes(spec))
-
-
-def build_output_claim(spec: dict[str, Any], target: Target) -> dict[str, Any] | None:
-    """The PersistentVolumeClaim of spec.output.managedClaim, or None for another output. With
-    retentionPolicy Retain it carries the output-retention label, and the operator gives it no owner
-    reference, so deleting the training leaves it."""
-    claim = api.output_of(spec).get("managedClaim")
-    if claim is None:
-        return None
-    retention = claim.get("retentionPolicy") or "Delete"
-    pvc: dict[str, Any] = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": {
-            "name": output_claim_name(target.name),
-            "namespace": target.namespace,
-            "labels": labels(target.name, "output") | {api.LABEL_OUTPUT_RETENTION: retention},
-        },
-        "spec": {
-            "accessModes": output_access_modes(spec),
-            "resources": {"requests": {"storage": str(claim.get("size") or api.DEFAULT_OUTPUT_CLAIM_SIZE)}},
-        },
-    }
-    if claim.get("storageClassName"):
-        pvc["spec"]["storageClassName"] = claim["storageClassName"]
-    return pvc
-
-
-def owned(manifest: dict[str, Any]) -> bool:
-    """Whether a child goes with its training (an owner reference): all but a Retain output claim and a
-    dataset cache (shared by the trainings on the same data)."""
-    found = manifest["metadata"].get("labels") or {}
-    return found.get(api.LABEL_OUTPUT_RETENTION) != "Retain" and api.LABEL_DATASET_CACHE not in found
-
-
-def build_service(spec: dict[str, Any], target: Target) -> dict[str, Any]:
-    """Headless Service giving every pod the stable name `<job>-<index>.<service>`."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {
-            "name": service_name(target.name),
-            "namespace": target.namespace,
-            "labels": labels(target.name, "rendezvous"),
-        },
-        "spec": {
-            "clusterIP": "None",
-            "publishNotReadyAddresses": True,
-            "selector": selector(target.name),
-            "ports": [
-                {"name": "rendezvous", "port": spec["masterPort"], "targetPort": spec["masterPort"],
-                 "protocol": "TCP"},
-                {"name": "metrics", "port": api.METRICS_PORT, "targetPort": api.METRICS_PORT,
-                 "protocol": "TCP"},
-            ],
-        },
-    }
-
-
-def network_policy_name(name: str) -> str:
-    return name
-
-
-def network_policy_wanted(spec: dict[str, Any], target: Target) -> bool:
-    return bool(spec.get("networkPolicy", True)) and target.network_policy.enabled
-
-
-def build_network_policy(spec: dict[str, Any], target: Target) -> dict[str, Any] | None:
-    """The training's pods accept connections from the pods of the same training on every port (the
-    rendezvous, and gloo's and NCCL's collectives, which listen on ports of their own choosing), and on
-    the progress port from the operator's peers; nothing else. torch.distributed's rendezvous has no
-    authentication (PyTorch's SECURITY.md), so no other pod may reach it. One policy per training, not
-    per attempt: two attempts never run at once (the next waits for the previous one's pods to go), so
-    the training's label covers the attempt. Egress is left open: data and weights come from anywhere."""
-    if not network_policy_wanted(spec, target):
-        return None
-    trainers = {"podSelector": {"matchLabels": selector(target.name)}}
-    progress: dict[str, Any] = {"ports": [{"protocol": "TCP", "port": api.METRICS_PORT}]}
-    if target.network_policy.metrics_from:
-        progress["from"] = [copy.deepcopy(dict(peer)) for peer in target.network_policy.metrics_from]
-    return {
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "NetworkPolicy",
-        "metadata": {
-            "name": network_policy_name(target.name),
-            "namespace": target.namespace,
-            "labels": labels(target.name, "network-policy"),
-        },
-        "spec": {
-            **trainers,
-            "policyTypes": ["Ingress"],
-            "ingress": [{"from": [trainers]}, progress],
-        },
-    }
-
-
-def build_job(spec: dict[str, Any], target: Target) -> dict[str, Any]:
-    """Indexed Job: one pod per machine, rank = completion index, all-or-nothing (backoffLimit 0)."""
-    job: dict[str, Any] = {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": workload_metadata(spec, target),
-        "spec": {
-            "completionMode": "Indexed",
-            "completions": spec["replicas"],
-            "parallelism": spec["replicas"],
-            # One failed pod fails the Job; the operator restarts the whole gang (spec.maxRestarts)...
-            "backoffLimit": 0,
-            # ...unless the trainer says a restart cannot help (docs/contract.md): then the Job fails
-            # with reason PodFailurePolicy and the operator fails the training at once. A pod the
-            # cluster disrupted (evicted, preempted, node lost) fails the Job too, but by the second
-            # rule, which the Job's condition names: the evicted pod may be gone before the operator
-            # looks, and the Job keeps the cause (a restart not counted against maxRestarts).
-            "podFailurePolicy": {"rules": [
-                {"action": "FailJob",
-                 "onExitCodes": {"containerName": CONTAINER, "operator": "In",
-                                 "values": [exits.PERMANENT]}},
-                *([{"action": "FailJob",
-                    "onExitCodes": {"containerName": DATASET_INIT, "operator": "In",
-                                    "values": [exits.PERMANENT]}}]
-                  if dataset_source(spec) == "url" else []),
-                {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
-            ]},
-            "suspend": created_suspended(spec, target),
-            "template": pod_template(spec, target),
-        },
-    }
-    if (deadline := attempt_deadline(spec, target)) is not None:
-        job["spec"]["activeDeadlineSeconds"] = deadline
-    return job

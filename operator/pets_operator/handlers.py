@@ -246,7 +246,6 @@ def reconcile_once(ctx: Context, snap: Snapshot, logger: Logger) -> float | None
         output_reason = ""
         if "output" not in spec:
             spec["output"], output_reason = _resolve_output(ctx, old_status)
-        builders.dataset_source(spec)
     except backends.BackendUnavailable as exc:  # the CRD may be installed later: look again
         delay = carry_out(ctx, cl, body, plan_backend_unavailable(body, str(exc), now), logger)
         return POLL_IDLE if delay is None else min(delay, POLL_IDLE)

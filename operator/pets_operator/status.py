@@ -13,7 +13,7 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from pets_operator import api, builders, goodput, pods
+from pets_operator import api, builders, children, goodput, pods
 from pets_operator.backends import WorkloadState, parse_timestamp, timestamp
 from pets_operator.conditions import apply_phase
 from pets_operator.deadlines import (
@@ -38,7 +38,7 @@ def _network_policy(result: Plan, spec: dict[str, Any], target: builders.Target,
     without policies started (its status names children, but no policy) gets it in this round. The one
     the operator made is deleted when spec.networkPolicy or the chart's switch turns it off. No watch is
     needed: the policy is owned by the training, and a create of an existing one is a no-op."""
-    policy = builders.build_network_policy(spec, target)
+    policy = children.build_network_policy(spec, target)
     if policy is not None:
         if not made and started_without:  # (a made one is already named: plan carries it over)
             result.create.append(policy)
@@ -157,15 +157,15 @@ def _plan(body: dict[str, Any], spec: dict[str, Any], observed: Observed, target
                 result.create.append(policy)  # before the first pods
                 status["children"]["networkPolicy"] = policy["metadata"]["name"]
             # The managed output claim before the pods that mount it; made once (an existing one is kept).
-            if (claim := builders.build_output_claim(spec, target)) is not None:
+            if (claim := children.build_output_claim(spec, target)) is not None:
                 result.create.append(claim)
-                if not builders.owned(claim) and target.attempt == 0:  # said once, where it is seen
+                if not children.owned(claim) and target.attempt == 0:  # said once, where it is seen
                     result.events.append(Event("Normal", "OutputClaimRetained", (
                         f"the claim {claim['metadata']['name']} has retentionPolicy Retain: it stays, with "
                         "the work, when this PetsTraining is deleted; delete it with kubectl delete pvc -n "
                         f"{target.namespace} {claim['metadata']['name']}")))
             # spec.dataset.url's cache, shared by the trainings on the same data: an existing one is kept
-            if (cache := builders.build_dataset_cache_claim(spec, target)) is not None:
+            if (cache := children.build_dataset_cache_claim(spec, target)) is not None:
                 result.create.append(cache)
             result.create.append(workload)
             status["workloadActive"] = not builders.created_suspended(spec, target)

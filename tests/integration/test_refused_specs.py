@@ -20,7 +20,7 @@ import yaml
 from conftest import OperatorThread, tool, wait_for
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from pets_operator import api, builders, render
+from pets_operator import api, builders, children, render
 
 pytestmark = pytest.mark.integration
 
@@ -94,7 +94,7 @@ def test_admitted_quantities_make_jobs_the_server_accepts(admin: client.ApiClien
                                                         field_validation="Strict")
         resources = stored["spec"]["resources"]
         assert (resources["cpu"], resources["memory"]) == (value, value), resources  # stored as written
-        job = builders.build_job(api.resolve_spec(stored["spec"]), builders.Target("q", namespace))
+        job = children.build_job(api.resolve_spec(stored["spec"]), builders.Target("q", namespace))
         create_job_dry_run(admin, namespace, job)
 
 
@@ -123,7 +123,7 @@ def test_full_pod_fields_pass_the_crd_and_the_job(admin: client.ApiClient, crd: 
         api.GROUP, api.VERSION, namespace, api.PLURAL, training("full", spec), dry_run="All",
         field_validation="Strict")
     assert stored["spec"] == api.resolve_spec(training("full", spec)["spec"])
-    job = builders.build_job(api.resolve_spec(stored["spec"]), builders.Target("full", namespace))
+    job = children.build_job(api.resolve_spec(stored["spec"]), builders.Target("full", namespace))
     create_job_dry_run(admin, namespace, job)
 
 
@@ -166,7 +166,7 @@ def warnings(admin: client.ApiClient, ns: str, name: str, reason: str) -> list[A
 
 
 def probe_job(ns: str) -> dict[str, Any]:
-    return builders.build_job(api.resolve_spec({}), builders.Target("probe", ns))
+    return children.build_job(api.resolve_spec({}), builders.Target("probe", ns))
 
 
 POLICY_MESSAGE = "spec.template.metadata.labels: a Job in this namespace needs a team label"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from operator_specs import TARGET, env_of, spec  # tests/unit/operator/operator_specs.py
-from pets_operator import api, backends, builders
+from pets_operator import api, backends, builders, children
 
 pytestmark = pytest.mark.unit
 
@@ -34,8 +34,8 @@ def test_pytorchjob_workload() -> None:
     assert rs["Master"]["template"] is not rs["Worker"]["template"]
     single = backends.PYTORCHJOB.build_workload(spec(replicas=1), TARGET)
     assert "Worker" not in single["spec"]["pytorchReplicaSpecs"]
-    assert backends.PYTORCHJOB.children(spec(), TARGET) == [builders.build_network_policy(spec(), TARGET),
-                                                            builders.build_output_claim(spec(), TARGET), pj]
+    assert backends.PYTORCHJOB.children(spec(), TARGET) == [children.build_network_policy(spec(), TARGET),
+                                                            children.build_output_claim(spec(), TARGET), pj]
     assert backends.PYTORCHJOB.children_names("pets", 0) == {"pytorchJob": "pets"}
 
 

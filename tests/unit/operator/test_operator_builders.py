@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 from operator_specs import TARGET, env_of, spec  # tests/unit/operator/operator_specs.py
-from pets_operator import api, builders
+from pets_operator import api, builders, children
 
 from pets_client import transfer
 
@@ -27,7 +27,7 @@ def test_defaults_are_the_recipe() -> None:
 
 
 def test_headless_service() -> None:
-    svc = builders.build_service(spec(), TARGET)
+    svc = children.build_service(spec(), TARGET)
     assert svc["metadata"] == {"name": "pets", "namespace": "team-a",
                                "labels": builders.labels("pets", "rendezvous")}
     assert svc["spec"]["clusterIP"] == "None"
@@ -37,7 +37,7 @@ def test_headless_service() -> None:
 
 
 def test_indexed_job_shape() -> None:
-    job = builders.build_job(spec(), TARGET)
+    job = children.build_job(spec(), TARGET)
     js = job["spec"]
     assert job["metadata"]["name"] == "pets"
     assert js["completionMode"] == "Indexed"
@@ -46,7 +46,7 @@ def test_indexed_job_shape() -> None:
     pod = js["template"]["spec"]
     assert pod["subdomain"] == "pets" and pod["restartPolicy"] == "Never"
     # Service selects exactly the Job's pods.
-    svc = builders.build_service(spec(), TARGET)
+    svc = children.build_service(spec(), TARGET)
     assert svc["spec"]["selector"].items() <= js["template"]["metadata"]["labels"].items()
     for key in ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/component",
                 "app.kubernetes.io/managed-by", "app.kubernetes.io/part-of"):
@@ -54,7 +54,7 @@ def test_indexed_job_shape() -> None:
 
 
 def test_pod_security_context() -> None:
-    pod = builders.build_job(spec(), TARGET)["spec"]["template"]["spec"]
+    pod = children.build_job(spec(), TARGET)["spec"]["template"]["spec"]
     # The images' user (image/Dockerfile): above every host user's uid, as checkov's CKV_K8S_40 asks.
     assert pod["securityContext"] == {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532,
                                       "fsGroup": 65532, "seccompProfile": {"type": "RuntimeDefault"}}
@@ -70,7 +70,7 @@ def test_pod_security_context() -> None:
 def test_the_read_only_root_has_a_volume_wherever_the_trainer_writes(output: dict[str, Any]) -> None:
     """The writable places a 2-process training needs (traced: docs/operator.md, "Security checks"):
     /tmp, the image's HOME (/home/pets: ~/.cache, ~/.config), /dev/shm and /output."""
-    pod = builders.build_job(spec(output=output), TARGET)["spec"]["template"]["spec"]
+    pod = children.build_job(spec(output=output), TARGET)["spec"]["template"]["spec"]
     (c,) = pod["containers"]
     vols = {v["name"]: v for v in pod["volumes"]}
     writable = {m["mountPath"]: vols[m["name"]] for m in c["volumeMounts"] if not m.get("readOnly")}
@@ -82,7 +82,7 @@ def test_the_read_only_root_has_a_volume_wherever_the_trainer_writes(output: dic
 
 
 def test_pod_contract_env_and_args() -> None:
-    (c,) = builders.build_job(spec(), TARGET)["spec"]["template"]["spec"]["containers"]
+    (c,) = children.build_job(spec(), TARGET)["spec"]["template"]["spec"]["containers"]
     env = env_of(c)
     assert env["PETS_NUM_MACHINES"] == "3"
     assert env["PETS_PROCS_PER_MACHINE"] == "2"
@@ -102,7 +102,7 @@ def test_pod_contract_env_and_args() -> None:
     assert args[args.index("--data") + 1] == "synthetic"
     # The tutorial's default, passed explicitly so the trainer's own default never decides.
     assert "--pretrained" in args and "--no-pretrained" not in args and "--unfreeze" not in args
-    random_init_pod = builders.build_job(spec(pretrained=False), TARGET)["spec"]["template"]["spec"]
+    random_init_pod = children.build_job(spec(pretrained=False), TARGET)["spec"]["template"]["spec"]
     (random_init,) = random_init_pod["containers"]
     assert "--no-pretrained" in random_init["args"] and "--pretrained" not in random_init["args"]
     assert c["resources"]["requests"] == c["resources"]["limits"] == {"cpu": "1", "memory": "3Gi"}
@@ -111,7 +111,7 @@ def test_pod_contract_env_and_args() -> None:
 
 def test_restart_attempt_names_and_main_address() -> None:
     t = builders.Target("pets", "ns", attempt=2)
-    job = builders.build_job(spec(), t)
+    job = children.build_job(spec(), t)
     assert job["metadata"]["name"] == "pets-r2"
     env = env_of(job["spec"]["template"]["spec"]["containers"][0])
     assert env["PETS_MAIN_ADDR"] == "pets-r2-0.pets.ns.svc.cluster.local"
@@ -129,7 +129,7 @@ def test_gpu_pvc_and_scheduling_fields() -> None:
         image="registry.example/trainer:1", env=[{"name": "HF_HOME", "value": "/output/hf"}],
         activeDeadlineSeconds=600, suspend=True,
     )
-    job = builders.build_job(s, TARGET)
+    job = children.build_job(s, TARGET)
     assert job["spec"]["activeDeadlineSeconds"] == 600 and job["spec"]["suspend"] is True
     pod = job["spec"]["template"]["spec"]
     (c,) = pod["containers"]
@@ -149,16 +149,16 @@ def test_gpu_pvc_and_scheduling_fields() -> None:
 
 
 def test_host_path_dataset() -> None:
-    job = builders.build_job(spec(dataset={"hostPath": {"path": "/srv/pets"}}), TARGET)
+    job = children.build_job(spec(dataset={"hostPath": {"path": "/srv/pets"}}), TARGET)
     vols = {v["name"]: v for v in job["spec"]["template"]["spec"]["volumes"]}
     assert vols["data"]["hostPath"] == {"path": "/srv/pets", "type": "Directory"}
 
 
-def test_dataset_must_have_exactly_one_source() -> None:
+def test_a_dataset_with_no_source_or_two_is_refused_by_resolve_spec_before_any_builder() -> None:
     with pytest.raises(api.SpecError, match=r"spec\.dataset must set exactly one"):
-        builders.dataset_source({"dataset": {"synthetic": {}, "hostPath": {"path": "/x"}}})
+        api.resolve_spec({"dataset": {"synthetic": {}, "hostPath": {"path": "/x"}}})
     with pytest.raises(api.SpecError, match=r"spec\.dataset"):
-        builders.dataset_source({"dataset": {}})
+        api.resolve_spec({"dataset": {}})
 
 
 @pytest.mark.parametrize(
@@ -185,14 +185,14 @@ def test_user_env_cannot_override_the_pod_contract() -> None:
     refused = r"spec\.env\[1\]\.name: Invalid value: .*must not start with PETS_"
     with pytest.raises(api.SpecError, match=refused):
         spec(env=[{"name": "OK", "value": "1"}, {"name": "PETS_MAIN_ADDR", "value": "x"}])
-    (c,) = builders.build_job(spec(env=[{"name": "OK", "value": "1"}]), TARGET)["spec"]["template"]["spec"][
+    (c,) = children.build_job(spec(env=[{"name": "OK", "value": "1"}]), TARGET)["spec"]["template"]["spec"][
         "containers"]
     assert c["env"][-1] == {"name": "OK", "value": "1"}
 
 
 def test_pretrained_cache_is_mounted_read_only_and_passed_as_a_flag() -> None:
     s = spec(pretrainedCache={"persistentVolumeClaim": {"claimName": "hub-cache", "path": "/hf/hub"}})
-    pod = builders.build_job(s, TARGET)["spec"]["template"]["spec"]
+    pod = children.build_job(s, TARGET)["spec"]["template"]["spec"]
     (c,) = pod["containers"]
     args = c["args"]
     assert "--pretrained" in args
@@ -201,7 +201,7 @@ def test_pretrained_cache_is_mounted_read_only_and_passed_as_a_flag() -> None:
     assert {"name": "pretrained-cache", "persistentVolumeClaim": claim} in pod["volumes"]
     mount = {"name": "pretrained-cache", "mountPath": "/pretrained-cache", "readOnly": True}
     assert mount in c["volumeMounts"]
-    weights = builders.build_job(spec(weights="/data/w.safetensors"), TARGET)["spec"]["template"]["spec"]
+    weights = children.build_job(spec(weights="/data/w.safetensors"), TARGET)["spec"]["template"]["spec"]
     assert "--pretrained-cache" not in weights["containers"][0]["args"]
     assert all(v["name"] != "pretrained-cache" for v in weights["volumes"])
 
@@ -225,15 +225,15 @@ def test_one_uid_in_the_images_the_pods_and_the_chart() -> None:
 
 def test_managed_output_claim_is_named_after_the_training_and_mounted() -> None:
     s = spec(replicas=2, output={"managedClaim": {}})
-    claim = builders.build_output_claim(s, TARGET)
+    claim = children.build_output_claim(s, TARGET)
     assert claim is not None
     assert claim["metadata"]["name"] == "pets-output" and claim["metadata"]["namespace"] == "team-a"
     assert claim["metadata"]["labels"][api.LABEL_TRAINING] == "pets"
     assert claim["metadata"]["labels"][api.LABEL_OUTPUT_RETENTION] == "Delete"
     # Two pods mount it, maybe on two nodes; 5Gi holds a resnet50d run's two checkpoints and model.
     assert claim["spec"] == {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "5Gi"}}}
-    assert builders.owned(claim)
-    pod = builders.build_job(s, TARGET)["spec"]["template"]["spec"]
+    assert children.owned(claim)
+    pod = children.build_job(s, TARGET)["spec"]["template"]["spec"]
     vols = {v["name"]: v for v in pod["volumes"]}
     assert vols["output"] == {"name": "output", "persistentVolumeClaim": {"claimName": "pets-output"}}
     mounts = {m["name"]: m for m in pod["containers"][0]["volumeMounts"]}
@@ -253,27 +253,27 @@ def test_render_shows_the_managed_claim_before_the_job() -> None:
     (3, {"accessModes": ["ReadWriteOnce"]}, ["ReadWriteOnce"]),  # the user's choice wins
 ])
 def test_managed_output_claim_access_modes(replicas: int, managed: dict[str, Any], modes: list[str]) -> None:
-    claim = builders.build_output_claim(spec(replicas=replicas, output={"managedClaim": managed}), TARGET)
+    claim = children.build_output_claim(spec(replicas=replicas, output={"managedClaim": managed}), TARGET)
     assert claim is not None and claim["spec"]["accessModes"] == modes
 
 
 def test_managed_output_claim_size_class_and_retain() -> None:
     s = spec(output={"managedClaim": {"size": "20Gi", "storageClassName": "fast",
                                       "retentionPolicy": "Retain"}})
-    claim = builders.build_output_claim(s, TARGET)
+    claim = children.build_output_claim(s, TARGET)
     assert claim is not None
     assert claim["spec"]["resources"] == {"requests": {"storage": "20Gi"}}
     assert claim["spec"]["storageClassName"] == "fast"
     # Retain: no owner reference, so deleting the training leaves the claim; found by its label.
     assert claim["metadata"]["labels"][api.LABEL_OUTPUT_RETENTION] == "Retain"
-    assert not builders.owned(claim)
+    assert not children.owned(claim)
 
 
 def test_no_managed_claim_for_other_outputs() -> None:
-    assert builders.build_output_claim(spec(output={"emptyDir": {}}), TARGET) is None
+    assert children.build_output_claim(spec(output={"emptyDir": {}}), TARGET) is None
     own_claim = spec(output={"persistentVolumeClaim": {"claimName": "out"}})
-    assert builders.build_output_claim(own_claim, TARGET) is None
-    assert builders.owned(builders.build_service(spec(), TARGET))
+    assert children.build_output_claim(own_claim, TARGET) is None
+    assert children.owned(children.build_service(spec(), TARGET))
 
 
 def test_the_operators_default_output_from_its_flags() -> None:
@@ -293,7 +293,7 @@ def test_the_operators_default_output_from_its_flags() -> None:
 def test_a_url_dataset_is_fetched_by_an_init_container_into_a_shared_cache_claim() -> None:
     s = spec(replicas=2, dataset={"url": "s3://pets/v1", "layout": "imagefolder", "s3": {
         "endpoint": "http://s3.example:7070", "region": "eu-west-1", "credentialsSecret": "s3-keys"}})
-    job = builders.build_job(s, TARGET)
+    job = children.build_job(s, TARGET)
     pod = job["spec"]["template"]["spec"]
     (init,) = pod["initContainers"]
     (trainer,) = pod["containers"]
@@ -311,7 +311,7 @@ def test_a_url_dataset_is_fetched_by_an_init_container_into_a_shared_cache_claim
     assert args[args.index("--s3-endpoint") + 1] == "http://s3.example:7070"
     assert args[args.index("--credentials-secret") + 1] == "s3-keys"
     assert args[args.index("--cache-size") + 1] == "5Gi"  # the claim's size: the initializer's cap
-    sized = builders.build_job(spec(dataset={"url": "https://x/a.tar", "cache": {"size": "1Gi"}}), TARGET)
+    sized = children.build_job(spec(dataset={"url": "https://x/a.tar", "cache": {"size": "1Gi"}}), TARGET)
     (sized_init,) = sized["spec"]["template"]["spec"]["initContainers"]
     assert sized_init["args"][sized_init["args"].index("--cache-size") + 1] == "1Gi"
     assert trainer["args"][trainer["args"].index("--data") + 1] == "/data"
@@ -325,17 +325,17 @@ def test_a_url_dataset_is_fetched_by_an_init_container_into_a_shared_cache_claim
     rules = job["spec"]["podFailurePolicy"]["rules"]
     assert {"action": "FailJob", "onExitCodes": {"containerName": "dataset", "operator": "In",
                                                  "values": [78]}} in rules
-    claim = builders.build_dataset_cache_claim(s, TARGET)
+    claim = children.build_dataset_cache_claim(s, TARGET)
     assert claim is not None and claim["metadata"]["name"] == cache
     assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
     assert claim["spec"]["resources"]["requests"]["storage"] == api.DEFAULT_DATASET_CACHE_SIZE
-    assert not builders.owned(claim), "the cache outlives the training: the next one on the data reuses it"
+    assert not children.owned(claim), "the cache outlives the training: the next one on the data reuses it"
     # one cache per source: another digest or endpoint is another claim, the same source the same
     assert builders.dataset_cache_name(spec(dataset={"url": "s3://pets/v1", "s3": {
         "endpoint": "http://s3.example:7070"}})) == cache
     assert builders.dataset_cache_name(spec(dataset={"url": "s3://pets/v1"})) != cache
     plain = spec(dataset={"url": "https://example.com/p.tar.gz", "sha256": "ab" * 32})
-    plain_pod = builders.build_job(plain, TARGET)["spec"]["template"]["spec"]
+    plain_pod = children.build_job(plain, TARGET)["spec"]["template"]["spec"]
     assert "env" not in plain_pod["initContainers"][0]
-    assert builders.build_dataset_cache_claim(spec(), TARGET) is None
-    assert "initContainers" not in builders.build_job(spec(), TARGET)["spec"]["template"]["spec"]
+    assert children.build_dataset_cache_claim(spec(), TARGET) is None
+    assert "initContainers" not in children.build_job(spec(), TARGET)["spec"]["template"]["spec"]

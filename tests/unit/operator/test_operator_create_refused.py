@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
-from pets_operator import api, backends, builders, plan_types, status
+from pets_operator import api, backends, builders, children, plan_types, status
 from pets_operator.plan_types import Observed
 from pets_operator.pods import SEVERITY, create_refused
 
@@ -80,7 +80,7 @@ def _plan(pods_now: list[dict[str, object]], refusals: list[dict[str, object]],
           old: dict[str, object] | None = None) -> plan_types.Plan:
     spec = api.resolve_spec({"replicas": 2})
     target = builders.Target("pets", "ns")
-    job = builders.build_job(spec, target)
+    job = children.build_job(spec, target)
     job["metadata"]["annotations"][api.ANNOTATION_SPEC_DIGEST] = builders.spec_digest(spec)
     job["status"] = {}
     body = {"metadata": {"name": "pets", "namespace": "ns", "generation": 1, "uid": "u1"},

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from pets_operator import api, backends, builders, deadlines, plan_types, status
+from pets_operator import api, backends, builders, children, deadlines, plan_types, status
 
 pytestmark = pytest.mark.unit
 
@@ -27,7 +27,7 @@ def body(st: dict[str, Any], **spec: Any) -> dict[str, Any]:
 def job(attempt: int = 0, conditions: list[dict[str, Any]] | None = None, suspend: bool = False,
         **st: Any) -> dict[str, Any]:
     spec = api.resolve_spec({"activeDeadlineSeconds": 60})
-    j = builders.build_job(spec, builders.Target("pets", "ns", attempt))
+    j = children.build_job(spec, builders.Target("pets", "ns", attempt))
     j["spec"]["suspend"] = suspend
     j["status"] = {"conditions": [{"status": "True", **c} for c in conditions or []], **st}
     return j
@@ -119,7 +119,7 @@ def test_without_a_deadline_no_bookkeeping_is_written() -> None:
          "status": {"phase": api.RUNNING, "startTime": ts(1000), "attempt": 0}}
     spec = api.resolve_spec({})
     target = builders.Target("pets", "ns")
-    running = builders.build_job(spec, target)
+    running = children.build_job(spec, target)
     running["metadata"]["annotations"][api.ANNOTATION_SPEC_DIGEST] = builders.spec_digest(spec)
     running["status"] = {"active": 2, "ready": 2}
     p = status.plan(b, spec, plan_types.Observed(backend=backends.JOB, workload=running,

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from operator_specs import TARGET, spec  # tests/unit/operator/operator_specs.py
-from pets_operator import api, backends, builders, cli, plan_types, render, status
+from pets_operator import api, backends, builders, children, cli, plan_types, render, status
 
 pytestmark = pytest.mark.unit
 
@@ -35,7 +35,7 @@ def trainer_pod_labels(backend: backends.Backend, target: builders.Target) -> li
 def test_the_rendezvous_and_every_other_port_are_open_only_to_the_same_trainings_pods() -> None:
     settings = builders.NetworkPolicySettings(metrics_from=(OPERATOR, PROMETHEUS))
     target = builders.Target("pets", "team-a", network_policy=settings)
-    policy = builders.build_network_policy(spec(), target)
+    policy = children.build_network_policy(spec(), target)
     assert policy is not None
     assert (policy["apiVersion"], policy["kind"]) == ("networking.k8s.io/v1", "NetworkPolicy")
     assert policy["metadata"]["name"] == "pets" and policy["metadata"]["namespace"] == "team-a"
@@ -50,7 +50,7 @@ def test_the_rendezvous_and_every_other_port_are_open_only_to_the_same_trainings
 @pytest.mark.parametrize("backend", [backends.JOB, backends.PYTORCHJOB], ids=lambda b: b.name)
 def test_the_policy_selects_its_own_trainers_of_every_attempt_and_no_other_trainings(
         backend: backends.Backend) -> None:
-    policy = builders.build_network_policy(spec(), TARGET)
+    policy = children.build_network_policy(spec(), TARGET)
     assert policy is not None
     selector = policy["spec"]["podSelector"]
     for attempt in (0, 3):
@@ -65,15 +65,15 @@ def test_the_policy_selects_its_own_trainers_of_every_attempt_and_no_other_train
 def test_without_named_peers_the_progress_port_is_open_to_every_source() -> None:
     """An operator run outside the cluster (pets-operator run on a laptop) reads the port from a node
     address, which no pod selector names."""
-    policy = builders.build_network_policy(spec(), TARGET)
+    policy = children.build_network_policy(spec(), TARGET)
     assert policy is not None
     assert policy["spec"]["ingress"][1] == {"ports": [{"protocol": "TCP", "port": api.METRICS_PORT}]}
 
 
 def test_spec_or_operator_switch_off_means_no_policy() -> None:
-    assert builders.build_network_policy(spec(networkPolicy=False), TARGET) is None
+    assert children.build_network_policy(spec(networkPolicy=False), TARGET) is None
     off = builders.Target("pets", "team-a", network_policy=builders.NetworkPolicySettings(enabled=False))
-    assert builders.build_network_policy(spec(), off) is None
+    assert children.build_network_policy(spec(), off) is None
 
 
 def test_the_default_leaves_the_workload_digest_of_running_trainings_alone() -> None:
@@ -112,7 +112,7 @@ def plan(b: dict[str, Any], workload: dict[str, Any] | None = None,
 
 
 def running_job(s: dict[str, Any]) -> dict[str, Any]:
-    job = builders.build_job(api.resolve_spec(s), builders.Target("pets", "ns"))
+    job = children.build_job(api.resolve_spec(s), builders.Target("pets", "ns"))
     job["status"] = {"active": 2, "ready": 2, "startTime": "2026-01-02T03:00:00Z"}
     return job
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 from operator_specs import TARGET, env_of, spec  # tests/unit/operator/operator_specs.py
-from pets_operator import act, api, backends, builders, cluster, observe, plan_types, pods, status
+from pets_operator import act, api, backends, builders, children, cluster, observe, plan_types, pods, status
 
 pytestmark = pytest.mark.unit
 
@@ -62,7 +62,7 @@ def test_spread_across_nodes_selects_exactly_this_attempts_trainer_pods(backend:
         assert constraint["labelSelector"]["matchLabels"].items() <= labels.items()
         assert ours(template["spec"]["tolerations"]) == dict.fromkeys(LOST_TAINTS, 5)
     # The previous attempt's pods carry another attempt label: they never skew the new attempt's spread.
-    older = builders.build_job(s, builders.Target("pets", "team-a", attempt=1))["spec"]["template"]
+    older = children.build_job(s, builders.Target("pets", "team-a", attempt=1))["spec"]["template"]
     assert older["metadata"]["labels"][api.LABEL_ATTEMPT] == "1"
 
 
@@ -79,7 +79,7 @@ def test_spread_across_nodes_selects_exactly_this_attempts_trainer_pods(backend:
     ({"key": "gpu", "operator": "Equal", "value": "yes", "effect": "NoSchedule"}, LOST_TAINTS),
 ])
 def test_a_users_toleration_of_the_same_key_wins(user: dict[str, Any], added: set[str]) -> None:
-    template = builders.build_job(spec(tolerations=[user]), TARGET)["spec"]["template"]
+    template = children.build_job(spec(tolerations=[user]), TARGET)["spec"]["template"]
     tolerations = template["spec"]["tolerations"]
     assert tolerations[0] == user
     assert [t["key"] for t in tolerations[1:]] == [k for k in builders.NODE_LOST_TAINTS if k in added]
@@ -87,7 +87,7 @@ def test_a_users_toleration_of_the_same_key_wins(user: dict[str, Any], added: se
 
 
 def test_node_lost_seconds_zero_evicts_at_once() -> None:
-    pod = builders.build_job(spec(placement={"nodeLostSeconds": 0}), TARGET)["spec"]["template"]["spec"]
+    pod = children.build_job(spec(placement={"nodeLostSeconds": 0}), TARGET)["spec"]["template"]["spec"]
     assert ours(pod["tolerations"]) == dict.fromkeys(LOST_TAINTS, 0)
 
 

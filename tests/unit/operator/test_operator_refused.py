@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from kubernetes.client.exceptions import ApiException
-from pets_operator import act, api, builders, handlers, plan_types, refusals, status
+from pets_operator import act, api, builders, children, handlers, plan_types, refusals, status
 from pets_operator.cluster import child_refusal_permanent
 
 pytestmark = pytest.mark.unit
@@ -67,7 +67,7 @@ def body(st: dict[str, Any] | None = None, **spec: Any) -> dict[str, Any]:
 
 
 def service_manifest() -> dict[str, Any]:
-    return builders.build_service(api.resolve_spec({}), builders.Target("pets", "ns"))
+    return children.build_service(api.resolve_spec({}), builders.Target("pets", "ns"))
 
 
 def cond(plan: plan_types.Plan, ctype: str) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
-from pets_operator import api, backends, builders, mirror, plan_types, stall, status
+from pets_operator import api, backends, builders, children, mirror, plan_types, stall, status
 from pets_operator.progress import PETS_TEXT_CAP, ProgressError, check_progress, parse_progress
 from pets_operator.scraper import (
     BODY_CAP,
@@ -336,7 +336,7 @@ def _plan(progress: dict[str, float] | None, error: str | None,
     now = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
     spec = api.resolve_spec({})
     target = builders.Target("pets", "ns")
-    workload = builders.build_job(spec, target)
+    workload = children.build_job(spec, target)
     workload["metadata"]["annotations"][api.ANNOTATION_SPEC_DIGEST] = builders.spec_digest(spec)
     workload["status"] = {"active": 1, "ready": 1, "startTime": "2026-01-02T03:00:00Z"}
     job = backends.get("job")

@@ -11,6 +11,7 @@ from pets_operator import (
     api,
     backends,
     builders,
+    children,
     output_durability,
     plan_types,
     pods,
@@ -33,7 +34,7 @@ def body(st: dict[str, Any] | None = None, **spec: Any) -> dict[str, Any]:
 
 def job(conditions: list[dict[str, Any]] | None = None, attempt: int = 0, suspend: bool = False,
         **st: Any) -> dict[str, Any]:
-    j = builders.build_job(api.resolve_spec({}), builders.Target("pets", "ns", attempt))
+    j = children.build_job(api.resolve_spec({}), builders.Target("pets", "ns", attempt))
     j["spec"]["suspend"] = suspend
     j["status"] = {"conditions": [{"status": "True", **c} for c in conditions or []], **st}
     return j
@@ -96,7 +97,7 @@ def test_a_url_datasets_cache_claim_is_created_before_the_workload() -> None:
     kinds = ["Service", "NetworkPolicy", "PersistentVolumeClaim", "PersistentVolumeClaim", "Job"]
     assert [m["kind"] for m in p.create] == kinds
     assert p.create[3]["metadata"]["name"] == builders.dataset_cache_name(spec)
-    assert not builders.owned(p.create[3])
+    assert not children.owned(p.create[3])
 
 
 def test_a_retained_claim_is_named_in_an_event_once() -> None:
@@ -388,7 +389,7 @@ def test_an_output_the_spec_names_clears_an_old_choice() -> None:
 
 
 def test_a_pending_claim_makes_output_durable_unknown_until_it_binds() -> None:
-    claim = builders.build_output_claim(api.resolve_spec({}), TARGET)
+    claim = children.build_output_claim(api.resolve_spec({}), TARGET)
     assert claim is not None
     claim["spec"]["storageClassName"] = "slow"
     pending = claim | {"status": {"phase": "Pending"}}
@@ -411,7 +412,7 @@ def test_a_pending_claim_makes_output_durable_unknown_until_it_binds() -> None:
 def test_a_claim_left_by_a_deleted_training_of_the_same_name_is_waited_for() -> None:
     """Deleted and applied again at once: the old training's claim is still there, on its way out (the
     garbage collector's). Pods made now would mount it and wait for ever: the round waits instead."""
-    claim = builders.build_output_claim(api.resolve_spec({}), TARGET)
+    claim = children.build_output_claim(api.resolve_spec({}), TARGET)
     assert claim is not None
     old_owner = claim | {"metadata": {**claim["metadata"], "ownerReferences": [{"uid": "old-uid"}]}}
     deleting = claim | {"metadata": {**claim["metadata"], "deletionTimestamp": "2026-01-02T03:04:00Z"}}

@@ -1,0 +1,190 @@
+"""The children of a training besides its pods: the claims the operator makes (the output's, the
+dataset's cache), the headless Service, the NetworkPolicy and the Indexed Job around the pod template
+(`builders`)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from pets_contract import exits
+from pets_operator import api
+from pets_operator.builders import (
+    CONTAINER,
+    DATASET_INIT,
+    Target,
+    attempt_deadline,
+    created_suspended,
+    dataset_cache_name,
+    dataset_source,
+    gang_access_modes,
+    labels,
+    output_claim_name,
+    pod_template,
+    selector,
+    service_name,
+    workload_metadata,
+)
+
+
+def build_dataset_cache_claim(spec: dict[str, Any], target: Target) -> dict[str, Any] | None:
+    """The PersistentVolumeClaim spec.dataset.url is fetched into, or None for another source. Not owned
+    by the training (children.owned): the next training on the same data finds it full."""
+    if dataset_source(spec) != "url":
+        return None
+    cache = spec["dataset"].get("cache") or {}
+    pvc: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {
+            "name": dataset_cache_name(spec),
+            "namespace": target.namespace,
+            "labels": {"app.kubernetes.io/name": "pets-training", api.LABEL_COMPONENT: "dataset-cache",
+                       api.LABEL_DATASET_CACHE: "true"},
+            "annotations": {api.ANNOTATION_DATASET_URL: spec["dataset"]["url"]},
+        },
+        "spec": {
+            "accessModes": gang_access_modes(spec),
+            "resources": {"requests": {"storage": str(cache.get("size") or api.DEFAULT_DATASET_CACHE_SIZE)}},
+        },
+    }
+    if cache.get("storageClassName"):
+        pvc["spec"]["storageClassName"] = cache["storageClassName"]
+    return pvc
+
+
+def output_access_modes(spec: dict[str, Any]) -> list[str]:
+    """spec.output.managedClaim's access modes; unset: gang_access_modes."""
+    claim = api.output_of(spec)["managedClaim"]
+    return list(claim.get("accessModes") or gang_access_modes(spec))
+
+
+def build_output_claim(spec: dict[str, Any], target: Target) -> dict[str, Any] | None:
+    """The PersistentVolumeClaim of spec.output.managedClaim, or None for another output. With
+    retentionPolicy Retain it carries the output-retention label, and the operator gives it no owner
+    reference, so deleting the training leaves it."""
+    claim = api.output_of(spec).get("managedClaim")
+    if claim is None:
+        return None
+    retention = claim.get("retentionPolicy") or "Delete"
+    pvc: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {
+            "name": output_claim_name(target.name),
+            "namespace": target.namespace,
+            "labels": labels(target.name, "output") | {api.LABEL_OUTPUT_RETENTION: retention},
+        },
+        "spec": {
+            "accessModes": output_access_modes(spec),
+            "resources": {"requests": {"storage": str(claim.get("size") or api.DEFAULT_OUTPUT_CLAIM_SIZE)}},
+        },
+    }
+    if claim.get("storageClassName"):
+        pvc["spec"]["storageClassName"] = claim["storageClassName"]
+    return pvc
+
+
+def owned(manifest: dict[str, Any]) -> bool:
+    """Whether a child goes with its training (an owner reference): all but a Retain output claim and a
+    dataset cache (shared by the trainings on the same data)."""
+    found = manifest["metadata"].get("labels") or {}
+    return found.get(api.LABEL_OUTPUT_RETENTION) != "Retain" and api.LABEL_DATASET_CACHE not in found
+
+
+def build_service(spec: dict[str, Any], target: Target) -> dict[str, Any]:
+    """Headless Service giving every pod the stable name `<job>-<index>.<service>`."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": service_name(target.name),
+            "namespace": target.namespace,
+            "labels": labels(target.name, "rendezvous"),
+        },
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": selector(target.name),
+            "ports": [
+                {"name": "rendezvous", "port": spec["masterPort"], "targetPort": spec["masterPort"],
+                 "protocol": "TCP"},
+                {"name": "metrics", "port": api.METRICS_PORT, "targetPort": api.METRICS_PORT,
+                 "protocol": "TCP"},
+            ],
+        },
+    }
+
+
+def network_policy_name(name: str) -> str:
+    return name
+
+
+def network_policy_wanted(spec: dict[str, Any], target: Target) -> bool:
+    return bool(spec.get("networkPolicy", True)) and target.network_policy.enabled
+
+
+def build_network_policy(spec: dict[str, Any], target: Target) -> dict[str, Any] | None:
+    """The training's pods accept connections from the pods of the same training on every port (the
+    rendezvous, and gloo's and NCCL's collectives, which listen on ports of their own choosing), and on
+    the progress port from the operator's peers; nothing else. torch.distributed's rendezvous has no
+    authentication (PyTorch's SECURITY.md), so no other pod may reach it. One policy per training, not
+    per attempt: two attempts never run at once (the next waits for the previous one's pods to go), so
+    the training's label covers the attempt. Egress is left open: data and weights come from anywhere."""
+    if not network_policy_wanted(spec, target):
+        return None
+    trainers = {"podSelector": {"matchLabels": selector(target.name)}}
+    progress: dict[str, Any] = {"ports": [{"protocol": "TCP", "port": api.METRICS_PORT}]}
+    if target.network_policy.metrics_from:
+        progress["from"] = [copy.deepcopy(dict(peer)) for peer in target.network_policy.metrics_from]
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {
+            "name": network_policy_name(target.name),
+            "namespace": target.namespace,
+            "labels": labels(target.name, "network-policy"),
+        },
+        "spec": {
+            **trainers,
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": [trainers]}, progress],
+        },
+    }
+
+
+def build_job(spec: dict[str, Any], target: Target) -> dict[str, Any]:
+    """Indexed Job: one pod per machine, rank = completion index, all-or-nothing (backoffLimit 0)."""
+    job: dict[str, Any] = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": workload_metadata(spec, target),
+        "spec": {
+            "completionMode": "Indexed",
+            "completions": spec["replicas"],
+            "parallelism": spec["replicas"],
+            # One failed pod fails the Job; the operator restarts the whole gang (spec.maxRestarts)...
+            "backoffLimit": 0,
+            # ...unless the trainer says a restart cannot help (docs/contract.md): then the Job fails
+            # with reason PodFailurePolicy and the operator fails the training at once. A pod the
+            # cluster disrupted (evicted, preempted, node lost) fails the Job too, but by the second
+            # rule, which the Job's condition names: the evicted pod may be gone before the operator
+            # looks, and the Job keeps the cause (a restart not counted against maxRestarts).
+            "podFailurePolicy": {"rules": [
+                {"action": "FailJob",
+                 "onExitCodes": {"containerName": CONTAINER, "operator": "In",
+                                 "values": [exits.PERMANENT]}},
+                *([{"action": "FailJob",
+                    "onExitCodes": {"containerName": DATASET_INIT, "operator": "In",
+                                    "values": [exits.PERMANENT]}}]
+                  if dataset_source(spec) == "url" else []),
+                {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+            ]},
+            "suspend": created_suspended(spec, target),
+            "template": pod_template(spec, target),
+        },
+    }
+    if (deadline := attempt_deadline(spec, target)) is not None:
+        job["spec"]["activeDeadlineSeconds"] = deadline
+    return job
+
