@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import builtins
 import copy
-import hashlib
 import io
 import os
 import secrets
@@ -21,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from . import _api
+from . import _api, batches
 from . import upload as up
 from .errors import (
     FetchError,
@@ -38,8 +37,8 @@ from .errors import (
 from .progress import BarState, bar_state, dataset_line, final_line, phase_line
 from .transfer import (
     CHUNK_OUTPUT_BYTES,
-    CHUNK_TRIES,
     STDERR_KEPT_BYTES,
+    WsExec,
     check_names,
     chunk_command,
     collect,
@@ -48,7 +47,6 @@ from .transfer import (
     list_command,
     listing_limit,
     output_claim,
-    parse_listing,
 )
 
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
@@ -669,26 +667,29 @@ class PetsTrainingClient:
         total = sum(f.size for f in files)
         created = self._ensure_claim(claim, total, access_modes, storage_class)
         pod = self._call("creating the upload pod", self.core.create_namespaced_pod, self.namespace,
-                         up.upload_pod(claim, image, total, scheduling))
+                         up.upload_pod(claim, image, total, scheduling, files=len(files)))
         pod_name = pod.metadata.name
         root = up.remote_root(sub)
 
         def run(command: builtins.list[str], limit: int, doing: str) -> bytes:
             return self._exec_bytes(pod_name, command, limit, role="upload", error=UploadError, doing=doing)
 
+        def open_exec(command: builtins.list[str], stdout_limit: int = 0) -> WsExec:
+            from kubernetes.stream import stream
+
+            resp = self._call("exec in the upload pod", stream, self.core.connect_get_namespaced_pod_exec,
+                              pod_name, self.namespace, command=command, container="upload", stdin=True,
+                              stdout=True, stderr=True, tty=False, binary=True, _preload_content=False)
+            return WsExec(resp, UploadError, stdout_limit)
+
         try:
             self._wait_pod_running(pod_name, timeout, role="upload", error=UploadError)
-            run(up.prepare_command(root), STDERR_KEPT_BYTES, f"making {root} in the claim {claim}")
-            listing: builtins.list[tuple[str, int, str]] = []
-            for batch in up.listing_batches([f.name for f in files]):
-                listing += parse_listing(run(list_command(batch, root), listing_limit(batch),
-                                             f"listing the claim {claim}"))
-            copy_, skip = up.plan(files, listing)
+            run(batches.prepare_command(root), STDERR_KEPT_BYTES, f"making {root} in the claim {claim}")
+            copy_, skip = up.plan(files, batches.list_claim(open_exec, root, files))
             bar = _upload_bar(claim, sum(f.size for f in copy_), len(copy_), progress, file)
             try:
-                for done, entry in enumerate(copy_, 1):
-                    self._upload_file(run, root, entry, bar.update)
-                    bar.set_postfix_str(f"{done}/{len(copy_)} files")
+                batches.send(open_exec, root, copy_, bar.update,
+                             lambda done: bar.set_postfix_str(f"{done}/{len(copy_)} files"))
             finally:
                 bar.close()
             return up.UploadResult(claim=claim, path=up.dataset_path(sub), copied=len(copy_),
@@ -699,29 +700,6 @@ class PetsTrainingClient:
                 self.core.delete_namespaced_pod(pod_name, self.namespace, grace_period_seconds=0)
             except ApiException:
                 pass
-
-    @staticmethod
-    def _upload_file(run: Any, root: str, entry: up.LocalFile, advance: Any) -> None:
-        """One file: its chunks written (an exec that fails is sent again, CHUNK_TRIES at most), then
-        checked by size and sha256 in the pod and renamed into place."""
-
-        digest = hashlib.sha256()
-        for first, chunks in up.exec_groups(up.read_chunks(entry.path)):
-            command = up.write_command(root, entry.name, first, chunks)
-            for attempt in range(1, CHUNK_TRIES + 1):
-                try:
-                    run(command, STDERR_KEPT_BYTES, f"writing {entry.name}")
-                    break
-                except UploadError:
-                    if attempt == CHUNK_TRIES:
-                        raise
-            for chunk in chunks:
-                digest.update(chunk)
-                advance(len(chunk))
-        if digest.hexdigest() != entry.sha256:
-            raise UploadError(f"{entry.path} changed while it was uploaded; upload again")
-        run(up.commit_command(root, entry.name, entry.size, entry.sha256), STDERR_KEPT_BYTES,
-            f"checking {entry.name}")
 
     def plot(self, name: str, out: str | os.PathLike[str]) -> Path:
         """Fetch progress.jsonl and write its loss and accuracy curves to ``out`` (PNG, matplotlib)."""

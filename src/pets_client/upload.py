@@ -1,21 +1,15 @@
-"""`upload`'s pure parts: the local tree, the claim's size, what to copy, and the helper pod's commands.
+"""`upload`'s pure parts: the local tree, the claim's size, what to copy, and the helper pod.
 
-The transport is fetch's, reversed. A helper pod with the trainer's image mounts the claim read-write;
-one exec lists what is already there (`<size> <sha256> <name>`, fetch's list_command), and each file
-then goes in short execs whose arguments carry its chunks as base64 (no exec stdin: the client's exec
-stream drops frames of large payloads), written at their offsets into a temp file, so an exec sent
-twice writes the same bytes. A last exec checks the temp file's size and sha256 and renames it into
-place: a file is either whole under its name or not there.
+A helper pod with the trainer's image mounts the claim read-write; what is already there is listed
+(size and sha256) and what is not goes in batches of one tar stream each (``batches``).
 """
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import math
 import os
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,10 +19,6 @@ from .errors import FetchError, UploadError
 from .transfer import check_name, helper_pod
 
 UPLOAD_DIR = "/data"  # where the upload pod mounts the whole claim (the trainer mounts its data there)
-UPLOAD_CHUNK_BYTES = 64 << 10  # raw bytes per argument: 87,384 as base64, under the kernel's 128 KiB
-UPLOAD_CHUNKS_PER_EXEC = 4  # one exec's argv about 350 KB: its arguments travel in the exec URL
-MAX_ARG_BYTES = 128 << 10  # MAX_ARG_STRLEN: the most one argument of execve may hold, with its NUL
-LIST_SCRIPT_BYTES = 32 << 10  # the names one listing exec takes (its script is one argument)
 DATA_CLAIM_SUFFIX = "-data"
 GIB = 1 << 30
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -169,15 +159,6 @@ def _size_and_digest(path: Path) -> tuple[int, str]:
     return size, digest.hexdigest()
 
 
-def read_chunks(path: Path, chunk_bytes: int = UPLOAD_CHUNK_BYTES) -> Iterable[bytes]:
-    """The file's chunks as sent; an empty file is one empty chunk (its write makes the file)."""
-    with path.open("rb") as f:
-        first = True
-        while (block := f.read(chunk_bytes)) or first:
-            first = False
-            yield block
-
-
 # ----------------------------------------------------------------------------- the claim
 
 
@@ -226,22 +207,23 @@ def claim_manifest(claim: str, total_bytes: int, access_modes: list[str],
 
 
 def data_access_modes(replicas: int) -> list[str]:
-    """The operator's rule for claims (builders.output_access_modes): ReadWriteMany when several pods
+    """The operator's rule for claims (children.output_access_modes): ReadWriteMany when several pods
     mount it (they may run on several nodes), else ReadWriteOnce."""
     return ["ReadWriteMany"] if replicas > 1 else ["ReadWriteOnce"]
 
 
-def pod_lifetime(total_bytes: int) -> int:
-    """The upload pod's activeDeadlineSeconds: 15 minutes plus the data at 0.5 MB/s, a day at most."""
-    return min(86400, 900 + total_bytes // 500_000)
+def pod_lifetime(total_bytes: int, files: int = 0) -> int:
+    """The upload pod's activeDeadlineSeconds: 15 minutes, plus the data at 0.5 MB/s, plus 0.1 s a file
+    (a tenth of what the batches measured: for a slow link and a slow disk), a day at most."""
+    return min(86400, 900 + total_bytes // 500_000 + files // 10)
 
 
 def upload_pod(claim: str, image: str, total_bytes: int,
-               scheduling: dict[str, Any] | None = None) -> dict[str, Any]:
+               scheduling: dict[str, Any] | None = None, files: int = 0) -> dict[str, Any]:
     """The helper pod: the whole claim read-write at /data, as the trainer's uid and gid."""
     return helper_pod(owner=claim, component="upload", image=image, claim_name=claim, volume_name="data",
                       mount_path=UPLOAD_DIR, read_only=False, scheduling=scheduling,
-                      labels={f"{_api.GROUP}/upload-to": claim}, lifetime_s=pod_lifetime(total_bytes))
+                      labels={f"{_api.GROUP}/upload-to": claim}, lifetime_s=pod_lifetime(total_bytes, files))
 
 
 # ----------------------------------------------------------------------------- the plan
@@ -257,89 +239,6 @@ def plan(files: list[LocalFile],
     skip = [f for f in files if there.get(f.name) == {(f.size, f.sha256)}]
     skipped = {f.name for f in skip}
     return [f for f in files if f.name not in skipped], skip
-
-
-def listing_batches(names: list[str], script_bytes: int = LIST_SCRIPT_BYTES) -> list[list[str]]:
-    """``names`` in batches whose listing script (one argument) stays under ``script_bytes``."""
-    batches: list[list[str]] = []
-    batch: list[str] = []
-    used = 0
-    for name in names:
-        size = len(name.encode()) + 1
-        if batch and used + size > script_bytes:
-            batches.append(batch)
-            batch, used = [], 0
-        batch.append(name)
-        used += size
-    if batch:
-        batches.append(batch)
-    return batches
-
-
-# ----------------------------------------------------------------------------- the commands
-
-
-def temp_name(name: str) -> str:
-    """Where ``name`` is written before its check: a hidden file beside it (a resumed upload rewrites it)."""
-    head, _, base = name.rpartition("/")
-    return f"{head}/.{base}.pets-upload" if head else f".{base}.pets-upload"
-
-
-def prepare_command(root: str) -> list[str]:
-    """Makes the upload directory and fails (exit 3) when it cannot be written."""
-    script = ('mkdir -p "$0" 2>/dev/null; [ -d "$0" ] && [ -w "$0" ] || '
-              '{ echo "$0 cannot be written by uid $(id -u)" >&2; exit 3; }')
-    return ["sh", "-c", script, root]
-
-
-def write_command(root: str, name: str, first: int, chunks: list[bytes],
-                  chunk_bytes: int = UPLOAD_CHUNK_BYTES) -> list[str]:
-    """Writes ``chunks`` (chunk_bytes each, but the file's last) at chunk index ``first`` on of
-    temp_name(name) under ``root``; the exec with chunk 0 makes the directories and empties the file.
-    Each chunk is one base64 argument, so sending the same command again writes the same bytes."""
-    check_name(name)
-    if any(len(c) > chunk_bytes for c in chunks):
-        raise UploadError(f"{name}: a chunk is larger than {chunk_bytes} bytes")
-    start = 'mkdir -p "$(dirname "$f")" && : > "$f" || exit 5; ' if first == 0 else ""
-    script = ('cd "$0" || exit 3; f=$1; o=$2; shift 2; ' + start
-              + 'for c in "$@"; do printf %s "$c" | base64 -d | dd of="$f" bs=' + str(chunk_bytes)
-              + ' seek="$o" conv=notrunc 2>/dev/null || exit 5; o=$((o + 1)); done')
-    return ["sh", "-c", script, root, temp_name(name), str(first),
-            *(base64.b64encode(c).decode() for c in chunks)]
-
-
-def commit_command(root: str, name: str, size: int, digest: str) -> list[str]:
-    """Renames temp_name(name) to ``name`` when its size and sha256 are the file's; else removes it and
-    exits 4."""
-    check_name(name)
-    script = ('cd "$0" || exit 3; t=$1; f=$2; '
-              'if [ "$(stat -c %s "$t")" = "$3" ] && [ "$(sha256sum "$t" | cut -d " " -f 1)" = "$4" ]; '
-              'then mv -fT "$t" "$f"; '
-              'else rm -f "$t"; echo "the copy of $f in the claim does not match its size or sha256" >&2; '
-              'exit 4; fi')
-    return ["sh", "-c", script, root, temp_name(name), name, str(size), digest]
-
-
-def exec_groups(chunks: Iterable[bytes],
-                per_exec: int = UPLOAD_CHUNKS_PER_EXEC) -> Iterable[tuple[int, list[bytes]]]:
-    """(index of the first chunk, chunks) per write exec, ``per_exec`` chunks at most."""
-    group: list[bytes] = []
-    first = 0
-    for index, chunk in enumerate(chunks):
-        if not group:
-            first = index
-        group.append(chunk)
-        if len(group) == per_exec:
-            yield first, group
-            group = []
-    if group:
-        yield first, group
-
-
-def argv_ok(command: list[str], per_exec_bytes: int = 512 << 10) -> bool:
-    """Every argument under MAX_ARG_BYTES (with its NUL) and the whole argv under ``per_exec_bytes``."""
-    sizes = [len(a.encode()) + 1 for a in command]
-    return max(sizes) <= MAX_ARG_BYTES and sum(sizes) <= per_exec_bytes
 
 
 # ----------------------------------------------------------------------------- trainings

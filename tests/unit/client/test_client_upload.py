@@ -1,43 +1,30 @@
-"""upload's pure parts (issue 23): the local tree, the names, the plan, the claim size, the chunk commands
-(run here with the same sh, base64, dd, sha256sum and mv as the helper pod), and the CLI's arguments."""
+"""upload's pure parts (issue 23): the local tree, the names, the plan, the claim size, the helper pod,
+and the CLI's arguments (the transport: test_upload_batches.py)."""
 
 from __future__ import annotations
 
 import hashlib
 import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from pets_client import UploadError, cli
 from pets_client.client import PetsTrainingClient
-from pets_client.transfer import list_command, listing_limit, parse_listing
 from pets_client.upload import (
     GIB,
-    MAX_ARG_BYTES,
-    UPLOAD_CHUNK_BYTES,
-    UPLOAD_CHUNKS_PER_EXEC,
     LocalFile,
     UploadResult,
-    argv_ok,
     check_capacity,
     check_claim_name,
     claim_dir,
     claim_manifest,
     claim_size,
-    commit_command,
-    exec_groups,
-    listing_batches,
     plan,
-    read_chunks,
-    temp_name,
+    pod_lifetime,
     upload_pod,
     walk,
-    write_command,
 )
 
 pytestmark = pytest.mark.unit
@@ -175,117 +162,14 @@ def test_the_upload_pod_mounts_the_whole_claim_read_write_as_the_trainer() -> No
     assert pod["metadata"]["generateName"] == "pets-data-upload-"
 
 
-# ----------------------------------------------------------------------------- the commands, run here
-
-
-def _run(command: list[str]) -> subprocess.CompletedProcess[bytes]:
-    assert command[:2] == ["sh", "-c"]
-    return subprocess.run(command, capture_output=True, check=False)
-
-
-def _send(root: Path, name: str, data: bytes, chunk_bytes: int = UPLOAD_CHUNK_BYTES,
-          per_exec: int = UPLOAD_CHUNKS_PER_EXEC, twice: bool = False) -> subprocess.CompletedProcess[bytes]:
-    src = root.parent / "src.bin"
-    src.write_bytes(data)
-    for first, chunks in exec_groups(read_chunks(src, chunk_bytes), per_exec):
-        command = write_command(str(root), name, first, chunks, chunk_bytes)
-        assert argv_ok(command)
-        for _ in range(2 if twice else 1):  # an exec sent again writes the same bytes
-            assert _run(command).returncode == 0
-    return _run(commit_command(str(root), name, len(data), _sha(data)))
-
-
-def test_a_file_sent_in_chunks_is_the_same_file_byte_for_byte(tmp_path: Path) -> None:
-    root = tmp_path / "claim"
-    root.mkdir()
-    data = os.urandom(UPLOAD_CHUNK_BYTES * UPLOAD_CHUNKS_PER_EXEC * 2 + 12345)
-    assert _send(root, "sub/dir/big.jpg", data, twice=True).returncode == 0
-    assert (root / "sub/dir/big.jpg").read_bytes() == data
-    assert not (root / "sub/dir" / ".big.jpg.pets-upload").exists()
-    assert _send(root, "empty.jpg", b"").returncode == 0 and (root / "empty.jpg").read_bytes() == b""
-    # what is there now is listed with fetch's listing, and a second upload of it copies nothing
-    names = ["sub/dir/big.jpg", "empty.jpg", "absent.jpg"]
-    listing = parse_listing(_run(list_command(names, str(root))).stdout)
-    entries = [_entry("sub/dir/big.jpg", data), _entry("empty.jpg", b""), _entry("absent.jpg", b"z")]
-    assert plan(entries, listing) == ([entries[2]], entries[:2])
-
-
-def test_a_resent_upload_replaces_a_longer_stale_temp_file(tmp_path: Path) -> None:
-    root = tmp_path / "claim"
-    root.mkdir()
-    (root / temp_name("a.jpg")).write_bytes(b"x" * (3 * UPLOAD_CHUNK_BYTES))
-    assert _send(root, "a.jpg", b"short").returncode == 0
-    assert (root / "a.jpg").read_bytes() == b"short"
-
-
-def test_a_copy_that_does_not_match_its_digest_is_removed_and_fails(tmp_path: Path) -> None:
-    root = tmp_path / "claim"
-    root.mkdir()
-    (root / "a.jpg").write_bytes(b"old")
-    data = os.urandom(3 * UPLOAD_CHUNK_BYTES)
-    command = write_command(str(root), "a.jpg", 0, list(read_chunks_of(data)))
-    command[-1] = command[-1][:-8] + "AAAAAAAA"  # one chunk damaged on the way
-    assert _run(command).returncode == 0
-    done = _run(commit_command(str(root), "a.jpg", len(data), _sha(data)))
-    assert done.returncode == 4 and b"does not match" in done.stderr
-    assert (root / "a.jpg").read_bytes() == b"old", "the file keeps its name only when whole"
-    assert not (root / temp_name("a.jpg")).exists()
-
-
-def read_chunks_of(data: bytes, size: int = UPLOAD_CHUNK_BYTES) -> list[bytes]:
-    return [data[i:i + size] for i in range(0, len(data), size)] or [b""]
-
-
-def test_every_exec_argument_stays_under_the_kernels_limit() -> None:
-    chunks = [os.urandom(UPLOAD_CHUNK_BYTES)] * UPLOAD_CHUNKS_PER_EXEC
-    command = write_command("/data/x", "a/" + "n" * 200 + ".jpg", 4, chunks)
-    assert argv_ok(command) and max(len(a) for a in command) < MAX_ARG_BYTES * 3 // 4
-    assert not argv_ok(["sh", "-c", "x" * MAX_ARG_BYTES]), "the check can fail"
-    with pytest.raises(UploadError, match="larger than"):
-        write_command("/data", "a.jpg", 0, [b"x" * (UPLOAD_CHUNK_BYTES + 1)])
-    names = [f"class_{i}/image_{i}.jpg" for i in range(20_000)]
-    batches = listing_batches(names)
-    assert len(batches) > 1 and [n for b in batches for n in b] == names
-    assert all(argv_ok(list_command(b, "/data")) for b in batches)
-    assert all(listing_limit(b) < 4 << 20 for b in batches)
-
-
-@settings(max_examples=25, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(data=st.binary(max_size=200), chunk_bytes=st.integers(1, 16), per_exec=st.integers(1, 5))
-def test_chunks_reassemble_whatever_the_sizes(tmp_path_factory: pytest.TempPathFactory, data: bytes,
-                                              chunk_bytes: int, per_exec: int) -> None:
-    root = tmp_path_factory.mktemp("prop") / "claim"
-    root.mkdir()
-    assert _send(root, "f.bin", data, chunk_bytes, per_exec).returncode == 0
-    assert (root / "f.bin").read_bytes() == data
+def test_the_pods_deadline_grows_with_files_and_bytes() -> None:
+    assert pod_lifetime(0) == 900 and pod_lifetime(10**9) == 2900
+    assert pod_lifetime(0, 5000) == 1400 and pod_lifetime(10**9, 7390) == 2900 + 739
+    assert pod_lifetime(10**14, 10**9) == 86400
+    assert upload_pod("c", "i", 0, files=5000)["spec"]["activeDeadlineSeconds"] == 1400
 
 
 # ----------------------------------------------------------------------------- the client's glue
-
-
-def _local_run(command: list[str], limit: int, doing: str) -> bytes:
-    done = _run(command)
-    if done.returncode:
-        raise UploadError(f"{doing} failed (exit {done.returncode}): {done.stderr.decode()}")
-    return done.stdout
-
-
-def test_the_client_checks_what_it_sent_against_the_walk(tmp_path: Path) -> None:
-    _write(tmp_path / "imgs", {"a.jpg": os.urandom(300_000)})
-    (entry,) = walk(tmp_path / "imgs")
-    root = tmp_path / "claim"
-    root.mkdir()
-    advanced: list[int] = []
-    PetsTrainingClient._upload_file(_local_run, str(root), entry, advanced.append)
-    assert (root / "a.jpg").read_bytes() == entry.path.read_bytes() and sum(advanced) == 300_000
-    entry.path.write_bytes(b"changed since the walk")
-    with pytest.raises(UploadError, match="changed while it was uploaded"):
-        PetsTrainingClient._upload_file(_local_run, str(root), entry, advanced.append)
-    lying = LocalFile("b.jpg", 3, _sha(b"abc"), entry.path)  # the pod's check refuses it
-    with pytest.raises(UploadError):
-        PetsTrainingClient._upload_file(_local_run, str(root), lying, advanced.append)
-    assert not (root / "b.jpg").exists()
 
 
 class _Custom:
