@@ -51,7 +51,7 @@ $(HELM):
 .PHONY: lint
 lint: install ## ruff, mypy, and checkov over the chart and the pods we create (lint-k8s)
 	$(VENV)/bin/ruff check src operator tests
-	$(VENV)/bin/mypy src/pets_training src/pets_client operator/pets_operator
+	$(VENV)/bin/mypy src/pets_contract src/pets_training src/pets_client operator/pets_operator
 	$(MAKE) lint-k8s
 
 .PHONY: lint-k8s

@@ -105,7 +105,7 @@ def carry_out(ctx: Context, cl: Cluster, body: dict[str, Any], result: plan_type
         return None
     if refused is not None and refused.requeue_after is not None:
         return max(0.5, refused.requeue_after)  # the refusal's own backoff
-    return next_delay(result, ctx.poll_active, watched)
+    return next_delay(result, ctx.settings.progress_interval, watched)
 
 
 def status_write_wait(ctx: Context, key: Key, result: plan_types.Plan, old_status: dict[str, Any]

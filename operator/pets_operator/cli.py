@@ -239,7 +239,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"pets-operator render: {exc}", file=sys.stderr)
             return 2
         return 0
-    from pets_operator.runner import NoClusterError, RunOptions, run_operator
+    from pets_operator.runner import NoClusterError, run_operator
+    from pets_operator.settings import Settings
 
     try:
         default_output = api.default_output(args.default_output, args.default_output_claim_size,
@@ -249,7 +250,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         run_operator(
-            RunOptions(
+            Settings(
                 namespaces=tuple(args.namespace),
                 liveness_port=args.liveness_port,
                 metrics_port=args.metrics_port,
@@ -264,7 +265,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 network_policy=builders.NetworkPolicySettings(args.training_network_policy == "on",
                                                               args.metrics_from),
                 workers=args.workers,
-                progress_poll_seconds=args.progress_interval,
+                progress_interval=args.progress_interval,
                 scrape_concurrency=args.scrape_concurrency,
                 scrape_timeout=args.scrape_timeout,
             )

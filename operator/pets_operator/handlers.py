@@ -50,12 +50,8 @@ from pets_operator.observe import Key
 from pets_operator.plan_types import Observed
 from pets_operator.refusals import plan_backend_unavailable, plan_invalid
 from pets_operator.scraper import Scraper, Target
+from pets_operator.settings import Settings
 
-# Seconds between reconciliations when nothing triggers one.
-POLL_ACTIVE = api.DEFAULT_PROGRESS_INTERVAL  # progress reads; trainings whose state is not watched
-WORKERS = api.DEFAULT_WORKERS  # concurrent reconciliations (each mostly waits on the API server)
-SCRAPE_CONCURRENCY = api.DEFAULT_SCRAPE_CONCURRENCY
-SCRAPE_TIMEOUT = api.DEFAULT_SCRAPE_TIMEOUT
 CHANGE_WINDOW = 1.0  # seconds a change waits for the ones that follow it (see Context.trigger)
 MAX_BACKOFF = 60.0  # seconds, after repeated transient API errors
 LEGACY_FINALIZER = f"{api.GROUP}/operator"  # kopf's, from when each training had a daemon
@@ -82,19 +78,7 @@ class Context:
     """What every handler of one operator instance shares."""
 
     api_client: client.ApiClient
-    default_image: str = api.DEFAULT_IMAGE
-    cluster_domain: str = api.DEFAULT_CLUSTER_DOMAIN
-    progress_port: int = api.METRICS_PORT
-    auto_backend: str = backends.DEFAULT_AUTO  # what spec.backend `auto` runs as (where it is served)
-    default_output: dict[str, Any] = field(default_factory=api.default_output)  # where spec.output is unset
-    network_policy: builders.NetworkPolicySettings = field(default_factory=builders.NetworkPolicySettings)
-    poll_active: float = POLL_ACTIVE
-    workers: int = WORKERS
-    scrape_concurrency: int = SCRAPE_CONCURRENCY
-    scrape_timeout: float = SCRAPE_TIMEOUT
-    # Watching a fixed list of namespaces: the chart grants Roles only, so kopf must not scan
-    # cluster-wide namespaces and CRDs (it would retry 403s for about a minute before starting).
-    fixed_namespaces: bool = False
+    settings: Settings = field(default_factory=Settings)
     phases: metrics.PhaseBook = field(default_factory=metrics.PhaseBook)
     queue: workqueue.WorkQueue | None = None  # made in the operator's event loop, with the tasks
     indices: Mapping[str, Any] = field(default_factory=dict)  # kopf's, by index id
@@ -177,52 +161,19 @@ TRAININGS_INDEX, JOBS_INDEX, PODS_INDEX, SERVICES_INDEX = (
     "pets_trainings", "pets_training_jobs", "pets_training_pods", "pets_training_services")
 
 
-
-
-
-
-
-
-
-
 def _transient(exc: ApiException) -> bool:
     return exc.status in (409, 429) or exc.status is None or exc.status >= 500
 
 
-
-
-
-
-
-
-
-
 def _resolve_backend(ctx: Context, spec: dict[str, Any], old_status: dict[str, Any]
                      ) -> tuple[backends.Backend, str]:
-    """The backend and why. `auto` is decided once, then kept in status.backend; discovery is asked
-    only while undecided."""
-    if spec["backend"] == "auto" and old_status.get("backend") in backends.BACKENDS:
-        return backends.get(old_status["backend"]), str(old_status.get("backendReason") or "")
-    # A built-in backend needs no discovery (one call per reconcile was a fifth of the idle requests
-    # at scale: docs/scale.md).
-    builtin = spec["backend"] != "auto" and backends.get(spec["backend"]).always_served
-    served = set() if builtin else served_backends(ctx.api_client)
-    backend = backends.resolve(spec, served, ctx.auto_backend)
-    return backend, backends.why(spec, backend, ctx.auto_backend)
+    return backends.keep_or_choose(spec, old_status, lambda: served_backends(ctx.api_client),
+                                   ctx.settings.auto_backend)
 
 
 def _resolve_output(ctx: Context, old_status: dict[str, Any]) -> tuple[dict[str, Any], str]:
-    """The output where spec.output is unset, and why (output_durability.OUTPUT_REASONS): the operator's
-    default, chosen once and then kept in status.output, so a changed default never moves a training's work. A
-    default claim with no StorageClass named falls back to an emptyDir where the cluster has no default
-    StorageClass: the claim would wait for ever, and the training with it."""
-    if isinstance(old_status.get("output"), dict):
-        return old_status["output"], str(old_status.get("outputReason") or output_durability.OPERATOR_DEFAULT)
-    chosen = ctx.default_output
-    if "managedClaim" in chosen and not chosen["managedClaim"].get("storageClassName") \
-            and has_default_storage_class(ctx.api_client) is False:
-        return {"emptyDir": {}}, output_durability.NO_DEFAULT_STORAGE_CLASS
-    return chosen, output_durability.OPERATOR_DEFAULT
+    return output_durability.keep_or_choose_output(old_status, ctx.settings.default_output,
+                                                   lambda: has_default_storage_class(ctx.api_client))
 
 
 def reconcile_once(ctx: Context, snap: Snapshot, logger: Logger) -> float | None:
@@ -283,9 +234,10 @@ def reconcile_once(ctx: Context, snap: Snapshot, logger: Logger) -> float | None
         selector = backend.pods_selector(workload)
         return [p for p in snap.pods if observe.labels_match(p["metadata"].get("labels") or {}, selector)]
 
-    target = builders.Target(name, namespace, attempt, ctx.default_image, ctx.cluster_domain,
+    settings = ctx.settings
+    target = builders.Target(name, namespace, attempt, settings.default_image, settings.cluster_domain,
                              builders.queue_labels(body["metadata"].get("labels")),
-                             network_policy=ctx.network_policy)
+                             network_policy=settings.network_policy)
     state = None
     rank0 = observe.Rank0()
     pod_list: list[dict[str, Any]] | None = None
@@ -324,24 +276,9 @@ def reconcile_once(ctx: Context, snap: Snapshot, logger: Logger) -> float | None
     result.delete = [r for r in result.delete if r["name"] not in deleting]
     delay = carry_out(ctx, cl, body, result, logger, restarts=restarts, watched=watched)
     if delay is not None and len(candidates) > len(lost_pods):
-        delay = min(delay, ctx.poll_active)  # a pod stuck terminating: is its node lost by now?
+        # a pod stuck terminating: is its node lost by now?
+        delay = min(delay, ctx.settings.progress_interval)
     return delay
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 
 
 def register(registry: kopf.OperatorRegistry, ctx: Context) -> None:
@@ -351,12 +288,13 @@ def register(registry: kopf.OperatorRegistry, ctx: Context) -> None:
     async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         # Reconciliations run blocking client calls in threads: one per worker.
         asyncio.get_running_loop().set_default_executor(
-            concurrent.futures.ThreadPoolExecutor(max_workers=ctx.workers, thread_name_prefix="reconcile"))
+            concurrent.futures.ThreadPoolExecutor(max_workers=ctx.settings.workers,
+                                                  thread_name_prefix="reconcile"))
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=api.GROUP)
         settings.posting.level = logging.WARNING  # our own Events go through kopf.event()
         settings.watching.server_timeout = 300
         settings.networking.request_timeout = 60
-        settings.scanning.disabled = ctx.fixed_namespaces
+        settings.scanning.disabled = ctx.settings.fixed_namespaces
         # Only our children travel: the API server filters them (kopf's own label filters are client-side).
         selector = f"{api.LABEL_MANAGED_BY}={api.MANAGED_BY}"
         for resource in (("batch", "jobs"), ("v1", "pods"), ("v1", "services")):
@@ -435,9 +373,11 @@ def _start(ctx: Context, handler_kwargs: Mapping[str, Any]) -> None:
         return
     ctx.indices = {i: handler_kwargs[i] for i in (TRAININGS_INDEX, JOBS_INDEX, PODS_INDEX, SERVICES_INDEX)}
     ctx.queue = workqueue.WorkQueue()
-    ctx.scraper = Scraper(ctx.progress_port, ctx.poll_active, ctx.scrape_concurrency, ctx.scrape_timeout,
-                          ctx.scrape_targets, ctx.trigger)
-    ctx.tasks += [asyncio.create_task(_worker(ctx), name=f"reconcile-worker-{i}") for i in range(ctx.workers)]
+    settings = ctx.settings
+    ctx.scraper = Scraper(settings.progress_port, settings.progress_interval, settings.scrape_concurrency,
+                          settings.scrape_timeout, ctx.scrape_targets, ctx.trigger)
+    ctx.tasks += [asyncio.create_task(_worker(ctx), name=f"reconcile-worker-{i}")
+                  for i in range(settings.workers)]
     ctx.tasks.append(asyncio.create_task(ctx.queue.run_timers(), name="reconcile-timers"))
     ctx.tasks.append(asyncio.create_task(ctx.scraper.run(), name="progress-scraper"))
 

@@ -3,6 +3,7 @@ when that place does not outlive the pods."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -67,3 +68,18 @@ def output_durable(status: dict[str, Any], spec: dict[str, Any], observed: Obser
                    "`kubectl pets fetch` finds nothing; set spec.output.managedClaim: {} (the operator makes "
                    "a claim) or spec.output.persistentVolumeClaim")
     set_condition(status["conditions"], "OutputDurable", durable, reason, message, now, generation)
+
+
+def keep_or_choose_output(old_status: dict[str, Any], default: dict[str, Any],
+                          has_default_class: Callable[[], bool | None]) -> tuple[dict[str, Any], str]:
+    """The output where spec.output is unset, and why (OUTPUT_REASONS): the operator's default, chosen
+    once and then kept in status.output, so a changed default never moves a training's work. A default
+    claim with no StorageClass named falls back to an emptyDir where the cluster has no default
+    StorageClass (`has_default_class` says False; None: not allowed to look): the claim would wait for
+    ever, and the training with it."""
+    if isinstance(old_status.get("output"), dict):
+        return old_status["output"], str(old_status.get("outputReason") or OPERATOR_DEFAULT)
+    if "managedClaim" in default and not default["managedClaim"].get("storageClassName") \
+            and has_default_class() is False:
+        return {"emptyDir": {}}, NO_DEFAULT_STORAGE_CLASS
+    return default, OPERATOR_DEFAULT

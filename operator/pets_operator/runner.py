@@ -7,38 +7,15 @@ import logging
 import os
 import threading
 from collections.abc import Awaitable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
 
 import kopf
 import yaml
 from kubernetes import client, config
 
-from pets_operator import api, backends, builders, handlers
+from pets_operator import handlers
+from pets_operator.settings import Settings
 
 log = logging.getLogger("pets_operator")
-
-
-@dataclass(frozen=True)
-class RunOptions:
-    namespaces: tuple[str, ...] = ()  # empty: every namespace
-    liveness_port: int = 8080
-    metrics_port: int = 8000
-    peering_name: str | None = "pets-training"  # None: standalone
-    priority: int = 0
-    log_format: str = "json"
-    verbose: bool = False
-    default_image: str = api.DEFAULT_IMAGE
-    cluster_domain: str = api.DEFAULT_CLUSTER_DOMAIN
-    auto_backend: str = backends.DEFAULT_AUTO
-    default_output: dict[str, Any] = field(default_factory=api.default_output)  # spec.output unset
-    network_policy: builders.NetworkPolicySettings = field(default_factory=builders.NetworkPolicySettings)
-    kubeconfig: str | None = None  # None: in-cluster, else $KUBECONFIG / ~/.kube/config
-    progress_poll_seconds: float = handlers.POLL_ACTIVE
-    progress_port: int = api.METRICS_PORT  # the trainer's contract port; tests point it elsewhere
-    workers: int = handlers.WORKERS  # concurrent reconciliations
-    scrape_concurrency: int = handlers.SCRAPE_CONCURRENCY  # progress reads in flight at once
-    scrape_timeout: float = handlers.SCRAPE_TIMEOUT  # seconds for one progress read
 
 
 class NoClusterError(RuntimeError):
@@ -87,29 +64,16 @@ def load_client_config(kubeconfig: str | None = None) -> client.Configuration:
     return cfg
 
 
-def build(options: RunOptions, cfg: client.Configuration) -> tuple[kopf.OperatorRegistry, handlers.Context]:
+def build(options: Settings, cfg: client.Configuration) -> tuple[kopf.OperatorRegistry, handlers.Context]:
     registry = kopf.OperatorRegistry()
     cfg.connection_pool_maxsize = max(cfg.connection_pool_maxsize or 0, options.workers)
-    ctx = handlers.Context(
-        api_client=client.ApiClient(cfg),
-        default_image=options.default_image,
-        cluster_domain=options.cluster_domain,
-        auto_backend=options.auto_backend,
-        default_output=options.default_output,
-        network_policy=options.network_policy,
-        poll_active=options.progress_poll_seconds,
-        progress_port=options.progress_port,
-        fixed_namespaces=bool(options.namespaces),
-        workers=options.workers,
-        scrape_concurrency=options.scrape_concurrency,
-        scrape_timeout=options.scrape_timeout,
-    )
+    ctx = handlers.Context(api_client=client.ApiClient(cfg), settings=options)
     handlers.register(registry, ctx)
     return registry, ctx
 
 
 def operator_coroutine(
-    options: RunOptions,
+    options: Settings,
     cfg: client.Configuration,
     *,
     stop_flag: asyncio.Event | threading.Event | None = None,
@@ -141,7 +105,7 @@ class QuietWatches(logging.Filter):
                        for watch in handlers.WATCH_IDS)
 
 
-def run_operator(options: RunOptions) -> None:
+def run_operator(options: Settings) -> None:
     """Blocking entry point of `pets-operator run`; raises NoClusterError before anything starts."""
     cfg = load_client_config(options.kubeconfig)
     kopf.configure(

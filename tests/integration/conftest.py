@@ -22,6 +22,7 @@ import yaml
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from pets_operator import api, runner
+from pets_operator.settings import Settings
 from polling import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -232,13 +233,13 @@ class OperatorThread:
     def __init__(self, cfg: client.Configuration, chart_args: list[str], liveness_port: int = 0,
                  progress_port: int = api.METRICS_PORT):
         peering = None if "--standalone" in chart_args else _arg(chart_args, "--peering")
-        self.options = runner.RunOptions(
+        self.options = Settings(
             peering_name=peering,
             liveness_port=liveness_port,
             metrics_port=0,
             log_format="plain",
             cluster_domain=_arg(chart_args, "--cluster-domain") or api.DEFAULT_CLUSTER_DOMAIN,
-            progress_poll_seconds=2.0,
+            progress_interval=2.0,
             progress_port=progress_port,
         )
         self.cfg = cfg

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from pets_operator import api, handlers, output_durability
+from pets_operator.settings import Settings
 
 pytestmark = pytest.mark.unit
 
@@ -20,7 +21,8 @@ def resolve(monkeypatch: pytest.MonkeyPatch, default_output: dict[str, Any], has
         return has_default
 
     monkeypatch.setattr(handlers, "has_default_storage_class", has_default_storage_class)
-    ctx = handlers.Context(api_client=None, default_output=default_output)  # type: ignore[arg-type]
+    ctx = handlers.Context(api_client=None,  # type: ignore[arg-type]
+                           settings=Settings(default_output=default_output))
     return handlers._resolve_output(ctx, old_status or {}), asked
 
 

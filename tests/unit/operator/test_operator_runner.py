@@ -7,6 +7,7 @@ import logging
 import pytest
 from kubernetes import client
 from pets_operator import handlers, runner
+from pets_operator.settings import Settings
 
 pytestmark = pytest.mark.unit
 
@@ -31,7 +32,7 @@ def test_connection_info_carries_the_same_credentials() -> None:
 def test_build_registers_the_handlers() -> None:
     cfg = client.Configuration()
     cfg.host = "https://api.example:6443"
-    registry, ctx = runner.build(runner.RunOptions(progress_port=9999, default_image="img:1"), cfg)
+    registry, ctx = runner.build(Settings(progress_port=9999, default_image="img:1"), cfg)
     # No daemon and no change handler: kopf then puts no finalizer on a PetsTraining, and deleting one
     # waits for nobody (the garbage collector takes its children).
     assert not registry._spawning.get_all_handlers()  # noqa: SLF001 - kopf has no public lister
@@ -41,8 +42,8 @@ def test_build_registers_the_handlers() -> None:
     indices = {h.id for h in registry._indexing.get_all_handlers()}  # noqa: SLF001
     assert indices == {handlers.TRAININGS_INDEX, handlers.JOBS_INDEX, handlers.PODS_INDEX,
                        handlers.SERVICES_INDEX}
-    assert ctx.progress_port == 9999 and ctx.default_image == "img:1"
-    assert cfg.connection_pool_maxsize >= handlers.WORKERS
+    assert ctx.settings.progress_port == 9999 and ctx.settings.default_image == "img:1"
+    assert cfg.connection_pool_maxsize >= Settings().workers
 
 
 def test_watch_noise_is_filtered() -> None:
