@@ -137,8 +137,9 @@ def test_an_archive_that_expands_past_the_ratio_is_a_bomb_even_without_a_cap(tmp
 
 
 def test_quantities_and_blocks() -> None:
-    assert [quantity_bytes("f", q) for q in ("1Gi", "5Gi", "500M", "2e9", "1.5Ki", "100", ".5Mi")] == [
-        1 << 30, 5 << 30, 500 * 10**6, 2 * 10**9, 1536, 100, 1 << 19]
+    quantities = ("1Gi", "5Gi", "500M", "2e9", "1.5Ki", "100", ".5Mi", "2500m")
+    assert [quantity_bytes("f", q) for q in quantities] == [
+        1 << 30, 5 << 30, 500 * 10**6, 2 * 10**9, 1536, 100, 1 << 19, 2]
     with pytest.raises(ArchiveError, match=r"spec.dataset.cache.size: '5 GB' is not a storage quantity"):
         quantity_bytes("spec.dataset.cache.size", "5 GB")
     assert blocks(0) == BLOCK and blocks(BLOCK) == BLOCK and blocks(BLOCK + 1) == 2 * BLOCK
