@@ -10,7 +10,9 @@ the cache and downloads nothing.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
+import os
 import sys
 import tarfile
 from collections.abc import Callable
@@ -141,3 +143,64 @@ def test_a_bucket_trains_twice_from_one_download_and_wrong_credentials_fail(trai
     trainings.create("s3-stale", {**ONE, "dataset": stale})
     message = failed_at_once(trainings, "s3-stale")["lastFailure"]["message"]
     assert message.startswith("spec.dataset.s3.credentialsSecret:") and "'s3-stale-keys'" in message, message
+
+
+def _zeros_tar_gz(path: Path, members: list[tuple[str, int, bytes]]) -> None:
+    """A .tar.gz of (name, size, tar type) members, the files zeros (or random, under 'random/'), written
+    without holding them: a decompression bomb is a few MB here."""
+    class Source(io.RawIOBase):
+        def __init__(self, size: int, random: bool) -> None:
+            self.left, self.random = size, random
+
+        def readable(self) -> bool:
+            return True
+
+        def readinto(self, b: Any) -> int:
+            n = min(len(b), self.left, 1 << 20)
+            b[:n] = os.urandom(n) if self.random else bytes(n)
+            self.left -= n
+            return n
+
+    with tarfile.open(path, "w:gz", compresslevel=1) as tar:
+        for name, size, kind in members:
+            info = tarfile.TarInfo(name)
+            info.type, info.size = kind, size if kind == tarfile.REGTYPE else 0
+            random = name.startswith("random/")
+            tar.addfile(info, io.BufferedReader(Source(size, random)) if kind == tarfile.REGTYPE else None)
+
+
+def test_a_bomb_stops_at_the_cache_size_and_a_device_node_is_named(
+        trainings: Trainings, shared_claim: Callable[[str], Path], tmp_path: Path) -> None:
+    """A .tar.gz of 12 MB that expands to 3 GiB, into a cache of 1Gi that the local storage does not
+    enforce: the initializer stops at the cap from the members' headers, fails at once (exit 78,
+    restarts 0) naming spec.dataset.cache.size, and leaves less than the cap on the volume. An archive
+    holding a device node fails naming it: the image's Python (3.11.2, no data filter) once dropped it."""
+    url, _ = web_server(trainings, shared_claim, tmp_path)
+    www = shared_claim("www")
+    gib = 1 << 30
+    _zeros_tar_gz(www / "bomb.tar.gz", [("random/noise.bin", 12 << 20, tarfile.REGTYPE)]
+                  + [(f"pets/zeros_{i}.bin", 256 << 20, tarfile.REGTYPE) for i in range(12)])
+    with tarfile.open(www / "digits.tar.gz") as digits, tarfile.open(www / "device.tar", "w") as out:
+        for member in digits:
+            out.addfile(member, digits.extractfile(member) if member.isfile() else None)
+        null = tarfile.TarInfo("digits/null")
+        null.type, null.devmajor, null.devminor = tarfile.CHRTYPE, 1, 3
+        out.addfile(null)
+    base = url.rsplit("/", 1)[0]
+
+    trainings.create("bomb", {**ONE, "dataset": {"url": f"{base}/bomb.tar.gz", "cache": {"size": "1Gi"}}})
+    message = failed_at_once(trainings, "bomb")["lastFailure"]["message"]
+    assert message.startswith("spec.dataset.cache.size: the archive at"), message
+    assert "1Gi (1073741824 bytes)" in message, message
+    assert "'pets/zeros_3.bin'" in message, message  # 12 MB + 3 x 256 MiB fit; the fourth would not
+    (claim,) = kubectl("-n", trainings.namespace, "get", "pvc", "-l", "training.pets.dev/dataset-cache",
+                       "-o", "jsonpath={.items[*].spec.volumeName}").stdout.split()
+    volume = Path(kubectl("get", "pv", claim, "-o", "jsonpath={.spec.hostPath.path}").stdout)
+    left = sum(p.stat().st_blocks * 512 for p in volume.rglob("*") if p.is_file())
+    assert left < gib // 100, f"{left} bytes left in the cache"
+    assert "pets/zeros_3.bin" in init_log(trainings, "bomb")
+
+    trainings.create("device", {**ONE, "dataset": {"url": f"{base}/device.tar"}})
+    message = failed_at_once(trainings, "device")["lastFailure"]["message"]
+    assert message.startswith("spec.dataset.url: the archive at") and \
+        "has a character device, 'digits/null': refused" in message, message
