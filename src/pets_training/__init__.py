@@ -9,7 +9,9 @@ Modules, top to bottom:
 - ``resources``: CPU quota -> threads and DataLoader workers.
 - ``checkpoint``: atomic per-epoch ``save_state`` and listing the complete checkpoints.
 - ``progress``: progress lines/bar, progress.jsonl, Prometheus gauges, summary, plot.
-- ``train``: ``training_function``, the one story from seed to summary (setup, resume, one epoch).
+- ``train``: ``training_function``, the one story from seed to summary (setup, resume, one epoch), with
+  ``run_state`` (what a run holds), ``saves`` (its checkpoints: save, resume) and ``finish`` (weights,
+  plot, summary).
 - ``cli`` (``pets-train``), ``launch`` (``pets-launch``), ``bench`` and ``baseline`` (``make bench``).
 """
 

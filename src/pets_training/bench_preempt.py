@@ -78,7 +78,7 @@ SCENARIOS = (
     Scenario("step-term", "step ckpts, SIGTERM", True, signal.SIGTERM),
 )
 
-# train.save_checkpoint's log line
+# saves.save_checkpoint's log line
 SAVE_LINE = re.compile(
     r"checkpoint (?P<name>\S+) saved \(global step (?P<step>\d+)\): "
     r"training blocked (?P<blocked>\d+(?:\.\d+)?) s"

@@ -6,64 +6,39 @@ weights, plot, summary. With ``--checkpoint-interval-seconds`` ``train_epoch`` a
 mid-epoch (``epoch_<N>_step_<B>``), which ``resume`` continues exactly: same data order, same schedule.
 The speed tricks (channels_last, bf16 autocast, the no-grad frozen backbone, uint8 batches normalised on
 the device, CPU-quota-sized threads and workers) live in small helpers and do not change what is computed.
+What a run holds is ``run_state``; its checkpoints (save, resume) are ``saves``; its end is ``finish``.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import secrets
-import socket
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
 from accelerate.data_loader import skip_first_batches
-from accelerate.utils import ProjectConfiguration, broadcast_object_list, gather_object, set_seed
-from torch import nn
+from accelerate.utils import ProjectConfiguration, set_seed
 
 from pets_contract.gauges import DATASET_COUNTS
 
-from .checkpoint import (
-    SHARE_PROBE,
-    Position,
-    attempt_from_env,
-    check_compatible,
-    checkpoint_name,
-    claim,
-    list_positions,
-    read_trainer_state,
-    save_atomically,
-)
+from .checkpoint import attempt_from_env, claim
 from .config import TrainConfig, resolve, to_yaml
 from .contract import PodContract, ProcessContext
-from .data import EpochShuffleSampler, PetsData, build_data, check_fits_world, report_counts, write_report
-from .inputs import Batch, EvalStore, EvalStoreBuild, evaluate, start_worker_server, train_loader
-from .model import cpu_runs_bf16_natively, create_model, inner_model, resolve_precision, trainable_module
-from .progress import (
-    PLOT_FILE,
-    SUMMARY_FILE,
-    MetricsServer,
-    StepProgress,
-    TimeSplit,
-    append_progress,
-    epoch_record,
-    plot_metrics,
-    write_summary,
-)
+from .data import build_data, check_fits_world, report_counts, write_report
+from .finish import end_run, finish_run
+from .inputs import EvalStoreBuild, evaluate, start_worker_server, train_loader
+from .model import cpu_runs_bf16_natively, create_model, resolve_precision, trainable_module
+from .progress import MetricsServer, StepProgress, TimeSplit, append_progress, epoch_record
 from .resources import CpuLimit, CpuPlan, cpu_limit, plan_cpu
+from .run_state import Normalise, RunState, Training
+from .saves import resume, save_checkpoint, save_step_checkpoint, shared_checkpoint_host
 from .stepsave import SaveClock, StopRequest, decide
 from .store import use_store
-
-if TYPE_CHECKING:
-    from accelerate.data_loader import DataLoaderShard
-    from accelerate.optimizer import AcceleratedOptimizer
-    from accelerate.scheduler import AcceleratedScheduler
 
 log = logging.getLogger("pets_training")
 rank_log = logging.getLogger("pets_training.rank")  # INFO on every rank: one "ready" line per process
@@ -79,116 +54,6 @@ def setup_logging(rank: int) -> None:
         logging.basicConfig(format=f"%(asctime)s %(levelname)s [rank {rank}] %(message)s", datefmt="%H:%M:%S")
     logging.getLogger("pets_training").setLevel(logging.INFO if rank == 0 else logging.WARNING)
     rank_log.setLevel(logging.INFO)
-
-
-class Normalise:
-    """uint8 NCHW batch on the device -> float, /255 (ToTensor) and the model's mean/std, in one pass."""
-
-    def __init__(self, model: nn.Module, device: torch.device, channels_last: bool):
-        cfg = getattr(model, "pretrained_cfg", None) or getattr(model, "default_cfg", {})
-        mean = torch.tensor(cfg.get("mean", (0.485, 0.456, 0.406)), device=device)[None, :, None, None]
-        std = torch.tensor(cfg.get("std", (0.229, 0.224, 0.225)), device=device)[None, :, None, None]
-        self.scale = 1.0 / (255.0 * std)
-        self.shift = mean / std
-        self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
-
-    def __call__(self, images: torch.Tensor) -> torch.Tensor:
-        out = images.float() * self.scale - self.shift
-        return out.contiguous(memory_format=self.memory_format)
-
-
-def _fingerprint(cfg: TrainConfig, num_classes: int) -> dict[str, Any]:
-    """What must match for a checkpoint to continue this run."""
-    keys = ("model", "unfreeze", "image_size", "batch_size", "epochs", "lr", "seed")
-    return {**{k: getattr(cfg, k) for k in keys}, "num_classes": num_classes}
-
-
-def _common_checkpoints(accelerator: Accelerator, directory: Path) -> list[tuple[Position, Path]]:
-    """The checkpoints (epoch and step) every process can see, newest first (machines may keep their own
-    checkpoint directories)."""
-    mine = {position: path for position, path in list_positions(directory)}
-    everyone = gather_object([sorted(mine)])
-    common = set(mine)
-    for positions in everyone:
-        common &= set(positions)
-    return [(position, mine[position]) for position in sorted(common, reverse=True)]
-
-
-def _shared_checkpoint_host(accelerator: Accelerator, directory: Path, local_world_size: int) -> str | None:
-    """Rank 0's hostname when every machine sees the same checkpoint directory (one claim mounted by every
-    pod), else None (a directory per pod, some machines apart, or one machine: nothing to share).
-    Rank 0 writes a probe file with a random token in its name; every process looks for it."""
-    if accelerator.num_processes <= local_world_size:
-        return None
-    token, host = broadcast_object_list([secrets.token_hex(8), socket.gethostname()])  # rank 0's
-    probe = directory / f"{SHARE_PROBE}{token}"
-    if accelerator.is_main_process:
-        directory.mkdir(parents=True, exist_ok=True)
-        probe.touch()
-    accelerator.wait_for_everyone()
-    seen = gather_object([probe.exists()])  # every process has looked once this returns
-    if accelerator.is_main_process:
-        probe.unlink()
-    shared = all(seen)
-    log.info(
-        "checkpoints: %s is %s",
-        directory,
-        "shared by every machine: rank 0 writes one copy (each rank its random states)"
-        if shared
-        else "not shared by every machine: each machine writes its own copy",
-    )
-    return host if shared else None
-
-
-@dataclass
-class Training:
-    """What setup made: the accelerator, what it prepared, and where the outputs go."""
-
-    accelerator: Accelerator
-    data: PetsData
-    module: nn.Module
-    normalise: Normalise
-    optimizer: AcceleratedOptimizer
-    scheduler: AcceleratedScheduler
-    train_loader: DataLoaderShard
-    train_sampler: EpochShuffleSampler
-    make_batch: Callable[[Any], Batch]  # a loader's batch -> (uint8 crops, labels) on the device
-    output_dir: Path
-    checkpoint_dir: Path
-    eval_build: EvalStoreBuild  # started after the first training step, collected at the first evaluation
-    eval_store: EvalStore | None = None
-    attempt: int | None = None  # $PETS_ATTEMPT, the checkpoint fence's token (None: no fence)
-    # rank 0's hostname when every machine shares checkpoint_dir (rank 0 alone publishes), else None
-    shared_checkpoint_host: str | None = None
-
-
-@dataclass
-class RunState:
-    """What carries from epoch to epoch; a checkpoint keeps the history, epoch times and elapsed time."""
-
-    start_epoch: int = 0
-    start_steps: int = 0  # steps of epoch start_epoch already done (resumed from a step checkpoint)
-    # the resumed epoch's sums so far (all processes) and its training seconds before the save
-    resumed_loss_sum: float = 0.0
-    resumed_seen: float = 0.0
-    resumed_seconds: float = 0.0
-    history: list[dict[str, Any]] = field(default_factory=list)
-    epoch_seconds: list[float] = field(default_factory=list)
-    elapsed_before: float = 0.0  # seconds of training in earlier runs (resume)
-    run_start: float = 0.0  # perf_counter when this run's first epoch began
-    global_step: int = 0
-    resume_step: int = 0  # the global step this run started at (0: fresh)
-    skipped_checkpoints: int = 0  # newer step checkpoints it could not resume from (resume)
-    steps_this_run: int = 0
-    epochs_this_run: int = 0
-    # this run's wall time by part; its "checkpoint" is the training loop blocked in checkpoint saves
-    split: TimeSplit = field(default_factory=TimeSplit)
-    clock: SaveClock = field(default_factory=lambda: SaveClock(0.0))
-    stopped: str = ""  # why the run stopped mid-epoch after a stop request ("" : it did not)
-    last_checkpoint: str = ""  # the name of the newest checkpoint this run saved
-
-    def elapsed(self) -> float:
-        return self.elapsed_before + time.perf_counter() - self.run_start
 
 
 def training_function(
@@ -252,17 +117,17 @@ def training_function(
                 stop.time_seconds = split.rounded()
                 log.info("stopped at global step %d (%s); continue with --resume", state.global_step,
                          state.stopped)
-                return _end(t.accelerator, None)
+                return end_run(t.accelerator, None)
             if _step_limit_reached(cfg, state):
                 log.info("stopping after %d training steps (--max-train-steps)", state.steps_this_run)
                 break
             if _pause_here(cfg, state, epoch):
                 _end_of_loop(split, metrics)
-                return _end(t.accelerator, None)
+                return end_run(t.accelerator, None)
         _end_of_loop(split, metrics)
-        summary = _finish(t.accelerator, t.module, cfg, t.data, state.history, t.output_dir, state.elapsed(),
-                          split.rounded(), state.resume_step, state.skipped_checkpoints)
-        return _end(t.accelerator, summary)
+        summary = finish_run(t.accelerator, t.module, cfg, t.data, state.history, t.output_dir,
+                             state.elapsed(), split.rounded(), state.resume_step, state.skipped_checkpoints)
+        return end_run(t.accelerator, summary)
     finally:
         if metrics is not None:
             metrics.close()
@@ -333,7 +198,7 @@ def setup(cfg: TrainConfig, pod: PodContract, process: ProcessContext) -> Traini
     checkpoint_dir = cfg.resolved_checkpoint_dir(pod.output_dir)
     shared_host = None
     if cfg.checkpoints:
-        shared_host = _shared_checkpoint_host(accelerator, checkpoint_dir, process.local_world_size)
+        shared_host = shared_checkpoint_host(accelerator, checkpoint_dir, process.local_world_size)
         # shared: accelerate's own mode for a shared file system, one copy of the model, optimizer and
         # scheduler (rank 0's); every rank still writes its random_states_<rank>.pkl
         accelerator.project_configuration.save_on_each_node = shared_host is None
@@ -389,54 +254,6 @@ def _make_accelerator(
     return accelerator
 
 
-def _step_checkpoint_fits(saved: dict[str, Any], t: Training) -> str:
-    """Why a step checkpoint cannot continue this run exactly ("" when it can): its position counts
-    steps of its own world size and steps per epoch."""
-    position = saved.get("position", {})
-    here = {"steps_per_epoch": len(t.train_loader), "world_size": t.accelerator.num_processes}
-    for key, value in here.items():
-        if position.get(key) != value:
-            return f"it was made with {key}={position.get(key)}, this run has {key}={value}"
-    return ""
-
-
-def resume(t: Training, cfg: TrainConfig) -> RunState:
-    """Continue from the newest checkpoint every process has (load its state, return its history and, for a
-    step checkpoint, its position in the epoch). A step checkpoint of another world size or steps per
-    epoch cannot continue exactly: the newest epoch checkpoint does instead (a warning says so, and the
-    returned state counts it)."""
-    skipped = 0
-    for (epochs, steps), path in _common_checkpoints(t.accelerator, t.checkpoint_dir):
-        saved = read_trainer_state(path)
-        check_compatible(saved["fingerprint"], _fingerprint(cfg, t.data.num_classes), path)
-        if steps:
-            why = _step_checkpoint_fits(saved, t)
-            if why:
-                log.warning("resume: skipping step checkpoint %s: %s", path, why)
-                skipped += 1
-                continue
-        t.accelerator.load_state(str(path))
-        state = RunState(
-            start_epoch=epochs,
-            history=saved["history"],
-            epoch_seconds=saved["epoch_seconds"],
-            elapsed_before=float(saved["elapsed_seconds"]),
-            skipped_checkpoints=skipped,
-        )
-        if not steps:
-            log.info("resume: continuing after epoch %d from %s", epochs, path)
-            return state
-        state.start_steps = steps
-        state.resumed_loss_sum = float(saved["epoch_loss_sum"])
-        state.resumed_seen = float(saved["epoch_seen"])
-        state.resumed_seconds = float(saved["epoch_train_seconds"])
-        log.info("resume: continuing at epoch %d step %d (global step %d) from %s", epochs + 1, steps,
-                 saved["position"]["global_step"], path)
-        return state
-    log.info("resume: no complete checkpoint in %s; starting fresh", t.checkpoint_dir)
-    return RunState(skipped_checkpoints=skipped)
-
-
 def run_epoch(
     t: Training,
     cfg: TrainConfig,
@@ -490,85 +307,6 @@ def run_epoch(
         )
     if cfg.checkpoints:
         save_checkpoint(t, cfg, state, epoch + 1, 0, {}, metrics)
-
-
-def save_checkpoint(
-    t: Training,
-    cfg: TrainConfig,
-    state: RunState,
-    epochs: int,
-    steps: int,
-    extra: dict[str, Any],
-    metrics: MetricsServer | None,
-) -> float:
-    """Save ``epoch_<epochs>`` (``steps`` 0) or the step checkpoint ``epoch_<epochs>_step_<steps>`` (every
-    process calls this at the same step); returns the seconds the training loop was blocked, which are
-    logged and added to ``pets_checkpoint_seconds_total`` (the run's checkpoint time)."""
-    started = state.split.charge()
-    shared = t.shared_checkpoint_host is not None
-    save_atomically(
-        t.checkpoint_dir,
-        epochs,
-        t.accelerator.save_state,
-        {
-            "fingerprint": _fingerprint(cfg, t.data.num_classes),
-            "history": state.history,
-            "epoch_seconds": state.epoch_seconds,
-            "elapsed_seconds": state.elapsed(),
-            "attempt": t.attempt,
-            **extra,
-        },
-        t.accelerator.is_main_process if shared else t.accelerator.is_local_main_process,
-        t.accelerator.wait_for_everyone,
-        cfg.keep_checkpoints,
-        t.attempt,
-        t.shared_checkpoint_host,
-        step=steps,
-    )
-    ended = time.perf_counter()
-    blocked = ended - started
-    state.split.charge("checkpoint", ended)
-    total = state.split.seconds["checkpoint"]
-    state.last_checkpoint = checkpoint_name(epochs, steps)
-    log.info("checkpoint %s saved (global step %d): training blocked %.2f s (%.2f s in this run)",
-             checkpoint_name(epochs, steps), state.global_step, blocked, total)
-    if metrics is not None:
-        if not steps:
-            metrics.set("checkpoint_epoch", epochs)  # renamed into place: complete
-        metrics.set("checkpoint_step", state.global_step)
-        metrics.set("checkpoint_last_seconds", blocked)
-        metrics.set("checkpoint_seconds_total", total)
-    return blocked
-
-
-def _save_step_checkpoint(
-    t: Training,
-    cfg: TrainConfig,
-    state: RunState,
-    epoch: int,
-    steps: int,
-    sums: tuple[torch.Tensor, torch.Tensor],
-    epoch_start: float,
-    metrics: MetricsServer | None,
-) -> None:
-    """The step checkpoint after ``steps`` steps of epoch index ``epoch``: the state, plus the position and
-    the epoch's loss sums so far (summed over the processes) so that the resumed epoch reports the same
-    train loss."""
-    loss_sum = t.accelerator.reduce(sums[0], "sum")
-    seen = t.accelerator.reduce(sums[1], "sum")
-    extra = {
-        "position": {
-            "epoch": epoch,  # epochs done: this one is epoch + 1 of cfg.epochs
-            "steps": steps,
-            "global_step": state.global_step,
-            "steps_per_epoch": len(t.train_loader),
-            "world_size": t.accelerator.num_processes,
-        },
-        "epoch_loss_sum": float(loss_sum.item()),
-        "epoch_seen": float(seen.item()),
-        "epoch_train_seconds": time.perf_counter() - epoch_start,
-    }
-    save_checkpoint(t, cfg, state, epoch, steps, extra, metrics)
 
 
 def train_step(t: Training, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -649,7 +387,7 @@ def train_epoch(
         save, stopping = decide(state.clock.due(), requested, accelerator.is_main_process, world,
                                 accelerator.device)
         if cfg.checkpoints and (save or stopping):
-            _save_step_checkpoint(t, cfg, state, epoch, done, (loss_sum, seen), epoch_start, metrics)
+            save_step_checkpoint(t, cfg, state, epoch, done, (loss_sum, seen), epoch_start, metrics)
             state.clock.start()
         if stopping:
             state.stopped = (stop.reason if stop is not None and stop.requested else "") or "asked to stop"
@@ -682,65 +420,3 @@ def _pause_here(cfg: TrainConfig, state: RunState, epoch: int) -> bool:
     return True
 
 
-def _end(accelerator: Accelerator, result: dict[str, Any] | None) -> dict[str, Any] | None:
-    """Every rank waits, then leaves the process group. A gloo group left to the interpreter's exit
-    can abort a rank ("terminate called without an active exception") after a run that succeeded."""
-    accelerator.wait_for_everyone()
-    accelerator.end_training()
-    return result
-
-
-def _finish(
-    accelerator: Accelerator,
-    module: nn.Module,
-    cfg: TrainConfig,
-    data: PetsData,
-    history: list[dict[str, Any]],
-    output_dir: Path,
-    elapsed: float,
-    time_seconds: dict[str, float],
-    resume_step: int = 0,
-    skipped_checkpoints: int = 0,
-) -> dict[str, Any] | None:
-    accelerator.wait_for_everyone()
-    if not accelerator.is_main_process:
-        return None
-    from safetensors.torch import save_file
-
-    model = inner_model(accelerator.unwrap_model(module))
-    weights = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-    save_file(
-        weights,
-        str(output_dir / "model.safetensors"),
-        metadata={"model": cfg.model, "classes": ",".join(data.classes)},
-    )
-    if history:
-        plot_metrics(history, output_dir / PLOT_FILE)
-    last = history[-1] if history else {}
-    summary = {
-        "status": "succeeded",
-        "epochs": int(last.get("epoch", 0)),
-        "final_accuracy": last.get("eval_accuracy"),
-        "best_accuracy": max((r["eval_accuracy"] for r in history), default=None),
-        "final_train_loss": last.get("train_loss"),
-        "images_per_second": round(sum(r["images_per_second"] for r in history) / len(history), 2)
-        if history
-        else None,
-        "elapsed_seconds": round(elapsed, 2),
-        "time_seconds": time_seconds,  # this run's wall time by part (rank 0's)
-        "resume_step": resume_step,  # the global step this run resumed at (0: fresh): the work lost
-        "resume_skipped_checkpoints": skipped_checkpoints,  # newer step checkpoints it could not use
-        "world_size": accelerator.num_processes,
-        "model": cfg.model,
-        "num_classes": data.num_classes,
-        "dataset": report_counts(data.report),
-        "output_dir": str(output_dir),
-    }
-    write_summary(summary, [output_dir / SUMMARY_FILE, cfg.summary_path])
-    log.info(
-        "done: accuracy %.2f %% after %d epoch(s); outputs in %s",
-        100 * (summary["final_accuracy"] or 0),
-        summary["epochs"],
-        output_dir,
-    )
-    return summary

@@ -25,7 +25,7 @@ from .helpers import PYTHON, read_json, run
 
 pytestmark = pytest.mark.unit
 
-# train.save_checkpoint's lines among others, as the trainer logs them
+# saves.save_checkpoint's lines among others, as the trainer logs them
 LOG = "\n".join([
     "01:20:07 INFO [rank 0] data synthetic: 8 classes x 100 images (in memory); 640 for training",
     "01:20:09 INFO [rank 0] checkpoint epoch_0_step_12 saved (global step 12): training blocked 0.09 s "

@@ -1,0 +1,82 @@
+"""The end of a run: the weights, the plot and the summary (rank 0), then every rank leaves the group."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from accelerate import Accelerator
+from torch import nn
+
+from .config import TrainConfig
+from .data import PetsData, report_counts
+from .model import inner_model
+from .progress import PLOT_FILE, SUMMARY_FILE, plot_metrics, write_summary
+
+log = logging.getLogger("pets_training")
+
+
+def end_run(accelerator: Accelerator, result: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Every rank waits, then leaves the process group. A gloo group left to the interpreter's exit
+    can abort a rank ("terminate called without an active exception") after a run that succeeded."""
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
+    return result
+
+
+def finish_run(
+    accelerator: Accelerator,
+    module: nn.Module,
+    cfg: TrainConfig,
+    data: PetsData,
+    history: list[dict[str, Any]],
+    output_dir: Path,
+    elapsed: float,
+    time_seconds: dict[str, float],
+    resume_step: int = 0,
+    skipped_checkpoints: int = 0,
+) -> dict[str, Any] | None:
+    accelerator.wait_for_everyone()
+    if not accelerator.is_main_process:
+        return None
+    from safetensors.torch import save_file
+
+    model = inner_model(accelerator.unwrap_model(module))
+    weights = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    save_file(
+        weights,
+        str(output_dir / "model.safetensors"),
+        metadata={"model": cfg.model, "classes": ",".join(data.classes)},
+    )
+    if history:
+        plot_metrics(history, output_dir / PLOT_FILE)
+    last = history[-1] if history else {}
+    summary = {
+        "status": "succeeded",
+        "epochs": int(last.get("epoch", 0)),
+        "final_accuracy": last.get("eval_accuracy"),
+        "best_accuracy": max((r["eval_accuracy"] for r in history), default=None),
+        "final_train_loss": last.get("train_loss"),
+        "images_per_second": round(sum(r["images_per_second"] for r in history) / len(history), 2)
+        if history
+        else None,
+        "elapsed_seconds": round(elapsed, 2),
+        "time_seconds": time_seconds,  # this run's wall time by part (rank 0's)
+        "resume_step": resume_step,  # the global step this run resumed at (0: fresh): the work lost
+        "resume_skipped_checkpoints": skipped_checkpoints,  # newer step checkpoints it could not use
+        "world_size": accelerator.num_processes,
+        "model": cfg.model,
+        "num_classes": data.num_classes,
+        "dataset": report_counts(data.report),
+        "output_dir": str(output_dir),
+    }
+    write_summary(summary, [output_dir / SUMMARY_FILE, cfg.summary_path])
+    log.info(
+        "done: accuracy %.2f %% after %d epoch(s); outputs in %s",
+        100 * (summary["final_accuracy"] or 0),
+        summary["epochs"],
+        output_dir,
+    )
+    return summary
+
