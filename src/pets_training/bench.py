@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .data import write_synthetic
+from .synthetic import write_synthetic
 
 CLASSES = 37
 

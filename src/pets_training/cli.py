@@ -41,7 +41,7 @@ log = logging.getLogger("pets_training")
 
 
 def make_synthetic(argv: Sequence[str]) -> int:
-    from .data import write_synthetic
+    from .synthetic import write_synthetic
 
     parser = argparse.ArgumentParser(
         prog="pets-train make-synthetic",

@@ -9,10 +9,8 @@ still fails to decode later (changed on disk mid-run) stops the run with an erro
 
 from __future__ import annotations
 
-import colorsys
 import json
 import logging
-import math
 import re
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -32,6 +30,7 @@ from pets_contract.gauges import DATASET_COUNTS
 from pets_contract.names import DATASET_REPORT_FILE
 
 from .contract import PermanentError
+from .synthetic import synthetic_class_names, synthetic_image, synthetic_samples
 
 log = logging.getLogger(__name__)
 
@@ -40,16 +39,6 @@ LABEL_PATTERN = re.compile(r"^(.*)_\d+\.(?:jpe?g|png)$", re.IGNORECASE)
 SYNTHETIC = "synthetic"
 # The dataset directory layouts (detect_layout), and "synthetic" for the built-in set in the report.
 LAYOUTS = ("flat", "oxford", "imagefolder")
-
-# The 37 Oxford-IIIT Pet breeds, used as class names of the synthetic set.
-BREEDS = (
-    "Abyssinian american_bulldog american_pit_bull_terrier basset_hound beagle Bengal Birman Bombay boxer "
-    "British_Shorthair chihuahua Egyptian_Mau english_cocker_spaniel english_setter german_shorthaired "
-    "great_pyrenees havanese japanese_chin keeshond leonberger Maine_Coon miniature_pinscher newfoundland "
-    "Persian pomeranian pug Ragdoll Russian_Blue saint_bernard samoyed scottish_terrier shiba_inu Siamese "
-    "Sphynx staffordshire_bull_terrier wheaten_terrier yorkshire_terrier"
-).split()
-
 
 class DataError(PermanentError):
     """Bad input data (no restart fixes it); the message names the problem and the path."""
@@ -227,62 +216,6 @@ def smallest_set_for_world(world_size: int, batch_size: int, train_fraction: flo
         if n - cut >= world_size and cut > (world_size - 1) * batch_size:
             return n
         n += 1
-
-
-# ------------------------------------------------------------------ the synthetic set
-
-
-def synthetic_class_names(num_classes: int) -> list[str]:
-    return [BREEDS[k] if k < len(BREEDS) else f"breed{k}" for k in range(num_classes)]
-
-
-def synthetic_image(seed: int, index: int, label: int, num_classes: int, size: int) -> np.ndarray:
-    """A deterministic ``size x size x 3`` uint8 image of class ``label``.
-
-    Each class has its own colour (hue) and its own stripe orientation and frequency, painted on an
-    elliptic "pet" at a random place and size over a random background, with pixel noise. The image
-    depends only on (seed, index, label, num_classes, size).
-    """
-    rng = np.random.default_rng([seed, index])
-    hue = (label / num_classes + rng.uniform(-0.15, 0.15) / num_classes) % 1.0
-    colour = np.array(colorsys.hsv_to_rgb(hue, 0.8, rng.uniform(0.75, 1.0))) * 255.0
-    angle = ((label * 0.3819660112501051) % 1.0) * math.pi
-    freq = 3.0 + 3.0 * (label % 3)
-    yy, xx = np.mgrid[0:size, 0:size].astype(np.float32) / size
-    stripes = 0.5 + 0.5 * np.sin(
-        2 * math.pi * freq * (xx * math.cos(angle) + yy * math.sin(angle)) + rng.uniform(0, 6.3)
-    )
-    cy, cx = rng.uniform(0.35, 0.65, size=2)
-    ry, rx = rng.uniform(0.25, 0.45, size=2)
-    inside = ((yy - cy) / ry) ** 2 + ((xx - cx) / rx) ** 2 <= 1.0
-    background = (
-        np.array(colorsys.hsv_to_rgb(rng.uniform(), rng.uniform(0.0, 0.3), rng.uniform(0.2, 0.9))) * 255.0
-    )
-    img = np.empty((size, size, 3), dtype=np.float32)
-    img[:] = background
-    img[inside] = colour * (0.6 + 0.4 * stripes[inside, None])
-    img += rng.normal(0.0, 12.0, size=img.shape).astype(np.float32)
-    return np.clip(img, 0, 255).astype(np.uint8)
-
-
-def synthetic_samples(num_classes: int, per_class: int) -> list[tuple[str, int]]:
-    """(file name, label id) of the synthetic set in sorted file-name order, like a directory listing."""
-    names = synthetic_class_names(num_classes)
-    items = [(f"{names[k]}_{n}.jpg", k) for k in range(num_classes) for n in range(per_class)]
-    return sorted(items)
-
-
-def write_synthetic(
-    out_dir: Path, num_classes: int, per_class: int, size: int, seed: int, quality: int = 90
-) -> int:
-    """Write the synthetic set as ``<label>_<n>.jpg`` files; returns how many were written."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    samples = synthetic_samples(num_classes, per_class)
-    for index, (name, label) in enumerate(samples):
-        Image.fromarray(synthetic_image(seed, index, label, num_classes, size)).save(
-            out_dir / name, quality=quality
-        )
-    return len(samples)
 
 
 # ------------------------------------------------------------------ datasets

@@ -2,7 +2,7 @@
 folder, into the same claim, through the same helper pod spec, in one run (issue 43).
 
 The folder: 7,390 JPEGs of 500x375 (the Oxford-IIIT Pet set's count and typical size), from the
-project's synthetic writer (``pets_training.data.synthetic_image``, 500x500 cropped), made once under
+project's synthetic writer (``pets_training.synthetic.synthetic_image``, 500x500 cropped), made once under
 $PETS_CACHE. Reported: seconds, files/s and MB/s of each (the median of ``--rounds``, taken in turn),
 their ratio (ours, its pod's start included, over kubectl cp's into a running pod, and over kubectl
 cp's with that pod's start; the target is 1.5 at most), and the second upload's seconds (it copies
@@ -30,7 +30,7 @@ from PIL import Image
 
 from pets_client import PetsTrainingClient
 from pets_client.upload import claim_manifest, upload_pod, walk
-from pets_training.data import synthetic_image, synthetic_samples
+from pets_training.synthetic import synthetic_image, synthetic_samples
 
 CLASSES = 37
 IMAGE = "pets-training/trainer:0.1.0"

@@ -92,7 +92,7 @@ def read_json(path: Path) -> dict[str, Any]:
 def train_variants(tmp_path: Path, variants: dict[str, list[str]]) -> dict[str, str]:
     """The small recipe on a small set of JPEG files, 2 epochs, once per variant (its extra flags), each
     into ``tmp_path / name``; returns each run's output."""
-    from pets_training.data import write_synthetic
+    from pets_training.synthetic import write_synthetic
 
     images = tmp_path / "images"
     write_synthetic(images, 4, 40, 72, seed=3)

@@ -15,9 +15,8 @@ from pets_training.data import (
     extract_label,
     list_image_files,
     split_indices,
-    synthetic_image,
-    write_synthetic,
 )
+from pets_training.synthetic import synthetic_image, write_synthetic
 
 pytestmark = pytest.mark.unit
 

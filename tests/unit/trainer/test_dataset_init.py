@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from pets_training import dataset_init
-from pets_training.data import write_synthetic
 from pets_training.dataset_init import Source, SourceError, initialize
+from pets_training.synthetic import write_synthetic
 
 pytestmark = pytest.mark.unit
 

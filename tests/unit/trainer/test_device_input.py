@@ -13,7 +13,7 @@ import torch
 from accelerate.data_loader import skip_first_batches
 from PIL import Image
 
-from pets_training.data import PetsData, build_data, write_synthetic
+from pets_training.data import PetsData, build_data
 from pets_training.device_input import (
     DeviceCrops,
     EncodedImages,
@@ -23,6 +23,7 @@ from pets_training.device_input import (
     gpu_decoder_missing,
 )
 from pets_training.inputs import start_worker_server, worker_options
+from pets_training.synthetic import write_synthetic
 
 from .helpers import assert_same_progress, train_variants
 

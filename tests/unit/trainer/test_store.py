@@ -12,10 +12,11 @@ import torch
 from accelerate.data_loader import skip_first_batches
 
 from pets_training.config import resolve
-from pets_training.data import build_data, write_synthetic
+from pets_training.data import build_data
 from pets_training.device_input import StoreCrops, device_train_loader
 from pets_training.inputs import worker_options
 from pets_training.store import StoreError, use_store, why_stale
+from pets_training.synthetic import write_synthetic
 
 from .helpers import assert_same_progress, train_variants
 
