@@ -18,7 +18,7 @@ from pets_operator.observe import Key, kept
 from pets_operator.refusals import plan_child_refused
 
 if TYPE_CHECKING:
-    from pets_operator.handlers import Context
+    from pets_operator.context import Context
 
 Logger = logging.Logger | logging.LoggerAdapter[Any]
 POLL_IDLE = 30.0  # waiting for something that is not watched: a backend's CRD, Kueue's Workload

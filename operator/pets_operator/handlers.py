@@ -1,10 +1,11 @@
-"""Thin kopf adapters: observe the cluster, ask `status.plan()`, carry the Plan out.
+"""The kopf registrations: the indices, the watches that wake a training, and the workers.
 
 Reconciliation is driven by watches, not by re-reading. kopf keeps four in-memory indices from its
 watches (PetsTrainings, and the Jobs, pods and Services labelled as ours, filtered by the API server),
 and every change to one of them puts the training's key on a work queue (`workqueue.WorkQueue`:
 coalesced, one worker per key at a time, new trainings first). A worker takes a snapshot of the
-training and its children from the indices and runs `reconcile_once` in a thread: it reads nothing
+training and its children from the indices (`context.Context.snapshot`) and runs
+`reconcile.reconcile_once` in a thread: it reads nothing
 back from the API server for Jobs, pods and Services, and writes only what the Plan changes. The Plan's
 deadlines (a TTL, a pending timeout, a stall bound) come back through the queue's timer. Rank 0's
 progress is read by `scraper.Scraper`, off this path; a reading that changes wakes the training.
@@ -18,9 +19,7 @@ import asyncio
 import concurrent.futures
 import logging
 import time
-from collections.abc import Hashable, Iterable, Mapping
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from collections.abc import Mapping
 from typing import Any, cast
 
 import kopf
@@ -30,31 +29,20 @@ from kubernetes.client.exceptions import ApiException
 from pets_operator import (
     api,
     backends,
-    builders,
     metrics,
     observe,
-    output_durability,
-    pods,
-    status,
     workqueue,
 )
-from pets_operator.act import POLL_IDLE, Logger, carry_out
+from pets_operator.act import POLL_IDLE
 from pets_operator.cluster import (
-    Cluster,
     api_message,
-    has_default_storage_class,
-    owned_by,
-    served_backends,
 )
+from pets_operator.context import JOBS_INDEX, PODS_INDEX, SERVICES_INDEX, TRAININGS_INDEX, Context
 from pets_operator.observe import Key
-from pets_operator.plan_types import Observed
-from pets_operator.refusals import plan_backend_unavailable, plan_invalid
-from pets_operator.scraper import Scraper, Target
-from pets_operator.settings import Settings
+from pets_operator.reconcile import reconcile_once
+from pets_operator.scraper import Scraper
 
-CHANGE_WINDOW = 1.0  # seconds a change waits for the ones that follow it (see Context.trigger)
 MAX_BACKOFF = 60.0  # seconds, after repeated transient API errors
-LEGACY_FINALIZER = f"{api.GROUP}/operator"  # kopf's, from when each training had a daemon
 JOB_WATCH_ID = "job-changed"
 POD_WATCH_ID = "pod-changed"
 SERVICE_WATCH_ID = "service-changed"
@@ -63,222 +51,9 @@ WATCH_IDS = (JOB_WATCH_ID, POD_WATCH_ID, SERVICE_WATCH_ID, SPEC_WATCH_ID)
 OURS = {api.LABEL_MANAGED_BY: api.MANAGED_BY}
 
 
-@dataclass(frozen=True)
-class Snapshot:
-    """One PetsTraining and its watched children, as the indices (and our own latest writes) hold them."""
-
-    body: dict[str, Any]
-    jobs: list[dict[str, Any]]
-    pods: list[dict[str, Any]]
-    services: list[dict[str, Any]]
-
-
-@dataclass
-class Context:
-    """What every handler of one operator instance shares."""
-
-    api_client: client.ApiClient
-    settings: Settings = field(default_factory=Settings)
-    phases: metrics.PhaseBook = field(default_factory=metrics.PhaseBook)
-    queue: workqueue.WorkQueue | None = None  # made in the operator's event loop, with the tasks
-    indices: Mapping[str, Any] = field(default_factory=dict)  # kopf's, by index id
-    scraper: Scraper | None = None
-    # What this operator wrote and the indices may not show yet (the watch event is on its way): the
-    # training's body after our status patch, and children we created, newest resourceVersion wins.
-    written: dict[Key, dict[str, Any]] = field(default_factory=dict)
-    created: dict[Key, dict[tuple[str, str], dict[str, Any]]] = field(default_factory=dict)
-    seen: dict[Key, tuple[Any, ...]] = field(default_factory=dict)  # what of a training wakes it
-    failures: dict[Key, int] = field(default_factory=dict)  # consecutive transient errors, for backoff
-    status_written: dict[Key, float] = field(default_factory=dict)  # monotonic time of the last status write
-    tasks: list[asyncio.Task[None]] = field(default_factory=list)
-
-    def trigger(self, key: Hashable, priority: int = workqueue.CHANGED) -> None:
-        """Wake a training: a new one at once; a change after CHANGE_WINDOW, so the burst of pod
-        updates a start or an end makes (scheduled, started, ready, for every rank) is one round and
-        one status write, not one each."""
-        if self.queue is None:
-            return
-        if priority == workqueue.URGENT:
-            self.queue.add(key, priority)
-        else:
-            self.queue.add_after(key, CHANGE_WINDOW, priority)
-
-    def forget(self, key: Key) -> None:
-        """The training is gone: drop what is kept for it."""
-        for kept in (self.written, self.created, self.seen, self.failures, self.status_written):
-            kept.pop(key, None)
-        if self.queue is not None:
-            self.queue.forget(key)
-        if self.scraper is not None:
-            self.scraper.forget(key)
-        self.phases.set(key[0], key[1], None)
-
-    def snapshot(self, key: Key) -> Snapshot | None:
-        """The training and its children from the indices, merged with our own newer writes. Runs in the
-        event loop, where kopf updates the indices, so it never sees one half-updated."""
-        written = [self.written[key]] if key in self.written else []
-        body = observe.newest([*self._indexed(TRAININGS_INDEX, key), *written])
-        if body is None:
-            return None
-        if self.written.get(key) is not None and body is not self.written[key]:
-            del self.written[key]  # the watch caught up
-        children: dict[str, list[dict[str, Any]]] = {}
-        created = self.created.get(key, {})
-        for kind, index in (("Job", JOBS_INDEX), ("Pod", PODS_INDEX), ("Service", SERVICES_INDEX)):
-            by_name = {o["metadata"]["name"]: o for o in self._indexed(index, key)}
-            for (ckind, name), obj in list(created.items()):
-                if ckind != kind:
-                    continue
-                if name in by_name and observe.rv(by_name[name]) >= observe.rv(obj):
-                    del created[(ckind, name)]  # the watch caught up
-                else:
-                    by_name[name] = obj
-            children[kind] = list(by_name.values())
-        return Snapshot(body, children["Job"], children["Pod"], children["Service"])
-
-    def _indexed(self, index_id: str, key: Key) -> list[dict[str, Any]]:
-        index = self.indices.get(index_id)
-        store = index.get(key) if index is not None else None
-        return list(store) if store is not None else []
-
-    def scrape_targets(self) -> Iterable[Target]:
-        """Rank 0 of every Running training, from the indices."""
-        for (namespace, name), phase in self.phases.items():
-            if phase != api.RUNNING:
-                continue
-            key = (namespace, name)
-            body = observe.newest(self._indexed(TRAININGS_INDEX, key))
-            if body is None:
-                continue
-            backend = backends.BACKENDS.get(str((body.get("status") or {}).get("backend")), backends.JOB)
-            pod = observe.newest_rank0(backend, self._indexed(PODS_INDEX, key))
-            st = (pod or {}).get("status") or {}
-            if pod is not None and st.get("phase") == "Running" and st.get("podIP"):
-                yield Target(key, str(pod["metadata"].get("uid") or ""), str(st["podIP"]))
-
-
-TRAININGS_INDEX, JOBS_INDEX, PODS_INDEX, SERVICES_INDEX = (
-    "pets_trainings", "pets_training_jobs", "pets_training_pods", "pets_training_services")
-
 
 def _transient(exc: ApiException) -> bool:
     return exc.status in (409, 429) or exc.status is None or exc.status >= 500
-
-
-def _resolve_backend(ctx: Context, spec: dict[str, Any], old_status: dict[str, Any]
-                     ) -> tuple[backends.Backend, str]:
-    return backends.keep_or_choose(spec, old_status, lambda: served_backends(ctx.api_client),
-                                   ctx.settings.auto_backend)
-
-
-def _resolve_output(ctx: Context, old_status: dict[str, Any]) -> tuple[dict[str, Any], str]:
-    return output_durability.keep_or_choose_output(old_status, ctx.settings.default_output,
-                                                   lambda: has_default_storage_class(ctx.api_client))
-
-
-def reconcile_once(ctx: Context, snap: Snapshot, logger: Logger) -> float | None:
-    """One observe -> plan -> act round over a snapshot. Returns seconds until the next round at the
-    latest (None: none needed, the training is gone or its spec cannot run)."""
-    body = snap.body
-    namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
-    key = (namespace, name)
-    cl = Cluster(ctx.api_client, namespace, name)
-    meta = body["metadata"]
-    if LEGACY_FINALIZER in (meta.get("finalizers") or []):
-        cl.remove_finalizer(LEGACY_FINALIZER, meta["finalizers"], meta["resourceVersion"])
-        logger.info(f"removed the finalizer {LEGACY_FINALIZER} (no longer used)")
-    if body["metadata"].get("deletionTimestamp"):
-        return None  # the garbage collector deletes the children (owner references)
-    now = datetime.now(UTC)
-    old_status = body.get("status") or {}
-    try:
-        spec = api.resolve_spec(body.get("spec"))
-        backend, backend_reason = _resolve_backend(ctx, spec, old_status)
-        output_reason = ""
-        if "output" not in spec:
-            spec["output"], output_reason = _resolve_output(ctx, old_status)
-    except backends.BackendUnavailable as exc:  # the CRD may be installed later: look again
-        delay = carry_out(ctx, cl, body, plan_backend_unavailable(body, str(exc), now), logger)
-        return POLL_IDLE if delay is None else min(delay, POLL_IDLE)
-    except api.SpecError as exc:  # Failed; a new spec (a training event) wakes it again
-        metrics.ERRORS.labels(kind="permanent").inc()
-        # None once written; the seconds until a write held back by STATUS_WRITE_INTERVAL may go
-        return carry_out(ctx, cl, body, plan_invalid(body, str(exc), now), logger)
-
-    restarts = int(old_status.get("restarts") or 0)
-    attempt = int(old_status.get("attempt", restarts))  # before `attempt` existed, one per restart
-    current_name = builders.job_name(name, attempt)
-    uid = body["metadata"]["uid"]
-    watched = backend is backends.JOB
-    listed = snap.jobs if watched else cl.workloads(backend)
-    current, stale = None, []
-    for w in listed:
-        if not owned_by(w, uid):
-            continue  # same label, another owner: not ours to touch
-        w = w if "kind" in w else w | {"apiVersion": backend.api_version, "kind": backend.kind}
-        if w["metadata"]["name"] == current_name and not w["metadata"].get("deletionTimestamp"):
-            current = w
-        else:
-            stale.append(w)
-    # Workloads already being deleted need no second delete, but still block the next attempt.
-    deleting = {w["metadata"]["name"] for w in stale if w["metadata"].get("deletionTimestamp")}
-
-    service = next((s for s in snap.services if s["metadata"]["name"] == builders.service_name(name)), None) \
-        if backend.uses_service else None
-    if service is not None and not owned_by(service, uid):
-        raise kopf.TemporaryError(
-            f"Service {namespace}/{service['metadata']['name']} exists and is not owned by this "
-            "PetsTraining; delete or rename it", delay=POLL_IDLE)
-
-    def pods_of(workload: str) -> list[dict[str, Any]]:
-        selector = backend.pods_selector(workload)
-        return [p for p in snap.pods if observe.labels_match(p["metadata"].get("labels") or {}, selector)]
-
-    settings = ctx.settings
-    target = builders.Target(name, namespace, attempt, settings.default_image, settings.cluster_domain,
-                             builders.queue_labels(body["metadata"].get("labels")),
-                             network_policy=settings.network_policy)
-    state = None
-    rank0 = observe.Rank0()
-    pod_list: list[dict[str, Any]] | None = None
-    warnings: dict[str, list[dict[str, Any]]] = {}
-    refusals: list[dict[str, Any]] = []
-    queue_served, queue_workload = True, None
-    output_claim: dict[str, Any] | None = None
-    if current is None and "managedClaim" in spec["output"] and not stale:
-        output_claim = cl.claim(builders.output_claim_name(name))  # about to be made: not an old one's?
-    if current is not None:
-        if target.queued:
-            queue_served, queue_workload = cl.queue_workload(current)
-        state = backend.state(current, spec["replicas"])
-        pod_list = pods_of(current["metadata"]["name"])
-        rank0 = observe.observe_rank0(observe.newest_rank0(backend, pod_list), state.phase, ctx.scraper, key)
-        if state.phase not in api.FINISHED_PHASES:
-            warnings = cl.pod_warnings([p["metadata"]["name"] for p in pod_list
-                                        if observe.creating_long(p, now)])
-            if observe.pods_missing_long(current, pod_list, spec["replicas"], backend, now):
-                refusals = cl.workload_refusals(current["kind"], current["metadata"]["name"])
-            if (claim_name := builders.output_claim(spec, name)) and any(not pods.scheduled_at(p)
-                                                                         for p in pod_list):
-                output_claim = cl.claim(claim_name)  # a pod waits to be scheduled: on its claim?
-
-    candidates = observe.lost_candidates([*(pod_list or []), *(p for w in deleting for p in pods_of(w))])
-    lost_pods, lost_nodes = observe.lost_pods(cl, candidates)
-    observed = Observed(backend=backend, backend_reason=backend_reason, workload=current, stale=stale,
-                        service=service, progress=rank0.progress, summary=rank0.summary, state=state,
-                        pods=pod_list, pod_events=warnings, workload_refusals=refusals,
-                        progress_error=rank0.progress_error,
-                        progress_failing_since=rank0.progress_failing_since,
-                        rank0_running_since=rank0.running_since, queue_workload=queue_workload,
-                        queue_served=queue_served, lost_pods=lost_pods, lost_nodes=lost_nodes,
-                        output_reason=output_reason, output_claim=output_claim)
-    result = status.plan(body, spec, observed, target, now)
-    result.delete = [r for r in result.delete if r["name"] not in deleting]
-    delay = carry_out(ctx, cl, body, result, logger, restarts=restarts, watched=watched)
-    if delay is not None and len(candidates) > len(lost_pods):
-        # a pod stuck terminating: is its node lost by now?
-        delay = min(delay, ctx.settings.progress_interval)
-    return delay
 
 
 def register(registry: kopf.OperatorRegistry, ctx: Context) -> None:

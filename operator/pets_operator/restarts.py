@@ -25,7 +25,7 @@ def failure_record(failure: pods.Failure, now: datetime) -> dict[str, Any]:
 
 
 def force_delete_lost(result: Plan, observed: Observed) -> None:
-    """Every pod stuck on a lost node is force-deleted (after the status write, see handlers._carry_out):
+    """Every pod stuck on a lost node is force-deleted (after the status write, see act.carry_out):
     no kubelet will confirm its end, and until it is gone its workload's deletion, and so the next
     attempt, waits for it."""
     for pod in observed.lost_pods:

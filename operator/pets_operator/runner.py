@@ -13,6 +13,7 @@ import yaml
 from kubernetes import client, config
 
 from pets_operator import handlers
+from pets_operator.context import Context
 from pets_operator.settings import Settings
 
 log = logging.getLogger("pets_operator")
@@ -64,10 +65,10 @@ def load_client_config(kubeconfig: str | None = None) -> client.Configuration:
     return cfg
 
 
-def build(options: Settings, cfg: client.Configuration) -> tuple[kopf.OperatorRegistry, handlers.Context]:
+def build(options: Settings, cfg: client.Configuration) -> tuple[kopf.OperatorRegistry, Context]:
     registry = kopf.OperatorRegistry()
     cfg.connection_pool_maxsize = max(cfg.connection_pool_maxsize or 0, options.workers)
-    ctx = handlers.Context(api_client=client.ApiClient(cfg), settings=options)
+    ctx = Context(api_client=client.ApiClient(cfg), settings=options)
     handlers.register(registry, ctx)
     return registry, ctx
 

@@ -1,12 +1,12 @@
 """Where a training without spec.output writes: the operator's default, chosen once
-(handlers._resolve_output)."""
+(reconcile._resolve_output)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
-from pets_operator import api, handlers, output_durability
+from pets_operator import api, context, output_durability, reconcile
 from pets_operator.settings import Settings
 
 pytestmark = pytest.mark.unit
@@ -20,10 +20,10 @@ def resolve(monkeypatch: pytest.MonkeyPatch, default_output: dict[str, Any], has
         asked.append("storageclasses")
         return has_default
 
-    monkeypatch.setattr(handlers, "has_default_storage_class", has_default_storage_class)
-    ctx = handlers.Context(api_client=None,  # type: ignore[arg-type]
+    monkeypatch.setattr(reconcile, "has_default_storage_class", has_default_storage_class)
+    ctx = context.Context(api_client=None,  # type: ignore[arg-type]
                            settings=Settings(default_output=default_output))
-    return handlers._resolve_output(ctx, old_status or {}), asked
+    return reconcile._resolve_output(ctx, old_status or {}), asked
 
 
 def test_the_default_is_a_claim_where_the_cluster_has_a_default_class(

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from kubernetes.client.exceptions import ApiException
-from pets_operator import act, api, builders, children, handlers, plan_types, refusals, status
+from pets_operator import act, api, builders, children, context, handlers, plan_types, refusals, status
 from pets_operator.cluster import child_refusal_permanent
 
 pytestmark = pytest.mark.unit
@@ -204,7 +204,7 @@ def test_carry_out_fails_the_training_and_deletes_the_service_it_made(
     b, plan = plan_creating_both()
     assert [m["kind"] for m in plan.create] == ["Service", "NetworkPolicy", "PersistentVolumeClaim", "Job"]
     cl = FakeCluster({"Job": refusal(403, VAP)})
-    delay = act.carry_out(handlers.Context(api_client=None), cl, b, plan,  # type: ignore[arg-type]
+    delay = act.carry_out(context.Context(api_client=None), cl, b, plan,  # type: ignore[arg-type]
                                 logging.getLogger("test"))
     assert cl.created == ["Service/pets", "NetworkPolicy/pets", "PersistentVolumeClaim/pets-output"]
     # the claim goes with the training (its owner reference); the policy is not named in status, so a
@@ -219,7 +219,7 @@ def test_carry_out_fails_the_training_and_deletes_the_service_it_made(
 def test_carry_out_waits_on_a_quota_and_keeps_the_service(events: list[tuple[str, str, str]]) -> None:
     b, plan = plan_creating_both()
     cl = FakeCluster({"Job": refusal(403, QUOTA)})
-    delay = act.carry_out(handlers.Context(api_client=None), cl, b, plan,  # type: ignore[arg-type]
+    delay = act.carry_out(context.Context(api_client=None), cl, b, plan,  # type: ignore[arg-type]
                                 logging.getLogger("test"))
     assert cl.created == ["Service/pets", "NetworkPolicy/pets", "PersistentVolumeClaim/pets-output"]
     assert cl.deleted == [] and cl.statuses[-1]["phase"] == api.PENDING
@@ -237,7 +237,7 @@ def test_a_quota_that_refuses_the_output_claim_says_the_work_is_not_durable(
     quota = ('persistentvolumeclaims "pets-output" is forbidden: exceeded quota: storage, requested: '
              'requests.storage=5Gi, used: requests.storage=8Gi, limited: requests.storage=10Gi')
     cl = FakeCluster({"PersistentVolumeClaim": refusal(403, quota)})
-    delay = act.carry_out(handlers.Context(api_client=None), cl, b, plan,  # type: ignore[arg-type]
+    delay = act.carry_out(context.Context(api_client=None), cl, b, plan,  # type: ignore[arg-type]
                                 logging.getLogger("test"))
     assert cl.created == ["Service/pets", "NetworkPolicy/pets"] and cl.deleted == []
     written = cl.statuses[-1]
@@ -254,7 +254,7 @@ def test_carry_out_cleans_up_a_service_made_by_an_earlier_round(events: list[tup
     b, plan = plan_creating_both()
     plan.create = [m for m in plan.create if m["kind"] == "Job"]  # the Service exists already
     cl = FakeCluster({"Job": refusal(422, 'Job.batch "pets-r0" is invalid: spec.template: bad')})
-    act.carry_out(handlers.Context(api_client=None), cl, b, plan,  # type: ignore[arg-type]
+    act.carry_out(context.Context(api_client=None), cl, b, plan,  # type: ignore[arg-type]
                         logging.getLogger("test"))
     assert cl.created == [] and cl.deleted == ["Service/pets"]
     assert cl.statuses[-1]["phase"] == api.FAILED
@@ -268,7 +268,7 @@ def test_carry_out_lets_other_errors_through(events: list[tuple[str, str, str]])
             raise ValueError("no API known")
 
     with pytest.raises(ValueError):
-        act.carry_out(handlers.Context(api_client=None), Broken({}), b, plan,  # type: ignore[arg-type]
+        act.carry_out(context.Context(api_client=None), Broken({}), b, plan,  # type: ignore[arg-type]
                             logging.getLogger("test"))
 
 
@@ -276,7 +276,7 @@ def test_carry_out_still_deletes_what_the_plan_meant_to_delete(events: list[tupl
     b, plan = plan_creating_both()
     plan.delete = [{"apiVersion": "batch/v1", "kind": "Job", "name": "pets-r0", "namespace": "ns"}]
     cl = FakeCluster({"Job": refusal(422, "invalid")})
-    act.carry_out(handlers.Context(api_client=None), cl, b, plan,  # type: ignore[arg-type]
+    act.carry_out(context.Context(api_client=None), cl, b, plan,  # type: ignore[arg-type]
                         logging.getLogger("test"))
     assert sorted(cl.deleted) == ["Job/pets-r0", "NetworkPolicy/pets", "Service/pets"]
 
@@ -285,7 +285,7 @@ def test_status_writes_within_a_phase_are_at_most_one_per_interval(
         events: list[tuple[str, str, str]]) -> None:
     """A burst of pod changes is one status write per STATUS_WRITE_INTERVAL; a phase change, or a Plan
     that acts on a child, is never held back."""
-    ctx = handlers.Context(api_client=None)  # type: ignore[arg-type]
+    ctx = context.Context(api_client=None)  # type: ignore[arg-type]
     b = body()
     b["status"] = {"phase": api.PENDING, "message": "2/2 pod(s) waiting: waiting to be scheduled"}
     cl = FakeCluster({})

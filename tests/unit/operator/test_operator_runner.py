@@ -6,7 +6,7 @@ import logging
 
 import pytest
 from kubernetes import client
-from pets_operator import handlers, runner
+from pets_operator import context, handlers, runner
 from pets_operator.settings import Settings
 
 pytestmark = pytest.mark.unit
@@ -40,8 +40,8 @@ def test_build_registers_the_handlers() -> None:
     watched = {h.id for h in registry._watching.get_all_handlers()}  # noqa: SLF001
     assert set(handlers.WATCH_IDS) == watched
     indices = {h.id for h in registry._indexing.get_all_handlers()}  # noqa: SLF001
-    assert indices == {handlers.TRAININGS_INDEX, handlers.JOBS_INDEX, handlers.PODS_INDEX,
-                       handlers.SERVICES_INDEX}
+    assert indices == {context.TRAININGS_INDEX, context.JOBS_INDEX, context.PODS_INDEX,
+                       context.SERVICES_INDEX}
     assert ctx.settings.progress_port == 9999 and ctx.settings.default_image == "img:1"
     assert cfg.connection_pool_maxsize >= Settings().workers
 

@@ -365,7 +365,7 @@ def test_output_durable_says_whether_the_work_outlives_the_pods(output: dict[str
 ])
 def test_an_unset_output_is_the_operators_choice_kept_in_status(
         chosen: dict[str, Any], why: str, durable: str, reason: str, words: str) -> None:
-    """handlers._resolve_output chose `chosen` for a spec without output: status.output keeps it (the next
+    """reconcile._resolve_output chose `chosen` for a spec without output: status.output keeps it (the next
     round resolves from there), and OutputDurable says what it means."""
     spec = api.resolve_spec({}) | {"output": chosen}
     observed = plan_types.Observed(backend=backends.JOB, workload=None, output_reason=why)

@@ -1,0 +1,124 @@
+"""What every handler of one operator instance shares (Context): the settings, kopf's indices, the work
+queue, the scraper, and what this operator wrote that the watches may not show yet; and the Snapshot of
+one training and its children that a round plans from."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Hashable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubernetes import client
+
+from pets_operator import (
+    api,
+    backends,
+    metrics,
+    observe,
+    workqueue,
+)
+from pets_operator.observe import Key
+from pets_operator.scraper import Scraper, Target
+from pets_operator.settings import Settings
+
+CHANGE_WINDOW = 1.0  # seconds a change waits for the ones that follow it (see Context.trigger)
+# kopf's in-memory indices, by id: the trainings, and the Jobs, pods and Services labelled as ours
+TRAININGS_INDEX, JOBS_INDEX, PODS_INDEX, SERVICES_INDEX = (
+    "pets_trainings", "pets_training_jobs", "pets_training_pods", "pets_training_services")
+
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One PetsTraining and its watched children, as the indices (and our own latest writes) hold them."""
+
+    body: dict[str, Any]
+    jobs: list[dict[str, Any]]
+    pods: list[dict[str, Any]]
+    services: list[dict[str, Any]]
+
+
+@dataclass
+class Context:
+    """What every handler of one operator instance shares."""
+
+    api_client: client.ApiClient
+    settings: Settings = field(default_factory=Settings)
+    phases: metrics.PhaseBook = field(default_factory=metrics.PhaseBook)
+    queue: workqueue.WorkQueue | None = None  # made in the operator's event loop, with the tasks
+    indices: Mapping[str, Any] = field(default_factory=dict)  # kopf's, by index id
+    scraper: Scraper | None = None
+    # What this operator wrote and the indices may not show yet (the watch event is on its way): the
+    # training's body after our status patch, and children we created, newest resourceVersion wins.
+    written: dict[Key, dict[str, Any]] = field(default_factory=dict)
+    created: dict[Key, dict[tuple[str, str], dict[str, Any]]] = field(default_factory=dict)
+    seen: dict[Key, tuple[Any, ...]] = field(default_factory=dict)  # what of a training wakes it
+    failures: dict[Key, int] = field(default_factory=dict)  # consecutive transient errors, for backoff
+    status_written: dict[Key, float] = field(default_factory=dict)  # monotonic time of the last status write
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    def trigger(self, key: Hashable, priority: int = workqueue.CHANGED) -> None:
+        """Wake a training: a new one at once; a change after CHANGE_WINDOW, so the burst of pod
+        updates a start or an end makes (scheduled, started, ready, for every rank) is one round and
+        one status write, not one each."""
+        if self.queue is None:
+            return
+        if priority == workqueue.URGENT:
+            self.queue.add(key, priority)
+        else:
+            self.queue.add_after(key, CHANGE_WINDOW, priority)
+
+    def forget(self, key: Key) -> None:
+        """The training is gone: drop what is kept for it."""
+        for kept in (self.written, self.created, self.seen, self.failures, self.status_written):
+            kept.pop(key, None)
+        if self.queue is not None:
+            self.queue.forget(key)
+        if self.scraper is not None:
+            self.scraper.forget(key)
+        self.phases.set(key[0], key[1], None)
+
+    def snapshot(self, key: Key) -> Snapshot | None:
+        """The training and its children from the indices, merged with our own newer writes. Runs in the
+        event loop, where kopf updates the indices, so it never sees one half-updated."""
+        written = [self.written[key]] if key in self.written else []
+        body = observe.newest([*self._indexed(TRAININGS_INDEX, key), *written])
+        if body is None:
+            return None
+        if self.written.get(key) is not None and body is not self.written[key]:
+            del self.written[key]  # the watch caught up
+        children: dict[str, list[dict[str, Any]]] = {}
+        created = self.created.get(key, {})
+        for kind, index in (("Job", JOBS_INDEX), ("Pod", PODS_INDEX), ("Service", SERVICES_INDEX)):
+            by_name = {o["metadata"]["name"]: o for o in self._indexed(index, key)}
+            for (ckind, name), obj in list(created.items()):
+                if ckind != kind:
+                    continue
+                if name in by_name and observe.rv(by_name[name]) >= observe.rv(obj):
+                    del created[(ckind, name)]  # the watch caught up
+                else:
+                    by_name[name] = obj
+            children[kind] = list(by_name.values())
+        return Snapshot(body, children["Job"], children["Pod"], children["Service"])
+
+    def _indexed(self, index_id: str, key: Key) -> list[dict[str, Any]]:
+        index = self.indices.get(index_id)
+        store = index.get(key) if index is not None else None
+        return list(store) if store is not None else []
+
+    def scrape_targets(self) -> Iterable[Target]:
+        """Rank 0 of every Running training, from the indices."""
+        for (namespace, name), phase in self.phases.items():
+            if phase != api.RUNNING:
+                continue
+            key = (namespace, name)
+            body = observe.newest(self._indexed(TRAININGS_INDEX, key))
+            if body is None:
+                continue
+            backend = backends.BACKENDS.get(str((body.get("status") or {}).get("backend")), backends.JOB)
+            pod = observe.newest_rank0(backend, self._indexed(PODS_INDEX, key))
+            st = (pod or {}).get("status") or {}
+            if pod is not None and st.get("phase") == "Running" and st.get("podIP"):
+                yield Target(key, str(pod["metadata"].get("uid") or ""), str(st["podIP"]))
+
