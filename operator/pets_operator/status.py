@@ -1,15 +1,15 @@
 """Pure lifecycle logic: (spec, old status, observed children, progress) -> a Plan.
 
 A Plan says what status to write, which Kubernetes objects to create or delete, and which Events
-to emit. `handlers.py` observes the cluster, calls `plan()`, and carries the Plan out; it decides
-nothing itself. Everything here is deterministic given its inputs (time is passed in).
+to emit. `reconcile.py` observes the cluster, calls `plan()`, and `act.py` carries the Plan out; they
+decide nothing themselves. Everything here is deterministic given its inputs (time is passed in).
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -50,24 +50,6 @@ def _network_policy(result: Plan, spec: dict[str, Any], target: builders.Target,
     return policy
 
 
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 def plan(
     body: dict[str, Any],
     spec: dict[str, Any],
@@ -76,31 +58,88 @@ def plan(
     now: datetime,
 ) -> Plan:
     """Decide the next step for one PetsTraining. `target.attempt` must be status.attempt (before that
-    field existed: status.restarts)."""
-    result = _plan(body, spec, observed, target, now)
-    goodput.account(body.get("status") or {}, result.status,
-                    (body.get("metadata") or {}).get("creationTimestamp"), now)
-    return result
+    field existed: status.restarts). The round, step by step:
+
+    1. `_begin`: the fields every round writes, the output and its durability, older attempts cleaned up;
+    2. a finished training keeps only its TTL (`_ttl`);
+    3. `_service_and_network_policy`: the children every attempt shares;
+    4. without a workload: `_without_workload` waits or creates one;
+    5. with one built from an edited spec: `_rebuild`;
+    6. with one: `_read_progress`, then `_with_workload` says where it stands;
+    7. goodput accounts the round's time."""
+    r = _begin(body, spec, observed, target, now)
+    if r.old_phase in api.FINISHED_PHASES:  # terminal: nothing is created again, only the TTL remains
+        r.status["workloadActive"] = False
+        _ttl(r.result, spec, r.status, now)
+    else:
+        goodput.begin(r.status, r.meta.get("creationTimestamp"), now)
+        policy = _service_and_network_policy(r)
+        ws = _ranks_decide_success(observed.workload_state(spec["replicas"]), observed, spec["replicas"])
+        if observed.workload is None or ws is None:
+            _without_workload(r, policy)
+        else:
+            r.status["workloadActive"] = (not observed.backend.is_suspended(observed.workload)
+                                          and ws.phase not in api.FINISHED_PHASES)
+            if ws.phase not in api.FINISHED_PHASES and _built_from_older_spec(observed.workload, spec):
+                _rebuild(r.result, spec, observed, target, r.old_phase, now, r.generation)
+            else:
+                _read_progress(r, ws)
+                _with_workload(r, ws)
+    goodput.account(r.old, r.status, r.meta.get("creationTimestamp"), now)
+    return r.result
 
 
-def _plan(body: dict[str, Any], spec: dict[str, Any], observed: Observed, target: builders.Target,
-          now: datetime) -> Plan:
-    meta = body.get("metadata") or {}
+@dataclass
+class _Round:
+    """One planning round: its inputs, the old status, and the Plan it fills in."""
+
+    spec: dict[str, Any]
+    observed: Observed
+    target: builders.Target
+    now: datetime
+    meta: dict[str, Any]
+    old: dict[str, Any]
+    result: Plan
+
+    @property
+    def status(self) -> dict[str, Any]:
+        return self.result.status
+
+    @property
+    def old_phase(self) -> str | None:
+        return self.old.get("phase")
+
+    @property
+    def generation(self) -> int | None:
+        return self.meta.get("generation")
+
+    @property
+    def restarts(self) -> int:
+        return int(self.old.get("restarts") or 0)
+
+    @property
+    def made_policy(self) -> str | None:
+        return (self.old.get("children") or {}).get("networkPolicy")
+
+    def phase(self, phase: str, reason: str, message: str) -> None:
+        apply_phase(self.result, self.old_phase, phase, reason, message, self.now, self.generation)
+
+
+def _begin(body: dict[str, Any], spec: dict[str, Any], observed: Observed, target: builders.Target,
+           now: datetime) -> _Round:
+    """The fields every round writes, the output and its durability; older attempts' workloads are always
+    cleaned up (a restart deletes, then recreates), and pods stuck on a lost node force-deleted."""
     old = dict(body.get("status") or {})
     status: dict[str, Any] = json.loads(json.dumps(old))  # deep copy, JSON-only
     status.setdefault("conditions", [])
-    generation = meta.get("generation")
-    restarts = int(old.get("restarts") or 0)
+    r = _Round(spec, observed, target, now, body.get("metadata") or {}, old, Plan(status=status))
     backend = observed.backend
-    result = Plan(status=status)
-    old_phase = old.get("phase")
-
-    status["observedGeneration"] = generation
+    status["observedGeneration"] = r.generation
     status["backend"] = backend.name
     if observed.backend_reason:
         status["backendReason"] = observed.backend_reason
     status["replicas"] = spec["replicas"]
-    status["restarts"] = restarts
+    status["restarts"] = r.restarts
     status["attempt"] = target.attempt
     status["totalEpochs"] = spec["epochs"]
     status["children"] = backend.children_names(target.name, target.attempt)
@@ -111,97 +150,107 @@ def _plan(body: dict[str, Any], spec: dict[str, Any], observed: Observed, target
         status.pop("outputReason", None)
     if "managedClaim" in api.output_of(spec):
         status["children"]["outputClaim"] = builders.output_claim_name(target.name)
-    output_durable(status, spec, observed, target.name, now, generation)
+    output_durable(status, spec, observed, target.name, now, r.generation)
+    r.result.delete += [ref(w) for w in observed.stale]
+    force_delete_lost(r.result, observed)
+    if r.made_policy:
+        status["children"]["networkPolicy"] = r.made_policy
+    return r
 
-    # Older attempts' workloads are always cleaned up (a restart deletes, then recreates).
-    result.delete += [ref(w) for w in observed.stale]
-    force_delete_lost(result, observed)
 
-    if made_policy := (old.get("children") or {}).get("networkPolicy"):
-        status["children"]["networkPolicy"] = made_policy
+def _service_and_network_policy(r: _Round) -> dict[str, Any] | None:
+    """The headless Service (where the backend has one) and the NetworkPolicy, which every attempt
+    shares; the policy is returned for the first workload to be made after it."""
+    service = r.observed.backend.build_service(r.spec, r.target)
+    if service is not None and r.observed.service is None:
+        r.result.create.append(service)
+    return _network_policy(r.result, r.spec, r.target, r.made_policy,
+                           started_without=bool(r.old.get("children")))
 
-    if old_phase in api.FINISHED_PHASES:
-        # Terminal: nothing is created again. Only the TTL remains.
-        status["workloadActive"] = False
-        _ttl(result, spec, status, now)
-        return result
-    goodput.begin(status, meta.get("creationTimestamp"), now)
 
-    service = backend.build_service(spec, target)
-    if service is not None and observed.service is None:
-        result.create.append(service)
-    policy = _network_policy(result, spec, target, made_policy, started_without=bool(old.get("children")))
-    ws = _ranks_decide_success(observed.workload_state(spec["replicas"]), observed, spec["replicas"])
-    if observed.workload is None or ws is None:
-        status["workloadActive"] = False
-        if observed.stale:
-            phase = (api.RESTARTING if old_phase == api.RESTARTING else api.SUSPENDED if spec["suspend"]
-                     else api.QUEUED if target.queued else api.PENDING)
-            reason, message = "WaitingForOldAttempt", "waiting for the previous attempt's workload to go away"
-        elif (left := deadline_left(spec, status, now)) is not None and left <= 0:
-            phase, reason, message = deadline_exceeded(result, spec, None, now)
-            apply_phase(result, old_phase, phase, reason, message, now, generation)
-            return result
-        elif _claim_of_another(observed.output_claim, meta.get("uid")):
-            # A training of the same name was deleted and the garbage collector has yet to take its
-            # claim: pods made now would mount a claim about to go (and wait for ever).
-            phase = api.RESTARTING if old_phase == api.RESTARTING else api.PENDING
-            reason = "WaitingForOldClaim"
-            message = (f"waiting for the claim {builders.output_claim_name(target.name)} of an earlier "
-                       "PetsTraining of this name to be deleted")
-            result.requeue_after = CHILD_RETRY_MIN_SECONDS
-        else:
-            built_for = target if left is None else replace(target, deadline_left=max(1, math.ceil(left)))
-            workload = backend.build_workload(spec, built_for)
-            if policy is not None and not made_policy and policy not in result.create:
-                result.create.append(policy)  # before the first pods
-                status["children"]["networkPolicy"] = policy["metadata"]["name"]
-            # The managed output claim before the pods that mount it; made once (an existing one is kept).
-            if (claim := children.build_output_claim(spec, target)) is not None:
-                result.create.append(claim)
-                if not children.owned(claim) and target.attempt == 0:  # said once, where it is seen
-                    result.events.append(Event("Normal", "OutputClaimRetained", (
-                        f"the claim {claim['metadata']['name']} has retentionPolicy Retain: it stays, with "
-                        "the work, when this PetsTraining is deleted; delete it with kubectl delete pvc -n "
-                        f"{target.namespace} {claim['metadata']['name']}")))
-            # spec.dataset.url's cache, shared by the trainings on the same data: an existing one is kept
-            if (cache := children.build_dataset_cache_claim(spec, target)) is not None:
-                result.create.append(cache)
-            result.create.append(workload)
-            status["workloadActive"] = not builders.created_suspended(spec, target)
-            reason = "Created"
-            message = f"created {workload['kind']} {workload['metadata']['name']}"
-            if spec["suspend"]:
-                phase = api.SUSPENDED
-            elif target.queued:
-                phase, reason = api.QUEUED, "WaitingForAdmission"
-                message += f", suspended until Kueue admits it from queue {queue_name(target)}"
-            else:
-                phase = api.RESTARTING if restarts else api.PENDING
-            if spec["backend"] == "auto" and old.get("backend") != backend.name:  # a choice: say it
-                result.events.append(Event("Normal", "BackendSelected",
-                                           f"running as a {backend.kind}: {observed.backend_reason}"))
-            result.events.append(Event("Normal", "Created", message))
-        status["activeReplicas"] = 0
-        status["readyReplicas"] = 0
-        apply_phase(result, old_phase, phase, reason, message, now, generation)
-        return result
-    status["workloadActive"] = (not backend.is_suspended(observed.workload)
-                                and ws.phase not in api.FINISHED_PHASES)
-    if ws.phase not in api.FINISHED_PHASES and _built_from_older_spec(observed.workload, spec):
-        _rebuild(result, spec, observed, target, old_phase, now, generation)
-        return result
+def _without_workload(r: _Round, policy: dict[str, Any] | None) -> None:
+    """No workload of this attempt: wait for what must go first, end a training out of time, or create
+    the workload and what it mounts."""
+    status, spec, observed, target = r.status, r.spec, r.observed, r.target
+    status["workloadActive"] = False
+    if observed.stale:
+        phase = (api.RESTARTING if r.old_phase == api.RESTARTING else api.SUSPENDED if spec["suspend"]
+                 else api.QUEUED if target.queued else api.PENDING)
+        reason, message = "WaitingForOldAttempt", "waiting for the previous attempt's workload to go away"
+    elif (left := deadline_left(spec, status, r.now)) is not None and left <= 0:
+        r.phase(*deadline_exceeded(r.result, spec, None, r.now))
+        return
+    elif _claim_of_another(observed.output_claim, r.meta.get("uid")):
+        # A training of the same name was deleted and the garbage collector has yet to take its
+        # claim: pods made now would mount a claim about to go (and wait for ever).
+        phase = api.RESTARTING if r.old_phase == api.RESTARTING else api.PENDING
+        reason = "WaitingForOldClaim"
+        message = (f"waiting for the claim {builders.output_claim_name(target.name)} of an earlier "
+                   "PetsTraining of this name to be deleted")
+        r.result.requeue_after = CHILD_RETRY_MIN_SECONDS
+    else:
+        phase, reason, message = _create_workload(r, policy, left)
+    status["activeReplicas"] = 0
+    status["readyReplicas"] = 0
+    r.phase(phase, reason, message)
 
+
+def _create_workload(r: _Round, policy: dict[str, Any] | None, left: float | None) -> tuple[str, str, str]:
+    """This attempt's workload, after the children it needs first: the NetworkPolicy (before the first
+    pods), the managed output claim and the dataset cache (made once; an existing one is kept)."""
+    status, spec, observed, target, result = r.status, r.spec, r.observed, r.target, r.result
+    backend = observed.backend
+    built_for = target if left is None else replace(target, deadline_left=max(1, math.ceil(left)))
+    workload = backend.build_workload(spec, built_for)
+    if policy is not None and not r.made_policy and policy not in result.create:
+        result.create.append(policy)
+        status["children"]["networkPolicy"] = policy["metadata"]["name"]
+    if (claim := children.build_output_claim(spec, target)) is not None:
+        result.create.append(claim)
+        if not children.owned(claim) and target.attempt == 0:  # said once, where it is seen
+            result.events.append(Event("Normal", "OutputClaimRetained", (
+                f"the claim {claim['metadata']['name']} has retentionPolicy Retain: it stays, with "
+                "the work, when this PetsTraining is deleted; delete it with kubectl delete pvc -n "
+                f"{target.namespace} {claim['metadata']['name']}")))
+    if (cache := children.build_dataset_cache_claim(spec, target)) is not None:
+        result.create.append(cache)
+    result.create.append(workload)
+    status["workloadActive"] = not builders.created_suspended(spec, target)
+    reason = "Created"
+    message = f"created {workload['kind']} {workload['metadata']['name']}"
+    if spec["suspend"]:
+        phase = api.SUSPENDED
+    elif target.queued:
+        phase, reason = api.QUEUED, "WaitingForAdmission"
+        message += f", suspended until Kueue admits it from queue {queue_name(target)}"
+    else:
+        phase = api.RESTARTING if r.restarts else api.PENDING
+    if spec["backend"] == "auto" and r.old.get("backend") != backend.name:  # a choice: say it
+        result.events.append(Event("Normal", "BackendSelected",
+                                   f"running as a {backend.kind}: {observed.backend_reason}"))
+    result.events.append(Event("Normal", "Created", message))
+    return phase, reason, message
+
+
+def _read_progress(r: _Round, ws: WorkloadState) -> None:
+    """The workload's pods, and rank 0's progress as last read, into the status."""
+    status, observed = r.status, r.observed
     status["activeReplicas"] = ws.active
     status["readyReplicas"] = ws.ready
     if ws.start_time and not status.get("startTime"):
         status["startTime"] = ws.start_time
     if observed.progress:
-        mirror_progress(status, observed.progress, now)
-        goodput.read_attempt(status, target.attempt, observed.rank0_running_since, observed.progress)
-        checkpoints_skipped(result, old)
-        work_lost(result, observed.progress.get("pets_resume_step"))
+        mirror_progress(status, observed.progress, r.now)
+        goodput.read_attempt(status, r.target.attempt, observed.rank0_running_since, observed.progress)
+        checkpoints_skipped(r.result, r.old)
+        work_lost(r.result, observed.progress.get("pets_resume_step"))
 
+
+def _with_workload(r: _Round, ws: WorkloadState) -> None:
+    """Where a running workload stands: succeeded, out of time, failed (or its rank on a lost node),
+    queued, or active; then the conditions that follow, and the TTL once finished."""
+    status, spec, observed, target, result, now = r.status, r.spec, r.observed, r.target, r.result, r.now
+    assert observed.workload is not None
     phase, reason, message = ws.phase, ws.reason, ws.message
     left = deadline_left(spec, status, now)
     if phase == api.SUCCEEDED:
@@ -211,7 +260,7 @@ def _plan(body: dict[str, Any], spec: dict[str, Any], observed: Observed, target
             mirror_summary(status, observed.summary, spec["epochs"])
             goodput.read_summary(status, target.attempt, observed.summary)
             work_lost(result, observed.summary.get("resume_step"))
-            checkpoints_skipped(result, old)
+            checkpoints_skipped(result, r.old)
         acc = status.get("evalAccuracy")
         message = "training finished" + (f": accuracy {acc:.4f}" if isinstance(acc, float) else "")
         if target.queued:  # it ran, so Kueue admitted it (perhaps between two polls)
@@ -220,23 +269,23 @@ def _plan(body: dict[str, Any], spec: dict[str, Any], observed: Observed, target
     elif phase == api.FAILED and left is not None and left <= DEADLINE_SLACK_SECONDS:
         # The workload's own deadline (what was left of the training's) ended it: no restart.
         phase, reason, message = deadline_exceeded(result, spec, None, now)
-    elif phase == api.FAILED or (lost_current(observed) and not backend.is_suspended(observed.workload)):
+    elif phase == api.FAILED or (lost_current(observed)
+                                 and not observed.backend.is_suspended(observed.workload)):
         # A pod on a lost node never ends, so the workload never fails by itself: the attempt has.
         status.pop("pendingSince", None)
-        phase, reason, message = after_failure(result, spec, observed, ws, restarts, now)
+        phase, reason, message = after_failure(result, spec, observed, ws, r.restarts, now)
     elif target.queued:
-        phase, reason, message = while_queued(result, spec, observed, ws, target, restarts, now,
+        phase, reason, message = while_queued(result, spec, observed, ws, target, r.restarts, now,
                                               _while_active)
     else:
-        phase, reason, message = _while_active(result, spec, observed, ws, restarts, now)
+        phase, reason, message = _while_active(result, spec, observed, ws, r.restarts, now)
     if left is not None and phase not in api.FINISHED_PHASES:
         phase, reason, message = watch_deadline(result, spec, observed, (phase, reason, message), now)
-    apply_phase(result, old_phase, phase, reason, message, now, generation)
-    progress_reported(result, observed, now, generation)
-    stalled(result, spec, now, generation)
+    r.phase(phase, reason, message)
+    progress_reported(result, observed, now, r.generation)
+    stalled(result, spec, now, r.generation)
     if phase in api.FINISHED_PHASES:
         _ttl(result, spec, status, now)
-    return result
 
 
 def _claim_of_another(claim: dict[str, Any] | None, uid: str | None) -> bool:
@@ -261,8 +310,6 @@ def _ranks_decide_success(ws: WorkloadState | None, observed: Observed, replicas
     return WorkloadState(api.SUCCEEDED, "AllRanksSucceeded", f"all {replicas} ranks finished",
                          start_time=ws.start_time,
                          completion_time=timestamp(parse_timestamp(finished)) if finished else None)
-
-
 
 
 def _built_from_older_spec(workload: dict[str, Any], spec: dict[str, Any]) -> bool:
@@ -296,28 +343,6 @@ def _rebuild(result: Plan, spec: dict[str, Any], observed: Observed, target: bui
              else api.RESTARTING if old_phase == api.RESTARTING else api.PENDING)
     status["workloadActive"] = False
     apply_phase(result, old_phase, phase, "Rebuilding", message, now, generation)
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 
 
 def _while_active(result: Plan, spec: dict[str, Any], observed: Observed, ws: WorkloadState,
@@ -361,14 +386,6 @@ def _while_active(result: Plan, spec: dict[str, Any], observed: Observed, ws: Wo
     return (api.RESTARTING if restarts else api.PENDING), reason, message
 
 
-
-
-
-
-
-
-
-
 def _from_pods(result: Plan, spec: dict[str, Any], observed: Observed) -> tuple[str, str, str]:
     replicas = spec["replicas"]
     pod_list = observed.pods or []
@@ -391,28 +408,6 @@ def _from_pods(result: Plan, spec: dict[str, Any], observed: Observed) -> tuple[
     return api.PENDING, why.reason, message
 
 
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 def _ttl(result: Plan, spec: dict[str, Any], status: dict[str, Any], now: datetime) -> None:
     ttl = spec.get("ttlSecondsAfterFinished")
     done = status.get("completionTime")
@@ -423,7 +418,5 @@ def _ttl(result: Plan, spec: dict[str, Any], status: dict[str, Any], now: dateti
         result.delete_self = True
     else:
         result.requeue_after = left
-
-
 
 
