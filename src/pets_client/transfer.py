@@ -20,10 +20,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pets_contract.names import RUN_AS
+
 from . import _api
 from .errors import FetchError
 
-FETCH_UID = 65532
+FETCH_UID = RUN_AS  # the images' user: the trainer's files on a claim are its own
 
 
 def output_claim(training: dict[str, Any]) -> dict[str, Any] | None:
