@@ -23,6 +23,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pets_contract import summary as summary_keys
+
 from .contract import (
     EXIT_CODE_FILE,
     FAILURE_EXIT_CODE,
@@ -85,13 +87,13 @@ def stopped_summary(stop: StopRequest) -> dict[str, object]:
     saved = f"saving {stop.checkpoint}" if stop.checkpoint else "without a checkpoint (--no-checkpoints)"
     why = stop.reason or "another rank was asked to stop"
     return {
-        "status": "stopped",
+        summary_keys.STATUS: summary_keys.STOPPED,
         "exit_code": STOPPED_EXIT_CODE,
         "global_step": stop.global_step,
         "checkpoint": stop.checkpoint or None,
         "error": f"stopped ({why}) at global step {stop.global_step} after {saved}; --resume continues "
         "from it",
-        "time_seconds": stop.time_seconds,  # this process's run, up to the stop
+        summary_keys.TIME_SECONDS: stop.time_seconds,  # this process's run, up to the stop
     }
 
 

@@ -9,6 +9,8 @@ from typing import Any
 from accelerate import Accelerator
 from torch import nn
 
+from pets_contract import summary as summary_keys
+
 from .config import TrainConfig
 from .data import PetsData, report_counts
 from .model import inner_model
@@ -53,29 +55,29 @@ def finish_run(
         plot_metrics(history, output_dir / PLOT_FILE)
     last = history[-1] if history else {}
     summary = {
-        "status": "succeeded",
-        "epochs": int(last.get("epoch", 0)),
-        "final_accuracy": last.get("eval_accuracy"),
+        summary_keys.STATUS: summary_keys.SUCCEEDED,
+        summary_keys.EPOCHS: int(last.get("epoch", 0)),
+        summary_keys.FINAL_ACCURACY: last.get("eval_accuracy"),
         "best_accuracy": max((r["eval_accuracy"] for r in history), default=None),
-        "final_train_loss": last.get("train_loss"),
-        "images_per_second": round(sum(r["images_per_second"] for r in history) / len(history), 2)
+        summary_keys.FINAL_TRAIN_LOSS: last.get("train_loss"),
+        summary_keys.IMAGES_PER_SECOND: round(sum(r["images_per_second"] for r in history) / len(history), 2)
         if history
         else None,
-        "elapsed_seconds": round(elapsed, 2),
-        "time_seconds": time_seconds,  # this run's wall time by part (rank 0's)
-        "resume_step": resume_step,  # the global step this run resumed at (0: fresh): the work lost
-        "resume_skipped_checkpoints": skipped_checkpoints,  # newer step checkpoints it could not use
+        summary_keys.ELAPSED_SECONDS: round(elapsed, 2),
+        summary_keys.TIME_SECONDS: time_seconds,  # this run's wall time by part (rank 0's)
+        summary_keys.RESUME_STEP: resume_step,  # where this run resumed (0: fresh): the work lost
+        summary_keys.RESUME_SKIPPED_CHECKPOINTS: skipped_checkpoints,  # newer ones it could not use
         "world_size": accelerator.num_processes,
         "model": cfg.model,
         "num_classes": data.num_classes,
-        "dataset": report_counts(data.report),
+        summary_keys.DATASET: report_counts(data.report),
         "output_dir": str(output_dir),
     }
     write_summary(summary, [output_dir / SUMMARY_FILE, cfg.summary_path])
     log.info(
         "done: accuracy %.2f %% after %d epoch(s); outputs in %s",
-        100 * (summary["final_accuracy"] or 0),
-        summary["epochs"],
+        100 * (summary[summary_keys.FINAL_ACCURACY] or 0),
+        summary[summary_keys.EPOCHS],
         output_dir,
     )
     return summary
