@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
+from pets_contract import gauges
 from pets_operator import api, builders, children, goodput, pods
 from pets_operator.backends import WorkloadState, parse_timestamp, timestamp
 from pets_operator.conditions import apply_phase
@@ -243,7 +244,7 @@ def _read_progress(r: _Round, ws: WorkloadState) -> None:
         mirror_progress(status, observed.progress, r.now)
         goodput.read_attempt(status, r.target.attempt, observed.rank0_running_since, observed.progress)
         checkpoints_skipped(r.result, r.old)
-        work_lost(r.result, observed.progress.get("pets_resume_step"))
+        work_lost(r.result, observed.progress.get(gauges.BY_KEY["resume_step"].name))
 
 
 def _with_workload(r: _Round, ws: WorkloadState) -> None:

@@ -32,7 +32,7 @@ COPY = 1 << 20
 _SUFFIXES = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "Pi": 1 << 50, "Ei": 1 << 60,
              "n": 1e-9, "u": 1e-6, "m": 1e-3, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15,
              "E": 10**18, "": 1}
-# the CRD's QUANTITY pattern (operator/pets_operator/api.py)
+# the CRD's QUANTITY pattern (operator/pets_operator/defaults.py), with groups to read it by
 _QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?|\.[0-9]+)(?:([KMGTPE]i|[numkMGTPE])|[eE]([-+]?[0-9]{1,2}))?$")
 
 

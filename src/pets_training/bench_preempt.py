@@ -59,9 +59,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pets_contract import env
+from pets_contract import env, exits, gauges
 
-STOPPED_EXIT_CODE = 75  # contract.STOPPED_EXIT_CODE, without importing torch's side of the package
+STEP, STEPS_TOTAL, TRAIN_SECONDS, RESUME_STEP = (
+    gauges.BY_KEY[key].name for key in ("step", "steps_total", "train_seconds_total", "resume_step"))
+
+STOPPED_EXIT_CODE = exits.STOPPED
 
 
 @dataclass(frozen=True)
@@ -261,11 +264,11 @@ def _preempt_run(
                     metrics = _scrape(port)
                 except OSError:  # not serving yet
                     metrics = {}
-                if "pets_step" in metrics and "pets_steps_total" in metrics:
+                if STEP in metrics and STEPS_TOTAL in metrics:
                     last = metrics
                     if target is None:
-                        target = target_step(int(metrics["pets_steps_total"]), epochs, preempt_at)
-                    if metrics["pets_step"] >= target:
+                        target = target_step(int(metrics[STEPS_TOTAL]), epochs, preempt_at)
+                    if metrics[STEP] >= target:
                         break
                 time.sleep(poll)
             signalled = time.monotonic()
@@ -302,8 +305,8 @@ def run_scenario(
                            f"{signal.Signals(scenario.signal).name}, not {expected}; "
                            f"log {out / 'first.log'}:\n{_tail(out / 'first.log')}")  # fmt: skip
     m = first["metrics"]
-    last_step = int(m["pets_step"])
-    step_seconds = seconds_per_step(m["pets_train_seconds_total"], last_step, m.get("pets_resume_step", 0))
+    last_step = int(m[STEP])
+    step_seconds = seconds_per_step(m[TRAIN_SECONDS], last_step, m.get(RESUME_STEP, 0))
     print(f"  {scenario.key}: preempted at step {last_step} ({signal.Signals(scenario.signal).name}, exit "
           f"{first['exit_code']} after {first['exit_seconds']:.2f} s); resuming", flush=True)  # fmt: skip
 
@@ -335,7 +338,7 @@ def run_scenario(
             saves = [s for s in saves if s is not matching[-1]]
     cost = preemption_cost(last_step, resume_step, step_seconds, first["exit_seconds"], parts["restore"])
     share = checkpoint_share(m.get("pets_checkpoint_seconds_total", 0.0) + parts["checkpoint"],
-                             m["pets_train_seconds_total"] + parts["train"])  # fmt: skip
+                             m[TRAIN_SECONDS] + parts["train"])  # fmt: skip
     if not args.keep_checkpoints:
         shutil.rmtree(out / "checkpoints", ignore_errors=True)
     return {
@@ -344,7 +347,7 @@ def run_scenario(
         "interval_seconds": interval,
         "signal": signal.Signals(scenario.signal).name,
         "exit_code": first["exit_code"],
-        "steps_total": int(m["pets_steps_total"]),
+        "steps_total": int(m[STEPS_TOTAL]),
         "target_step": first["target_step"],
         "last_read_step": last_step,
         "resume_step": resume_step,
