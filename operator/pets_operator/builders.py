@@ -90,7 +90,7 @@ def spec_digest(spec: dict[str, Any]) -> str:
                     and not (k in ADDED_LATER and v == api.apply_defaults(props[k], props[k]["default"]))})
 
 
-# The spec fields that shape a checkpoint's state (the trainer's own check is train._fingerprint,
+# The spec fields that shape a checkpoint's state (the trainer's own check is saves._fingerprint,
 # plus the world size, which fixes the LR schedule's length).
 CHECKPOINT_SHAPE = ["model", "freezeBackbone", "imageSize", "batchSize", "epochs", "learningRate", "seed",
                     "dataset", "replicas", "processesPerReplica"]
