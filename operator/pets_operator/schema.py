@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pets_contract.env import DEFAULT_MAIN_PORT
 from pets_contract.names import GROUP, OUTPUT_CLAIM_SUFFIX, PLURAL
 from pets_operator import k8s_schema
 from pets_operator.defaults import (
@@ -355,7 +356,7 @@ SPEC_SCHEMA: dict[str, Any] = _obj(
             "names (trainingNetworkPolicy.metricsFrom); egress stays open. false: none, where the "
             "platform manages policy itself. Immutable while running.", True),
         "masterPort": _int("Rendezvous port of the main process. Immutable while running.",
-                           default=29500, minimum=1024, maximum=65535),
+                           default=DEFAULT_MAIN_PORT, minimum=1024, maximum=65535),
         "maxRestarts": _int("Gang restarts after a failure before the training is Failed.",
                             default=3, minimum=0, maximum=100),
         "activeDeadlineSeconds": _int(
