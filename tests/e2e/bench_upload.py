@@ -90,8 +90,12 @@ def main(argv: list[str] | None = None) -> int:
         claim = claim_manifest("pets-data", total * 2 * args.rounds, ["ReadWriteMany"])
         pod = upload_pod("pets-data", args.image, total, files=len(listing))
         pod["metadata"] = {"name": "kubectl-cp", "labels": pod["metadata"]["labels"]}
+        # The claim bound before the pod: a pod made beside an unbound claim can wait out the
+        # scheduler's 5-minute retry of unschedulable pods (seen on the 3-node cluster).
+        kubectl("-n", ns, "apply", "-f", "-", input_text=yaml.safe_dump(claim))
+        kubectl("-n", ns, "wait", "--for=jsonpath={.status.phase}=Bound", "pvc/pets-data", "--timeout=120s")
         started = time.monotonic()
-        kubectl("-n", ns, "apply", "-f", "-", input_text=yaml.safe_dump_all([claim, pod]))
+        kubectl("-n", ns, "apply", "-f", "-", input_text=yaml.safe_dump(pod))
         kubectl("-n", ns, "wait", "--for=condition=Ready", "pod/kubectl-cp", "--timeout=300s")
         pod_start = time.monotonic() - started
         pets = PetsTrainingClient(namespace=ns)
