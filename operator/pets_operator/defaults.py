@@ -4,6 +4,7 @@ schema and rules share, and SpecError. The API's names are the contract's (pets_
 from __future__ import annotations
 
 from pets_contract import env as contract_env
+from pets_contract import quantity
 
 DATASET_CACHE_PREFIX = "pets-dataset-"  # + a hash of spec.dataset.url and its digest (builders)
 DATASET_CACHE_DIR = "/dataset-cache"  # where the dataset init container mounts the cache claim
@@ -40,10 +41,7 @@ class SpecError(ValueError):
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 ABS_PATH = r"^/.*$"
-# A non-negative resource.Quantity (a number and an optional suffix: 3Gi, 512Mi, 1.5, 500m, 1e3), as
-# resource.ParseQuantity reads it, slightly narrowed (no sign, no "1.", exponents of at most 2 digits),
-# so every value it admits is one the Job accepts. No backslash: it also sits in a CEL string literal.
-QUANTITY = r"^([0-9]+([.][0-9]+)?|[.][0-9]+)([KMGTPE]i|[numkMGTPE]|[eE][-+]?[0-9]{1,2})?$"
+QUANTITY = quantity.PATTERN  # a storage quantity, as the CRD's rules and the dataset initializer read it
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 IMAGE = r"^[^\s]+$"
 RESERVED_ENV = list(contract_env.CONTROLLER_ENV)  # and every name with our prefix (OPERATOR_PREFIX)

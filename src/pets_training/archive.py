@@ -14,7 +14,6 @@ bound is refused from its header, before it is written: nothing larger than the 
 from __future__ import annotations
 
 import os
-import re
 import stat
 import tarfile
 import zipfile
@@ -23,17 +22,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from pets_contract import quantity
+
 from .contract import PermanentError
 
 BLOCK = 4096
 MAX_EXPANSION = 100  # JPEG sets expand about 1.0x, text 3-10x; gzip's own limit is about 1,000x
 EXPANSION_FLOOR = 64 << 20  # a tiny archive of a few files may expand more than 100x its bytes
 COPY = 1 << 20
-_SUFFIXES = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "Pi": 1 << 50, "Ei": 1 << 60,
-             "n": 1e-9, "u": 1e-6, "m": 1e-3, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15,
-             "E": 10**18, "": 1}
-# the CRD's QUANTITY pattern (operator/pets_operator/defaults.py), with groups to read it by
-_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?|\.[0-9]+)(?:([KMGTPE]i|[numkMGTPE])|[eE]([-+]?[0-9]{1,2}))?$")
 
 
 class ArchiveError(PermanentError):
@@ -51,12 +47,10 @@ class Member:
 
 def quantity_bytes(field: str, value: str) -> int:
     """A Kubernetes storage quantity ("1Gi", "500M", "2e9") in bytes; ArchiveError naming ``field``."""
-    m = _QUANTITY.match(str(value).strip())
-    if not m:
+    size = quantity.to_bytes(str(value).strip())
+    if size is None:
         raise ArchiveError(f"{field}: {value!r} is not a storage quantity (such as 5Gi or 500M)")
-    number, suffix, exponent = m.groups()
-    scale = _SUFFIXES[suffix or ""] if exponent is None else 10 ** int(exponent)
-    return int(float(number) * scale)
+    return size
 
 
 def blocks(size: int) -> int:
