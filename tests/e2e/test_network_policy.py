@@ -170,7 +170,9 @@ def test_progress_a_network_policy_denies_is_said_in_a_condition(enforcer: list[
     """spec.networkPolicy: false, and a policy of the namespace's that admits nothing to the training's
     pods: the operator cannot read rank 0's progress, and says so; with that policy gone, it reads again."""
     name = "no-progress"
-    trainings.create(name, {**LONGER_SPEC, "replicas": 1, "epochs": 4, "networkPolicy": False})
+    # Long enough to be running still after the 30 s grace, 15 s of failed reads and the policy's deletion:
+    # a finished training's progress is not read, so the condition could not turn True again.
+    trainings.create(name, {**LONGER_SPEC, "replicas": 1, "epochs": 16, "networkPolicy": False})
     trainings.wait_phase(name, "Running")
     rank0 = wait_for("rank 0's pod IP",
                      lambda: (p := pod_of_rank(trainings.pods(name), 0)).status.pod_ip and p, 60, POLL_S)
