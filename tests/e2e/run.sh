@@ -20,6 +20,12 @@ t0=$SECONDS
 load_images
 log "images loaded into the node in $((SECONDS - t0)) s"
 t0=$SECONDS
+# Kueue before any test: its webhooks take every Job and pod of the cluster, and refuse them until its
+# controller answers (about 30 s). Installed by its module's fixture mid-suite, that window refused the
+# Jobs of a test running beside it (CI, 2026-11-27). The fixture's own addon-up then finds it up.
+tests/cluster/cluster.sh addon-up kueue >/dev/null
+log "Kueue up in $((SECONDS - t0)) s"
+t0=$SECONDS
 # The longest modules first (after the smoke checks), so the two workers below end close together:
 # test_backends_and_queues.py (about 670 s alone on the 2-core CI machine; it installs the real
 # training-operator and Kueue, cluster.sh addon-up), test_training.py (500 s), then the rest.

@@ -165,8 +165,9 @@ def test_pytorchjob_suspend_resume_and_delete(trainings: Trainings) -> None:
 def test_an_evicted_pod_restarts_the_gang_without_consuming_a_restart(trainings: Trainings,
                                                                       shared_output: str) -> None:
     name = "evicted"
-    # maxRestarts 0: if the eviction counted, the training would fail.
-    spec = {**LONGER_SPEC, "epochs": 3, "maxRestarts": 0,
+    # maxRestarts 0: if the eviction counted, the training would fail. 8 epochs: the eviction, after the
+    # operator's poll sees epoch 1, lands while it trains (with 3, the faster trainer had finished).
+    spec = {**LONGER_SPEC, "epochs": 8, "maxRestarts": 0,
             "output": {"persistentVolumeClaim": {"claimName": shared_output}}}
     trainings.create(name, spec)
     trainings.wait_epoch(name, 1)
