@@ -93,6 +93,7 @@ def render_trainings(out: Path) -> None:
     from pets_operator import render
 
     from pets_client import transfer
+    from pets_contract.names import DEFAULT_IMAGE
 
     samples = [REPO / "petstraining.yaml", *sorted((REPO / "examples").glob("*.yaml"))]
     for sample in samples:
@@ -107,7 +108,7 @@ def render_trainings(out: Path) -> None:
                 (out / f"render-{sample.stem}-{backend}.yaml").write_text(yaml.safe_dump_all(checkable))
     training = {"metadata": {"name": "pets", "namespace": TRAININGS_NAMESPACE},
                 "spec": {"output": {"persistentVolumeClaim": {"claimName": "pets-results"}}}}
-    pod = transfer.fetch_pod(training, "pets-training/trainer:0.1.0", ["summary.json"])
+    pod = transfer.fetch_pod(training, DEFAULT_IMAGE, ["summary.json"])
     pod["metadata"] |= {"name": "pets-fetch", "namespace": TRAININGS_NAMESPACE}
     (out / "client-fetch-pod.yaml").write_text(yaml.safe_dump(pod))
 

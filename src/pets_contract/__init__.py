@@ -12,4 +12,4 @@ kubernetes, no kopf). Every other module reads these tables; none keeps a copy.
 
 # The one source of the version: the package, the images' tags, the chart (a unit test compares) and
 # every --version read it. A release changes it here and in Chart.yaml, and adds a CHANGELOG entry.
-__version__ = "0.1.0"
+__version__ = "0.2.0-dev"

@@ -30,10 +30,11 @@ from PIL import Image
 
 from pets_client import PetsTrainingClient
 from pets_client.upload import claim_manifest, upload_pod, walk
+from pets_contract.names import DEFAULT_IMAGE
 from pets_training.synthetic import synthetic_image, synthetic_samples
 
 CLASSES = 37
-IMAGE = "pets-training/trainer:0.1.0"
+IMAGE = DEFAULT_IMAGE  # the trainer image make e2e loaded
 
 
 def pets_folder(cache: Path, files: int) -> Path:

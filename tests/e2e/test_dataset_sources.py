@@ -23,12 +23,14 @@ import pytest
 import yaml
 from trainings import REPO, SMALL_SPEC, Trainings, addon, digits_by_class, kubectl
 
+from pets_contract.names import DEFAULT_IMAGE
+
 pytestmark = pytest.mark.e2e
 
 sys.path.insert(0, str(REPO / "tests" / "cluster"))
 from s3_harness import S3_ACCESS_KEY, S3_ENDPOINT, S3_SECRET_KEY, endpoint_from_host, put_tree  # noqa: E402
 
-IMAGE = "pets-training/trainer:0.1.0"
+IMAGE = DEFAULT_IMAGE  # the trainer image make e2e loaded
 # one machine is enough to read a cache; the HTTP case runs two, whose init containers share the fetch
 ONE = {**{k: v for k, v in SMALL_SPEC.items() if k != "dataset"}, "replicas": 1, "epochs": 1}
 DIGITS = {"layout": "imagefolder", "images": 400, "classes": 10, "skipped": 1, "trainImages": 320,

@@ -33,10 +33,12 @@ from trainings import (
     kubectl,
 )
 
+from pets_contract import __version__
+
 pytestmark = pytest.mark.e2e
 
-HOSTILE_IMAGE = "pets-training/hostile:0.1.0"
-BASE_IMAGE = "pets-training/operator:0.1.0"  # on every node already (tests/e2e/lib.sh load_images)
+HOSTILE_IMAGE = f"pets-training/hostile:{__version__}"
+BASE_IMAGE = f"pets-training/operator:{__version__}"  # on every node already (tests/e2e/lib.sh load_images)
 
 # Each mode of tests/e2e/hostile/pets-launch, and the words its training's ProgressReported=False says.
 EXPECTED_FAILURE = {

@@ -41,9 +41,11 @@ from trainings import (
     pod_of_rank,
 )
 
+from pets_contract.names import DEFAULT_IMAGE
+
 pytestmark = pytest.mark.e2e
 
-IMAGE = "pets-training/trainer:0.1.0"
+IMAGE = DEFAULT_IMAGE  # the trainer image make e2e loaded
 RENDEZVOUS_PORT = 29500  # spec.masterPort's default
 PROGRESS_PORT = 9090
 REFUSED_WITHIN_S = 3  # a dropped SYN: the connect attempt times out

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from packaging.version import Version
 from pets_operator import api
 
 from pets_client import _api as client_api
@@ -34,7 +35,8 @@ def test_the_default_images_and_the_build_carry_it() -> None:
     built = subprocess.run([str(REPO / "image" / "build.sh"), "version"], capture_output=True, text=True,
                            check=True, env={**os.environ, "PETS_PYTHON": sys.executable})
     assert built.stdout.strip() == __version__
-    assert installed_version("pets-training") == __version__  # pyproject's dynamic version
+    # pyproject's dynamic version, as pip normalizes it (0.2.0-dev is 0.2.0.dev0)
+    assert Version(installed_version("pets-training")) == Version(__version__)
 
 
 @pytest.mark.parametrize("command", [["pets-operator"], ["pets-train"], ["kubectl-pets"]])
@@ -46,6 +48,8 @@ def test_every_command_says_it(command: list[str]) -> None:
 
 def test_the_changelog_has_the_release_and_how_to_upgrade_to_it() -> None:
     text = (REPO / "CHANGELOG.md").read_text()
-    section = re.search(rf"^## \[?{re.escape(__version__)}\]?.*?(?=^## |\Z)", text, re.M | re.S)
-    assert section, f"CHANGELOG.md has no '## {__version__}' section"
-    assert "### Upgrading" in section.group(0), f"CHANGELOG.md's {__version__} section has no '### Upgrading'"
+    # Between releases main is the next one's -dev, and its notes gather under "Unreleased".
+    heading = "Unreleased" if __version__.endswith("-dev") else __version__
+    section = re.search(rf"^## \[?{re.escape(heading)}\]?.*?(?=^## |\Z)", text, re.M | re.S)
+    assert section, f"CHANGELOG.md has no '## {heading}' section"
+    assert "### Upgrading" in section.group(0), f"CHANGELOG.md's {heading} section has no '### Upgrading'"

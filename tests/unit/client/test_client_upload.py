@@ -26,6 +26,7 @@ from pets_client.upload import (
     upload_pod,
     walk,
 )
+from pets_contract.names import DEFAULT_IMAGE
 
 pytestmark = pytest.mark.unit
 
@@ -209,7 +210,7 @@ def test_train_with_a_folder_uploads_then_creates_on_the_claim(tmp_path: Path,
     assert body["spec"]["replicas"] == 2 and "datasetPath" not in body["spec"]
     (up,) = uploads
     assert up["claim"] == "pets-data" and up["sub"] == "v1" and up["files"] == ["cat_1.jpg"]
-    assert up["access_modes"] == ["ReadWriteMany"] and up["image"] == "pets-training/trainer:0.1.0"
+    assert up["access_modes"] == ["ReadWriteMany"] and up["image"] == DEFAULT_IMAGE
 
 
 def test_train_with_a_folder_and_no_name_picks_one_for_the_claim(tmp_path: Path,
