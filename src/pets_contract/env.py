@@ -27,6 +27,13 @@ CONTROLLER_ENV = (JOB_COMPLETION_INDEX, RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PO
 OUTPUT_DIR = "PETS_OUTPUT_DIR"  # the image sets /output, so a plain `docker run` writes there
 RESOLVE_TIMEOUT = "PETS_RESOLVE_TIMEOUT"
 
+# The training a pod belongs to, for the trackers' run tags (an MLflow run's namespace/name/uid). Read
+# when present; a trainer outside the operator has none. Not in OPERATOR_ENV until the operator sets them.
+TRAINING_NAMESPACE = "PETS_TRAINING_NAMESPACE"
+TRAINING_NAME = "PETS_TRAINING_NAME"
+TRAINING_UID = "PETS_TRAINING_UID"
+TRAINING_ENV = (TRAINING_NAMESPACE, TRAINING_NAME, TRAINING_UID)
+
 # Set per training process by torchrun (under `accelerate launch`) or notebook_launcher; accelerate's
 # `--mixed_precision` arrives as ACCELERATE_MIXED_PRECISION.
 LOCAL_RANK = "LOCAL_RANK"

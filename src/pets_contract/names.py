@@ -70,6 +70,8 @@ PLOT_FILE = "metrics.png"
 MODEL_FILE = "model.safetensors"
 CONFIG_FILE = "config.yaml"
 DATASET_REPORT_FILE = "dataset.json"
+TENSORBOARD_DIR = "tensorboard"  # rank 0's TensorBoard event files, <output>/tensorboard/
+MLFLOW_RUN_FILE = "mlflow-run.json"  # the MLflow run this training logs to: a restart continues it
 OUTPUT_FILES = (SUMMARY_FILE, PROGRESS_FILE, PLOT_FILE, MODEL_FILE, CONFIG_FILE, DATASET_REPORT_FILE)
 
 METRICS_PORT = 9090  # the trainer's progress endpoint on rank 0

@@ -18,6 +18,9 @@ TIME_SECONDS = "time_seconds"  # the run's wall time by part: gauges.TIME_PARTS
 RESUME_STEP = "resume_step"
 RESUME_SKIPPED_CHECKPOINTS = "resume_skipped_checkpoints"
 DATASET = "dataset"  # the dataset report's counts (gauges.DATASET_COUNTS) and its layout
+# The trackers' outcome (pets_contract.tracking): TensorBoard's directory, the MLflow run's id and URL, and
+# whether the tracking server took everything (its "ok" false: a warning, never a failed training)
+TRACKING = "tracking"
 
 # The run's own final figures win over the last progress read (which may be an epoch old): each summary
 # key -> the gauge (pets_contract.gauges) whose status field it sets.

@@ -124,6 +124,22 @@ class TrainConfig:
         None, "serve Prometheus gauges on this port from rank 0 (the operator: 9090)"
     )
     log_every: float = _f(30.0, "seconds between progress lines when stderr is not a terminal")
+    # tracking (docs/watching.md): Accelerate's trackers, from rank 0
+    tensorboard: bool = _f(True, "write TensorBoard event files under <output-dir>/tensorboard")
+    mlflow_uri: str | None = _f(
+        None,
+        "an MLflow tracking server (http://host:5000) to log the run to; credentials only from the "
+        "environment (MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD, or MLFLOW_TRACKING_TOKEN)",
+    )
+    mlflow_experiment: str = _f("pets-training", "the MLflow experiment of the run (made if missing)")
+    tracking_log_steps: int = _f(
+        10, "training steps between the loss, learning rate and images/s points the trackers get"
+    )
+    tracking_timeout: float = _f(
+        30.0,
+        "seconds the end of a run waits for the MLflow server (the last artifacts, the run's status) "
+        "before it gives up with a warning; the training itself never waits for it",
+    )
 
     def resolved_output_dir(self, default: str | None = None) -> Path:
         """``default``: the pod's PETS_OUTPUT_DIR (:attr:`.contract.PodContract.output_dir`)."""
@@ -233,7 +249,25 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     if cfg.log_every <= 0:
         raise ConfigError(f"log_every must be positive, got {cfg.log_every}")
     _check_weight_source(cfg)
+    _check_tracking(cfg)
     return cfg
+
+
+def _check_tracking(cfg: TrainConfig) -> None:
+    from urllib.parse import urlsplit
+
+    if cfg.tracking_log_steps < 1:
+        raise ConfigError(f"tracking_log_steps must be at least 1, got {cfg.tracking_log_steps}")
+    if cfg.tracking_timeout <= 0:
+        raise ConfigError(f"tracking_timeout must be positive, got {cfg.tracking_timeout}")
+    if not cfg.mlflow_experiment.strip():
+        raise ConfigError("mlflow_experiment must not be empty")
+    if cfg.mlflow_uri is not None and "@" in urlsplit(cfg.mlflow_uri).netloc:
+        # the URI is in the pod's args, config.yaml and the run's params: no secret may ride in it
+        raise ConfigError(
+            "--mlflow-uri (mlflow_uri) holds credentials (user@ or user:password@): give them in "
+            "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN) instead"
+        )
 
 
 def _check_weight_source(cfg: TrainConfig) -> None:

@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from accelerate.optimizer import AcceleratedOptimizer
     from accelerate.scheduler import AcceleratedScheduler
 
+    from .tracking import RunTrackers
+
 
 class Normalise:
     """uint8 NCHW batch on the device -> float, /255 (ToTensor) and the model's mean/std, in one pass."""
@@ -56,6 +58,7 @@ class Training:
     output_dir: Path
     checkpoint_dir: Path
     eval_build: EvalStoreBuild  # started after the first training step, collected at the first evaluation
+    trackers: RunTrackers  # TensorBoard and MLflow, through accelerate (rank 0)
     eval_store: EvalStore | None = None
     attempt: int | None = None  # $PETS_ATTEMPT, the checkpoint fence's token (None: no fence)
     # rank 0's hostname when every machine shares checkpoint_dir (rank 0 alone publishes), else None

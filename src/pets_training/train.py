@@ -25,6 +25,14 @@ from accelerate.data_loader import skip_first_batches
 from accelerate.utils import ProjectConfiguration, set_seed
 
 from pets_contract.gauges import DATASET_COUNTS
+from pets_contract.names import (
+    CONFIG_FILE,
+    DATASET_REPORT_FILE,
+    MODEL_FILE,
+    PLOT_FILE,
+    PROGRESS_FILE,
+    SUMMARY_FILE,
+)
 
 from .checkpoint import attempt_from_env, claim
 from .config import TrainConfig, resolve, to_yaml
@@ -39,6 +47,7 @@ from .run_state import Normalise, RunState, Training
 from .saves import resume, save_checkpoint, save_step_checkpoint, shared_checkpoint_host
 from .stepsave import SaveClock, StopRequest, decide
 from .store import use_store
+from .tracking import FAILED, KILLED, RunTrackers, log_with
 
 log = logging.getLogger("pets_training")
 rank_log = logging.getLogger("pets_training.rank")  # INFO on every rank: one "ready" line per process
@@ -85,6 +94,7 @@ def training_function(
     stop = StopRequest() if stop is None else stop
 
     metrics = MetricsServer(cfg.metrics_port) if t.accelerator.is_main_process and cfg.metrics_port else None
+    t.trackers.start(cfg, state.global_step, _failure_gauge(metrics))
     state.run_start = time.perf_counter()
     state.global_step = state.resume_step = state.start_epoch * len(t.train_loader) + state.start_steps
     state.clock.start()
@@ -98,6 +108,7 @@ def training_function(
         metrics.set("checkpoint_seconds_total", 0.0)
         metrics.set("resume_step", state.resume_step)
         metrics.set("resume_skipped_checkpoints", state.skipped_checkpoints)
+        metrics.set("tracking_failures", 0)
         for key, value in report_counts(t.data.report).items():
             if key in DATASET_COUNTS:
                 metrics.set(f"dataset_{key}", value)
@@ -117,20 +128,34 @@ def training_function(
                 stop.time_seconds = split.rounded()
                 log.info("stopped at global step %d (%s); continue with --resume", state.global_step,
                          state.stopped)
+                t.trackers.close(KILLED)
                 return end_run(t.accelerator, None)
             if _step_limit_reached(cfg, state):
                 log.info("stopping after %d training steps (--max-train-steps)", state.steps_this_run)
                 break
             if _pause_here(cfg, state, epoch):
                 _end_of_loop(split, metrics)
+                t.trackers.close(KILLED)
                 return end_run(t.accelerator, None)
         _end_of_loop(split, metrics)
         summary = finish_run(t.accelerator, t.module, cfg, t.data, state.history, t.output_dir,
                              state.elapsed(), split.rounded(), state.resume_step, state.skipped_checkpoints)
+        if summary is not None:  # rank 0: the files to the MLflow run, and the trackers' outcome
+            files = [t.output_dir / name for name in (MODEL_FILE, SUMMARY_FILE, CONFIG_FILE, PROGRESS_FILE,
+                                                      PLOT_FILE, DATASET_REPORT_FILE)]
+            summary = t.trackers.finish(summary, files, [t.output_dir / SUMMARY_FILE, cfg.summary_path])
         return end_run(t.accelerator, summary)
+    except BaseException:
+        t.trackers.close(FAILED)
+        raise
     finally:
         if metrics is not None:
             metrics.close()
+
+
+def _failure_gauge(metrics: MetricsServer | None) -> Callable[[], None] | None:
+    """What a tracker that fails does to the gauges: ``pets_tracking_failures`` 1 (rank 0)."""
+    return None if metrics is None else lambda: metrics.set("tracking_failures", 1)
 
 
 def _serve_time(metrics: MetricsServer | None, split: TimeSplit) -> None:
@@ -202,8 +227,10 @@ def setup(cfg: TrainConfig, pod: PodContract, process: ProcessContext) -> Traini
         # shared: accelerate's own mode for a shared file system, one copy of the model, optimizer and
         # scheduler (rank 0's); every rank still writes its random_states_<rank>.pkl
         accelerator.project_configuration.save_on_each_node = shared_host is None
+    trackers = RunTrackers(accelerator, cfg, output_dir)
     return Training(accelerator, data, module, normalise, optimizer, scheduler, loader, train_sampler,
-                    make_batch, output_dir, checkpoint_dir, eval_build, shared_checkpoint_host=shared_host)
+                    make_batch, output_dir, checkpoint_dir, eval_build, trackers,
+                    shared_checkpoint_host=shared_host)
 
 
 def _make_accelerator(
@@ -216,6 +243,7 @@ def _make_accelerator(
         cpu=not on_gpu,
         mixed_precision=precision.mixed_precision,
         project_config=ProjectConfiguration(project_dir=str(output_dir), save_on_each_node=True),
+        log_with=log_with(cfg, output_dir, os.environ),  # logging_dir: project_dir, <output>/tensorboard
     )
     setup_logging(accelerator.process_index)
 
@@ -290,6 +318,7 @@ def run_epoch(
     state.epochs_this_run += 1
     if t.accelerator.is_main_process:
         append_progress(t.output_dir, record)
+        t.trackers.epoch(record, state.global_step)
         if metrics is not None:
             metrics.update(record)
         log.info(
@@ -381,6 +410,7 @@ def train_epoch(
             metrics.set("step", state.global_step)
             metrics.set("train_seconds_total", state.split.seconds["train"])
         bar.update(loss, labels.shape[0] * world)
+        t.trackers.step(state.global_step, loss, labels.shape[0] * world, t.optimizer.param_groups[0]["lr"])
         if step_hook is not None:
             step_hook(state.global_step, labels.shape[0] * world)
         requested = stop is not None and stop.requested
