@@ -180,3 +180,15 @@ a default exists.
   verbs: ["get", "list", "watch", "patch"]
 {{- end }}
 {{- end }}
+
+{{/*
+The scrape jobs the dashboard and the alerts read: the operator's (the ServiceMonitor's job is its
+Service, <fullname>) and the trainers' (the PodMonitor sets it).
+*/}}
+{{- define "pets-training.operatorJob" -}}
+{{- default (include "pets-training.fullname" .) .Values.metrics.prometheusRule.operatorJob -}}
+{{- end }}
+
+{{- define "pets-training.trainerJob" -}}
+{{- printf "%s-trainers" (include "pets-training.fullname" . | trunc 54 | trimSuffix "-") -}}
+{{- end }}
