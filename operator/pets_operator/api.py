@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import functools
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from pets_contract.names import (  # noqa: F401  (the API's names: api.<NAME>)
@@ -94,6 +95,7 @@ from pets_operator.schema import (  # noqa: F401
     immutability_validations,
     immutable_while_running,
 )
+from pets_operator.spec import Spec
 from pets_operator.status_schema import STATUS_SCHEMA
 
 
@@ -226,13 +228,14 @@ def default_output(kind: str = "managedClaim", size: str = DEFAULT_OUTPUT_CLAIM_
 DEFAULT_OUTPUT = default_output()
 
 
-def output_of(spec: dict[str, Any]) -> dict[str, Any]:
+def output_of(spec: Spec) -> Mapping[str, Any]:
     """spec.output, or (unset: the operator put none in) the default output."""
-    return spec.get("output") or DEFAULT_OUTPUT
+    return spec.output or DEFAULT_OUTPUT
 
 
-def resolve_spec(spec: Any) -> dict[str, Any]:
-    """Defaulted and validated spec, as the API server would store it. Raises SpecError naming the field.
+def resolve_spec(spec: Any) -> Spec:
+    """Defaulted and validated spec, as the API server would store it (`Spec.to_dict()`). Raises
+    SpecError naming the field.
 
     The schema is checked with jsonschema, then the spec's cross-field rules (`RULES`) with their
     Python twins; a failed rule raises the same text the API server gives. Only the
@@ -248,4 +251,4 @@ def resolve_spec(spec: Any) -> dict[str, Any]:
         err = errors[0]
         raise SpecError(f"{_path(['spec', *err.absolute_path])}: {err.message}")
     check_rules({"spec": resolved}, [r for r in RULES if r.at.split(".")[0] == "spec"])
-    return resolved
+    return Spec.from_dict(resolved)

@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 
 from pets_contract import names
 from pets_operator import api, builders, children
+from pets_operator.spec import Spec
 
 
 class BackendUnavailable(api.SpecError):
@@ -81,7 +82,7 @@ class Backend:
     def api_version(self) -> str:
         return f"{self.group}/{self.version}" if self.group else self.version
 
-    def build_workload(self, spec: dict[str, Any], target: builders.Target) -> dict[str, Any]:
+    def build_workload(self, spec: Spec, target: builders.Target) -> dict[str, Any]:
         raise NotImplementedError
 
     def state(self, workload: dict[str, Any], replicas: int) -> WorkloadState:
@@ -101,10 +102,10 @@ class Backend:
     def is_suspended(self, workload: dict[str, Any]) -> bool:
         raise NotImplementedError
 
-    def build_service(self, spec: dict[str, Any], target: builders.Target) -> dict[str, Any] | None:
+    def build_service(self, spec: Spec, target: builders.Target) -> dict[str, Any] | None:
         return children.build_service(spec, target) if self.uses_service else None
 
-    def children(self, spec: dict[str, Any], target: builders.Target) -> list[dict[str, Any]]:
+    def children(self, spec: Spec, target: builders.Target) -> list[dict[str, Any]]:
         """Everything one attempt needs, in creation order (the Service, the NetworkPolicy, the managed
         output claim and the dataset cache claim before the pods that use them)."""
         service = self.build_service(spec, target)
@@ -127,7 +128,7 @@ class JobBackend(Backend):
     permanent_reason = "PodFailurePolicy"
     disrupted_reason = "PodDisrupted"
 
-    def build_workload(self, spec: dict[str, Any], target: builders.Target) -> dict[str, Any]:
+    def build_workload(self, spec: Spec, target: builders.Target) -> dict[str, Any]:
         return children.build_job(spec, target)
 
     def state(self, workload: dict[str, Any], replicas: int) -> WorkloadState:
@@ -182,14 +183,14 @@ class PyTorchJobBackend(Backend):
     container = names.TRAINER_CONTAINERS[1]  # "pytorch": the container name the training-operator looks for
     PORT_NAME = "pytorchjob-port"  # the port name it reads the rendezvous port from
 
-    def build_workload(self, spec: dict[str, Any], target: builders.Target) -> dict[str, Any]:
+    def build_workload(self, spec: Spec, target: builders.Target) -> dict[str, Any]:
         template = builders.pod_template(spec, target, container_name=self.container,
                                          port_name=self.PORT_NAME, headless_service=False)
         replica_specs: dict[str, Any] = {
             "Master": {"replicas": 1, "restartPolicy": "Never", "template": template},
         }
-        if spec["replicas"] > 1:
-            replica_specs["Worker"] = {"replicas": spec["replicas"] - 1, "restartPolicy": "Never",
+        if spec.replicas > 1:
+            replica_specs["Worker"] = {"replicas": spec.replicas - 1, "restartPolicy": "Never",
                                        "template": copy.deepcopy(template)}
         run_policy: dict[str, Any] = {"cleanPodPolicy": "None", "backoffLimit": 0,
                                       "suspend": builders.created_suspended(spec, target)}
@@ -268,13 +269,13 @@ def for_kind(api_version: str, kind: str) -> Backend | None:
     return next((b for b in BACKENDS.values() if (b.api_version, b.kind) == (api_version, kind)), None)
 
 
-def resolve(spec: dict[str, Any], served: set[str], auto: str = DEFAULT_AUTO) -> Backend:
+def resolve(spec: Spec, served: set[str], auto: str = DEFAULT_AUTO) -> Backend:
     """spec.backend -> the backend to use, given the names of the backends whose API is served.
 
     `auto` is the operator's `auto` backend where its API is served, else the Job; a named backend that
     is not served raises BackendUnavailable (the training waits: the CRD may be installed later).
     """
-    wanted = spec["backend"]
+    wanted = spec.backend
     if wanted == "auto":
         preferred = get(auto)
         return preferred if preferred.always_served or preferred.name in served else JOB
@@ -286,9 +287,9 @@ def resolve(spec: dict[str, Any], served: set[str], auto: str = DEFAULT_AUTO) ->
     return backend
 
 
-def why(spec: dict[str, Any], backend: Backend, auto: str = DEFAULT_AUTO) -> str:
+def why(spec: Spec, backend: Backend, auto: str = DEFAULT_AUTO) -> str:
     """Why `resolve` chose `backend`, in words for status and an Event."""
-    if spec["backend"] != "auto":
+    if spec.backend != "auto":
         return f"spec.backend is {backend.name}"
     if backend.name == auto:
         return f"spec.backend is auto, which this operator runs as {auto} (its --auto-backend)"
@@ -296,13 +297,13 @@ def why(spec: dict[str, Any], backend: Backend, auto: str = DEFAULT_AUTO) -> str
             f"{get(auto).kind} CRD is not served, so {backend.name}")
 
 
-def keep_or_choose(spec: dict[str, Any], old_status: dict[str, Any], served: Callable[[], set[str]],
+def keep_or_choose(spec: Spec, old_status: dict[str, Any], served: Callable[[], set[str]],
                    auto: str) -> tuple[Backend, str]:
     """The backend and why. `auto` is decided once, then kept in status.backend; `served` (discovery) is
     asked only while undecided, and never for a built-in backend (one call per reconcile was a fifth of
     the idle requests at scale: docs/scale.md)."""
-    if spec["backend"] == "auto" and old_status.get("backend") in BACKENDS:
+    if spec.backend == "auto" and old_status.get("backend") in BACKENDS:
         return get(old_status["backend"]), str(old_status.get("backendReason") or "")
-    builtin = spec["backend"] != "auto" and get(spec["backend"]).always_served
+    builtin = spec.backend != "auto" and get(spec.backend).always_served
     backend = resolve(spec, set() if builtin else served(), auto)
     return backend, why(spec, backend, auto)

@@ -1,6 +1,6 @@
 """Pure builders: a resolved PetsTraining spec -> the manifests the operator creates.
 
-Nothing here talks to the API server. Inputs are plain dicts (the spec after `api.resolve_spec`),
+Nothing here talks to the API server. Inputs are the typed spec (`Spec`, from `api.resolve_spec`),
 outputs are plain dicts ready for `kopf.adopt` and the Kubernetes API. The pod contract these
 manifests implement is docs/contract.md.
 """
@@ -17,6 +17,7 @@ from typing import Any
 from pets_contract import env as contract_env
 from pets_contract import names
 from pets_operator import api, pods
+from pets_operator.spec import Spec, snake
 
 CONTAINER = names.TRAINER_CONTAINERS[0]  # "trainer"
 PORT_NAME = "rendezvous"
@@ -82,11 +83,13 @@ def _digest(value: Any) -> str:
 ADDED_LATER = ["placement", "checkpoint", "networkPolicy"]
 
 
-def spec_digest(spec: dict[str, Any]) -> str:
+def spec_digest(spec: Spec | Mapping[str, Any]) -> str:
     """What the workload is built from: the spec without the fields only the operator reads. A workload
-    whose annotation differs was built from an older spec (edited while it was suspended or queued)."""
+    whose annotation differs was built from an older spec (edited while it was suspended or queued).
+    A mapping is the spec as the API stores it (one from before a field existed, say)."""
     props = api.SPEC_SCHEMA["properties"]
-    return _digest({k: v for k, v in spec.items() if k not in api.MUTABLE_WHILE_RUNNING
+    stored = spec.to_dict() if isinstance(spec, Spec) else spec
+    return _digest({k: v for k, v in stored.items() if k not in api.MUTABLE_WHILE_RUNNING
                     and not (k in ADDED_LATER and v == api.apply_defaults(props[k], props[k]["default"]))})
 
 
@@ -96,10 +99,10 @@ CHECKPOINT_SHAPE = ["model", "freezeBackbone", "imageSize", "batchSize", "epochs
                     "dataset", "replicas", "processesPerReplica"]
 
 
-def checkpoint_dir(spec: dict[str, Any]) -> str:
+def checkpoint_dir(spec: Spec) -> str:
     """One checkpoint directory per shape: a restart resumes where the shape allows, and an edit that
     changes the shape (epochs 5 -> 9) starts afresh instead of refusing the old checkpoint."""
-    return f"{api.OUTPUT_DIR}/checkpoints/{_digest({k: spec.get(k) for k in CHECKPOINT_SHAPE})}"
+    return f"{api.OUTPUT_DIR}/checkpoints/{_digest({k: spec.to_dict().get(k) for k in CHECKPOINT_SHAPE})}"
 
 
 def job_name(name: str, attempt: int) -> str:
@@ -126,27 +129,22 @@ def selector(name: str) -> dict[str, str]:
     return {api.LABEL_TRAINING: name, api.LABEL_COMPONENT: "trainer"}
 
 
-def dataset_source(spec: dict[str, Any]) -> str:
-    """Which dataset source a resolved spec sets: exactly one, by the rule resolve_spec applied."""
-    return next(key for key in api.DATASET_SOURCES if key in spec["dataset"])
-
-
 DATASET_INIT = pods.DATASET_INIT
 
 
-def dataset_cache_name(spec: dict[str, Any]) -> str:
+def dataset_cache_name(spec: Spec) -> str:
     """The cache claim of spec.dataset.url: one per source (url, digest, endpoint), shared by every
     training in the namespace that reads it."""
-    dataset = spec["dataset"]
+    dataset = spec.dataset
     endpoint = (dataset.get("s3") or {}).get("endpoint") or ""
     key = "\n".join([dataset["url"], dataset.get("sha256") or "", endpoint])
     return api.DATASET_CACHE_PREFIX + hashlib.sha256(key.encode()).hexdigest()[:12]
 
 
-def dataset_init_container(spec: dict[str, Any], trainer: dict[str, Any]) -> dict[str, Any]:
+def dataset_init_container(spec: Spec, trainer: dict[str, Any]) -> dict[str, Any]:
     """The init container that fetches spec.dataset.url into the cache claim (pets_training.dataset_init),
     with the trainer's image, resources and hardening; the S3 keys come from the Secret, to it alone."""
-    dataset = spec["dataset"]
+    dataset = spec.dataset
     s3 = dataset.get("s3") or {}
     args = ["--url", dataset["url"], "--cache", api.DATASET_CACHE_DIR, "--summary-path", TERMINATION_LOG,
             "--layout", dataset.get("layout", "auto"),
@@ -184,52 +182,52 @@ def main_address(target: Target, name: str | None = None) -> str:
     return f"{job}-0.{service_name(target.name)}.{target.namespace}.svc.{target.cluster_domain}"
 
 
-def trainer_args(spec: dict[str, Any]) -> list[str]:
+def trainer_args(spec: Spec) -> list[str]:
     """Trainer flags (`pets-train --help`) for a resolved spec."""
     args = [
-        "--epochs", str(spec["epochs"]),
-        "--batch-size", str(spec["batchSize"]),
-        "--lr", repr(float(spec["learningRate"])),
-        "--mixed-precision", spec["mixedPrecision"],
-        "--seed", str(spec["seed"]),
-        "--model", spec["model"],
-        "--image-size", str(spec["imageSize"]),
+        "--epochs", str(spec.epochs),
+        "--batch-size", str(spec.batch_size),
+        "--lr", repr(float(spec.learning_rate)),
+        "--mixed-precision", spec.mixed_precision,
+        "--seed", str(spec.seed),
+        "--model", spec.model,
+        "--image-size", str(spec.image_size),
         "--output-dir", api.OUTPUT_DIR,
         "--checkpoint-dir", checkpoint_dir(spec),
-        "--checkpoint-interval-seconds", str(spec["checkpoint"]["intervalSeconds"]),
+        "--checkpoint-interval-seconds", str(spec.checkpoint["intervalSeconds"]),
     ]
     # Explicit either way: the trainer's own default (pretrained, as in the tutorial) must not decide.
-    args.append("--pretrained" if spec["pretrained"] else "--no-pretrained")
-    if spec.get("weights"):
-        args += ["--weights", spec["weights"]]
-    if spec.get("pretrainedCache"):
-        sub = spec["pretrainedCache"]["persistentVolumeClaim"].get("path", "/").strip("/")
+    args.append("--pretrained" if spec.pretrained else "--no-pretrained")
+    if spec.weights:
+        args += ["--weights", spec.weights]
+    if spec.pretrained_cache:
+        sub = spec.pretrained_cache["persistentVolumeClaim"].get("path", "/").strip("/")
         cache_dir = f"{api.PRETRAINED_CACHE_DIR}/{sub}" if sub else api.PRETRAINED_CACHE_DIR
         args += ["--pretrained-cache", cache_dir]
-    if not spec["freezeBackbone"]:
+    if not spec.freeze_backbone:
         args.append("--unfreeze")
-    source = dataset_source(spec)
+    source = spec.dataset_source
     if source == "synthetic":
-        synthetic = spec["dataset"]["synthetic"]
+        synthetic = spec.dataset["synthetic"]
         args += [
             "--data", "synthetic",
             "--synthetic-images-per-class", str(synthetic["imagesPerClass"]),
             "--synthetic-classes", str(synthetic["numClasses"]),
         ]
     else:
-        args += ["--data", _data_dir(spec, source), "--data-layout", spec["dataset"].get("layout", "auto")]
+        args += ["--data", _data_dir(spec, source), "--data-layout", spec.dataset.get("layout", "auto")]
     args += ["--summary-path", TERMINATION_LOG, "--metrics-port", str(api.METRICS_PORT)]
     return args
 
 
-def _data_dir(spec: dict[str, Any], source: str) -> str:
+def _data_dir(spec: Spec, source: str) -> str:
     if source in ("hostPath", "url"):
         return api.DATA_DIR
-    sub = spec["dataset"]["persistentVolumeClaim"].get("path", "/").strip("/")
+    sub = spec.dataset["persistentVolumeClaim"].get("path", "/").strip("/")
     return f"{api.DATA_DIR}/{sub}" if sub else api.DATA_DIR
 
 
-def _volumes(spec: dict[str, Any], training: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _volumes(spec: Spec, training: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     volumes: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": {"medium": "Memory"}}]
     mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}]
     for name, path in SCRATCH_DIRS.items():
@@ -252,14 +250,14 @@ def _volumes(spec: dict[str, Any], training: str) -> tuple[list[dict[str, Any]],
         empty = dict(output.get("emptyDir") or {})
         volumes.append({"name": "output", "emptyDir": empty})
         mounts.append({"name": "output", "mountPath": api.OUTPUT_DIR})
-    if spec.get("pretrainedCache"):
-        cache = spec["pretrainedCache"]["persistentVolumeClaim"]
+    if spec.pretrained_cache:
+        cache = spec.pretrained_cache["persistentVolumeClaim"]
         volumes.append({"name": "pretrained-cache",
                         "persistentVolumeClaim": {"claimName": cache["claimName"], "readOnly": True}})
         mounts.append({"name": "pretrained-cache", "mountPath": api.PRETRAINED_CACHE_DIR, "readOnly": True})
-    source = dataset_source(spec)
+    source = spec.dataset_source
     if source == "persistentVolumeClaim":
-        claim = spec["dataset"]["persistentVolumeClaim"]
+        claim = spec.dataset["persistentVolumeClaim"]
         volumes.append({"name": "data", "persistentVolumeClaim": {"claimName": claim["claimName"],
                                                                   "readOnly": True}})
         mounts.append({"name": "data", "mountPath": api.DATA_DIR, "readOnly": True})
@@ -267,30 +265,30 @@ def _volumes(spec: dict[str, Any], training: str) -> tuple[list[dict[str, Any]],
         volumes.append({"name": "data", "persistentVolumeClaim": {"claimName": dataset_cache_name(spec)}})
         mounts.append({"name": "data", "mountPath": api.DATA_DIR, "readOnly": True, "subPath": "data"})
     elif source == "hostPath":
-        volumes.append({"name": "data", "hostPath": {"path": spec["dataset"]["hostPath"]["path"],
+        volumes.append({"name": "data", "hostPath": {"path": spec.dataset["hostPath"]["path"],
                                                      "type": "Directory"}})
         mounts.append({"name": "data", "mountPath": api.DATA_DIR, "readOnly": True})
     return volumes, mounts
 
 
-def _resources(spec: dict[str, Any]) -> dict[str, Any]:
-    res = spec["resources"]
+def _resources(spec: Spec) -> dict[str, Any]:
+    res = spec.resources
     amounts: dict[str, Any] = {"cpu": str(res["cpu"]), "memory": str(res["memory"])}
     if res["gpu"] > 0:
         amounts[res["gpuResourceName"]] = str(res["gpu"])
     return {"requests": dict(amounts), "limits": dict(amounts)}
 
 
-def _env(spec: dict[str, Any], target: Target, *, container_name: str,
+def _env(spec: Spec, target: Target, *, container_name: str,
          headless_service: bool) -> list[dict[str, Any]]:
     """The pod contract's environment (docs/contract.md): where this pod sits in the gang, nothing else.
 
     The recipe (mixed precision, output directory...) travels as trainer flags, see `trainer_args`.
     """
     env: list[dict[str, Any]] = [
-        {"name": contract_env.NUM_MACHINES, "value": str(spec["replicas"])},
-        {"name": contract_env.PROCS_PER_MACHINE, "value": str(spec["processesPerReplica"])},
-        {"name": contract_env.MAIN_PORT, "value": str(spec["masterPort"])},
+        {"name": contract_env.NUM_MACHINES, "value": str(spec.replicas)},
+        {"name": contract_env.PROCS_PER_MACHINE, "value": str(spec.processes_per_replica)},
+        {"name": contract_env.MAIN_PORT, "value": str(spec.master_port)},
         # The attempt (docs/contract.md): the trainer's checkpoint fencing token, so a pod of an older
         # attempt (a partitioned node's) cannot publish a checkpoint over a newer attempt's.
         {"name": contract_env.ATTEMPT, "value": str(target.attempt)},
@@ -302,23 +300,23 @@ def _env(spec: dict[str, Any], target: Target, *, container_name: str,
         # sets MASTER_ADDR, which the launcher falls back to.
         env.insert(2, {"name": contract_env.MAIN_ADDR, "value": main_address(target)})
     # User extras cannot shadow the contract: api's env-not-reserved rule refuses them (server and local).
-    env += [dict(extra) for extra in spec.get("env") or []]
+    env += [dict(extra) for extra in spec.env or []]
     return env
 
 
-def pod_template(spec: dict[str, Any], target: Target, *, container_name: str = CONTAINER,
+def pod_template(spec: Spec, target: Target, *, container_name: str = CONTAINER,
                  port_name: str = PORT_NAME, headless_service: bool = True) -> dict[str, Any]:
     """The trainer pod, the same for every backend. A backend whose controller looks for its own
     container and port names passes them; `headless_service` puts the pod behind our Service."""
     volumes, mounts = _volumes(spec, target.name)
     container: dict[str, Any] = {
         "name": container_name,
-        "image": spec.get("image") or target.default_image,
-        "imagePullPolicy": spec["imagePullPolicy"],
+        "image": spec.image or target.default_image,
+        "imagePullPolicy": spec.image_pull_policy,
         "args": trainer_args(spec),
         "env": _env(spec, target, container_name=container_name, headless_service=headless_service),
         "ports": [
-            {"name": port_name, "containerPort": spec["masterPort"], "protocol": "TCP"},
+            {"name": port_name, "containerPort": spec.master_port, "protocol": "TCP"},
             {"name": "metrics", "containerPort": api.METRICS_PORT, "protocol": "TCP"},
         ],
         "resources": _resources(spec),
@@ -346,18 +344,18 @@ def pod_template(spec: dict[str, Any], target: Target, *, container_name: str = 
         "containers": [container],
         "volumes": volumes,
     }
-    if dataset_source(spec) == "url":
+    if spec.dataset_source == "url":
         pod["initContainers"] = [dataset_init_container(spec, container)]
     # SIGTERM: every rank finishes its step, saves and exits 75 (the trainer's STOPPED_EXIT_CODE).
-    pod["terminationGracePeriodSeconds"] = spec["checkpoint"]["gracePeriodSeconds"]
+    pod["terminationGracePeriodSeconds"] = spec.checkpoint["gracePeriodSeconds"]
     if headless_service:
         pod["subdomain"] = service_name(target.name)
     for key in ("nodeSelector", "affinity", "priorityClassName", "serviceAccountName", "imagePullSecrets"):
-        if spec.get(key):
-            pod[key] = spec[key]
+        if value := getattr(spec, snake(key)):
+            pod[key] = value
     pod["tolerations"] = tolerations(spec)
     meta_labels = labels(target.name, "trainer") | {api.LABEL_ATTEMPT: str(target.attempt)}
-    if spec["placement"]["spreadAcrossNodes"]:
+    if spec.placement["spreadAcrossNodes"]:
         pod["topologySpreadConstraints"] = [spread_across_nodes(target)]
     return {
         "metadata": {
@@ -374,17 +372,17 @@ def pod_template(spec: dict[str, Any], target: Target, *, container_name: str = 
 NODE_LOST_TAINTS = ["node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready"]
 
 
-def tolerations(spec: dict[str, Any]) -> list[dict[str, Any]]:
+def tolerations(spec: Spec) -> list[dict[str, Any]]:
     """spec.tolerations, then a NoExecute toleration of spec.placement.nodeLostSeconds for each taint of
     a lost node that the user's own tolerations do not already cover (theirs win)."""
-    own = [dict(t) for t in spec.get("tolerations") or []]
+    own = [dict(t) for t in spec.tolerations or []]
 
     def covered(key: str) -> bool:
         return any(t.get("effect") in (None, "", "NoExecute")
                    and (t.get("key") == key or (not t.get("key") and t.get("operator") == "Exists"))
                    for t in own)
 
-    seconds = spec["placement"]["nodeLostSeconds"]
+    seconds = spec.placement["nodeLostSeconds"]
     return own + [{"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": seconds}
                   for key in NODE_LOST_TAINTS if not covered(key)]
 
@@ -403,7 +401,7 @@ def spread_across_nodes(target: Target) -> dict[str, Any]:
     }
 
 
-def workload_metadata(spec: dict[str, Any], target: Target) -> dict[str, Any]:
+def workload_metadata(spec: Spec, target: Target) -> dict[str, Any]:
     """Metadata of one attempt's workload, whatever its kind."""
     return {
         "name": job_name(target.name, target.attempt),
@@ -414,16 +412,16 @@ def workload_metadata(spec: dict[str, Any], target: Target) -> dict[str, Any]:
     }
 
 
-def attempt_deadline(spec: dict[str, Any], target: Target) -> int | None:
+def attempt_deadline(spec: Spec, target: Target) -> int | None:
     """The workload's own activeDeadlineSeconds: what is left of the training's (a backstop; the operator
     ends the training itself when it runs out)."""
-    if not spec.get("activeDeadlineSeconds"):
+    if not spec.active_deadline_seconds:
         return None
-    return target.deadline_left if target.deadline_left is not None else int(spec["activeDeadlineSeconds"])
+    return target.deadline_left if target.deadline_left is not None else int(spec.active_deadline_seconds)
 
 
-def created_suspended(spec: dict[str, Any], target: Target) -> bool:
-    return bool(spec["suspend"]) or target.queued
+def created_suspended(spec: Spec, target: Target) -> bool:
+    return bool(spec.suspend) or target.queued
 
 
 def output_claim_name(name: str) -> str:
@@ -431,7 +429,7 @@ def output_claim_name(name: str) -> str:
     return f"{name}{api.OUTPUT_CLAIM_SUFFIX}"
 
 
-def output_claim(spec: dict[str, Any], name: str) -> str | None:
+def output_claim(spec: Spec, name: str) -> str | None:
     """The claim the training `name` writes its output to (made by the operator or the user's), or None
     for an emptyDir."""
     output = api.output_of(spec)
@@ -440,9 +438,9 @@ def output_claim(spec: dict[str, Any], name: str) -> str | None:
     return (output.get("persistentVolumeClaim") or {}).get("claimName")
 
 
-def gang_access_modes(spec: dict[str, Any]) -> list[str]:
+def gang_access_modes(spec: Spec) -> list[str]:
     """A claim every pod of the training mounts: ReadWriteMany when there are several (they may run on
     several nodes), else ReadWriteOnce. docs/operator.md ("Output") says why."""
-    return ["ReadWriteMany"] if spec["replicas"] > 1 else ["ReadWriteOnce"]
+    return ["ReadWriteMany"] if spec.replicas > 1 else ["ReadWriteOnce"]
 
 

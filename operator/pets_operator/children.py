@@ -16,7 +16,6 @@ from pets_operator.builders import (
     attempt_deadline,
     created_suspended,
     dataset_cache_name,
-    dataset_source,
     gang_access_modes,
     labels,
     output_claim_name,
@@ -25,14 +24,15 @@ from pets_operator.builders import (
     service_name,
     workload_metadata,
 )
+from pets_operator.spec import Spec
 
 
-def build_dataset_cache_claim(spec: dict[str, Any], target: Target) -> dict[str, Any] | None:
+def build_dataset_cache_claim(spec: Spec, target: Target) -> dict[str, Any] | None:
     """The PersistentVolumeClaim spec.dataset.url is fetched into, or None for another source. Not owned
     by the training (children.owned): the next training on the same data finds it full."""
-    if dataset_source(spec) != "url":
+    if spec.dataset_source != "url":
         return None
-    cache = spec["dataset"].get("cache") or {}
+    cache = spec.dataset.get("cache") or {}
     pvc: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
@@ -41,7 +41,7 @@ def build_dataset_cache_claim(spec: dict[str, Any], target: Target) -> dict[str,
             "namespace": target.namespace,
             "labels": {"app.kubernetes.io/name": "pets-training", api.LABEL_COMPONENT: "dataset-cache",
                        api.LABEL_DATASET_CACHE: "true"},
-            "annotations": {api.ANNOTATION_DATASET_URL: spec["dataset"]["url"]},
+            "annotations": {api.ANNOTATION_DATASET_URL: spec.dataset["url"]},
         },
         "spec": {
             "accessModes": gang_access_modes(spec),
@@ -53,13 +53,13 @@ def build_dataset_cache_claim(spec: dict[str, Any], target: Target) -> dict[str,
     return pvc
 
 
-def output_access_modes(spec: dict[str, Any]) -> list[str]:
+def output_access_modes(spec: Spec) -> list[str]:
     """spec.output.managedClaim's access modes; unset: gang_access_modes."""
     claim = api.output_of(spec)["managedClaim"]
     return list(claim.get("accessModes") or gang_access_modes(spec))
 
 
-def build_output_claim(spec: dict[str, Any], target: Target) -> dict[str, Any] | None:
+def build_output_claim(spec: Spec, target: Target) -> dict[str, Any] | None:
     """The PersistentVolumeClaim of spec.output.managedClaim, or None for another output. With
     retentionPolicy Retain it carries the output-retention label, and the operator gives it no owner
     reference, so deleting the training leaves it."""
@@ -92,7 +92,7 @@ def owned(manifest: dict[str, Any]) -> bool:
     return found.get(api.LABEL_OUTPUT_RETENTION) != "Retain" and api.LABEL_DATASET_CACHE not in found
 
 
-def build_service(spec: dict[str, Any], target: Target) -> dict[str, Any]:
+def build_service(spec: Spec, target: Target) -> dict[str, Any]:
     """Headless Service giving every pod the stable name `<job>-<index>.<service>`."""
     return {
         "apiVersion": "v1",
@@ -107,7 +107,7 @@ def build_service(spec: dict[str, Any], target: Target) -> dict[str, Any]:
             "publishNotReadyAddresses": True,
             "selector": selector(target.name),
             "ports": [
-                {"name": "rendezvous", "port": spec["masterPort"], "targetPort": spec["masterPort"],
+                {"name": "rendezvous", "port": spec.master_port, "targetPort": spec.master_port,
                  "protocol": "TCP"},
                 {"name": "metrics", "port": api.METRICS_PORT, "targetPort": api.METRICS_PORT,
                  "protocol": "TCP"},
@@ -120,11 +120,11 @@ def network_policy_name(name: str) -> str:
     return name
 
 
-def network_policy_wanted(spec: dict[str, Any], target: Target) -> bool:
-    return bool(spec.get("networkPolicy", True)) and target.network_policy.enabled
+def network_policy_wanted(spec: Spec, target: Target) -> bool:
+    return spec.network_policy and target.network_policy.enabled
 
 
-def build_network_policy(spec: dict[str, Any], target: Target) -> dict[str, Any] | None:
+def build_network_policy(spec: Spec, target: Target) -> dict[str, Any] | None:
     """The training's pods accept connections from the pods of the same training on every port (the
     rendezvous, and gloo's and NCCL's collectives, which listen on ports of their own choosing), and on
     the progress port from the operator's peers; nothing else. torch.distributed's rendezvous has no
@@ -153,7 +153,7 @@ def build_network_policy(spec: dict[str, Any], target: Target) -> dict[str, Any]
     }
 
 
-def build_job(spec: dict[str, Any], target: Target) -> dict[str, Any]:
+def build_job(spec: Spec, target: Target) -> dict[str, Any]:
     """Indexed Job: one pod per machine, rank = completion index, all-or-nothing (backoffLimit 0)."""
     job: dict[str, Any] = {
         "apiVersion": "batch/v1",
@@ -161,8 +161,8 @@ def build_job(spec: dict[str, Any], target: Target) -> dict[str, Any]:
         "metadata": workload_metadata(spec, target),
         "spec": {
             "completionMode": "Indexed",
-            "completions": spec["replicas"],
-            "parallelism": spec["replicas"],
+            "completions": spec.replicas,
+            "parallelism": spec.replicas,
             # One failed pod fails the Job; the operator restarts the whole gang (spec.maxRestarts)...
             "backoffLimit": 0,
             # ...unless the trainer says a restart cannot help (docs/contract.md): then the Job fails
@@ -177,7 +177,7 @@ def build_job(spec: dict[str, Any], target: Target) -> dict[str, Any]:
                 *([{"action": "FailJob",
                     "onExitCodes": {"containerName": DATASET_INIT, "operator": "In",
                                     "values": [exits.PERMANENT]}}]
-                  if dataset_source(spec) == "url" else []),
+                  if spec.dataset_source == "url" else []),
                 {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
             ]},
             "suspend": created_suspended(spec, target),

@@ -9,6 +9,7 @@ from typing import Any
 from pets_operator import api
 from pets_operator.backends import parse_timestamp, timestamp
 from pets_operator.plan_types import Event, Observed, Plan, ref
+from pets_operator.spec import Spec
 
 # Phases whose time does not count against spec.activeDeadlineSeconds.
 PAUSED_PHASES = (api.SUSPENDED, api.QUEUED, api.PREEMPTED)
@@ -19,10 +20,10 @@ PAUSED_PHASES = (api.SUSPENDED, api.QUEUED, api.PREEMPTED)
 DEADLINE_SLACK_SECONDS = 2.0
 
 
-def deadline_left(spec: dict[str, Any], status: dict[str, Any], now: datetime) -> float | None:
+def deadline_left(spec: Spec, status: dict[str, Any], now: datetime) -> float | None:
     """Seconds left of spec.activeDeadlineSeconds, counted from status.startTime without the time paused
     (status.deadline); None without a deadline. Before the training has started, all of it."""
-    limit = spec.get("activeDeadlineSeconds")
+    limit = spec.active_deadline_seconds
     if not limit:
         return None
     start = status.get("startTime")
@@ -35,7 +36,7 @@ def deadline_left(spec: dict[str, Any], status: dict[str, Any], now: datetime) -
     return float(limit) - ((now - parse_timestamp(start)).total_seconds() - paused)
 
 
-def watch_deadline(result: Plan, spec: dict[str, Any], observed: Observed, decided: tuple[str, str, str],
+def watch_deadline(result: Plan, spec: Spec, observed: Observed, decided: tuple[str, str, str],
                     now: datetime) -> tuple[str, str, str]:
     """Book this round's pause (Suspended, Queued, Preempted) and end the training once its deadline has
     run out while it was not paused; else wake it when the deadline comes."""
@@ -56,7 +57,7 @@ def watch_deadline(result: Plan, spec: dict[str, Any], observed: Observed, decid
     return decided
 
 
-def deadline_exceeded(result: Plan, spec: dict[str, Any], workload: dict[str, Any] | None,
+def deadline_exceeded(result: Plan, spec: Spec, workload: dict[str, Any] | None,
                        now: datetime) -> tuple[str, str, str]:
     """The training's deadline ran out: Failed, no restart, no new workload; the running one goes."""
     status = result.status
@@ -65,7 +66,7 @@ def deadline_exceeded(result: Plan, spec: dict[str, Any], workload: dict[str, An
     if workload is not None:
         result.delete.append(ref(workload))
     paused = float((status.get("deadline") or {}).get("pausedSeconds") or 0.0)
-    message = (f"spec.activeDeadlineSeconds={spec['activeDeadlineSeconds']} ran out (counted from "
+    message = (f"spec.activeDeadlineSeconds={spec.active_deadline_seconds} ran out (counted from "
                f"{status.get('startTime')}, {paused:.0f} s Suspended, Queued or Preempted not counted); "
                "not restarted")
     result.events.append(Event("Warning", "DeadlineExceeded", message))

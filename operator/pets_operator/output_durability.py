@@ -9,6 +9,7 @@ from typing import Any
 
 from pets_operator import api, builders
 from pets_operator.plan_types import Observed, set_condition
+from pets_operator.spec import Spec
 
 # status.outputReason: why the operator chose the output of a training without spec.output.
 OPERATOR_DEFAULT = "OperatorDefault"  # `pets-operator run --default-output` (the chart's defaultOutput)
@@ -24,7 +25,7 @@ _EMPTYDIR_FIX = ("set spec.output.managedClaim.storageClassName (the operator ma
                  "class), spec.output.persistentVolumeClaim, or give the cluster a default StorageClass")
 
 
-def output_durable(status: dict[str, Any], spec: dict[str, Any], observed: Observed, name: str,
+def output_durable(status: dict[str, Any], spec: Spec, observed: Observed, name: str,
                     now: datetime, generation: int | None) -> None:
     """OutputDurable: whether the work outlives the pods (a restart resumes, `fetch` has files), and how
     to get there when it does not. Unknown while the claim is Pending and a pod waits for it."""

@@ -10,9 +10,10 @@ from typing import Any
 from pets_operator import api, builders
 from pets_operator.backends import WorkloadState
 from pets_operator.plan_types import Event, Observed, Plan
+from pets_operator.spec import Spec
 
 # The phase, reason and message of a workload that runs (status._while_active), for an admitted one.
-WhileActive = Callable[[Plan, dict[str, Any], Observed, WorkloadState, int, datetime], tuple[str, str, str]]
+WhileActive = Callable[[Plan, Spec, Observed, WorkloadState, int, datetime], tuple[str, str, str]]
 
 
 def queue_name(target: builders.Target) -> str:
@@ -24,7 +25,7 @@ def kueue_conditions(queue_workload: dict[str, Any] | None) -> dict[str, dict[st
     return {c.get("type", ""): c for c in conditions}
 
 
-def while_queued(result: Plan, spec: dict[str, Any], observed: Observed, ws: WorkloadState,
+def while_queued(result: Plan, spec: Spec, observed: Observed, ws: WorkloadState,
                  target: builders.Target, restarts: int, now: datetime, while_active: WhileActive
                  ) -> tuple[str, str, str]:
     """A workload in a Kueue queue: Kueue alone flips its suspend (admission, preemption). The user's
@@ -43,14 +44,14 @@ def while_queued(result: Plan, spec: dict[str, Any], observed: Observed, ws: Wor
     conds = kueue_conditions(qw)
     admitted = conds.get("Admitted", {}).get("status") == "True"
     if qw is not None:
-        wanted = not spec["suspend"]
+        wanted = not spec.suspend
         if bool((qw.get("spec") or {}).get("active", True)) != wanted:
             result.queue_active, result.queue_workload = wanted, qw["metadata"]["name"]
             result.events.append(Event("Normal", "Resumed" if wanted else "Suspended",
                                        f"{'activating' if wanted else 'deactivating'} Kueue Workload "
                                        f"{qw['metadata']['name']}"))
     suspended = observed.backend.is_suspended(observed.workload)
-    if spec["suspend"]:
+    if spec.suspend:
         status.pop("pendingSince", None)
         detail = "" if suspended else "; its pods stop once Kueue suspends the workload"
         message = (f"suspended: Kueue Workload {qw['metadata']['name']} is deactivated{detail}" if qw

@@ -4,6 +4,7 @@ once, by their policies, and kept in its status."""
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime
 from typing import Any
 
@@ -29,12 +30,13 @@ from pets_operator.cluster import (
 from pets_operator.context import Context, Snapshot
 from pets_operator.plan_types import Observed
 from pets_operator.refusals import plan_backend_unavailable, plan_invalid
+from pets_operator.spec import Spec
 
 LEGACY_FINALIZER = f"{api.GROUP}/operator"  # kopf's, from when each training had a daemon
 
 
 
-def _resolve_backend(ctx: Context, spec: dict[str, Any], old_status: dict[str, Any]
+def _resolve_backend(ctx: Context, spec: Spec, old_status: dict[str, Any]
                      ) -> tuple[backends.Backend, str]:
     return backends.keep_or_choose(spec, old_status, lambda: served_backends(ctx.api_client),
                                    ctx.settings.auto_backend)
@@ -64,8 +66,9 @@ def reconcile_once(ctx: Context, snap: Snapshot, logger: Logger) -> float | None
         spec = api.resolve_spec(body.get("spec"))
         backend, backend_reason = _resolve_backend(ctx, spec, old_status)
         output_reason = ""
-        if "output" not in spec:
-            spec["output"], output_reason = _resolve_output(ctx, old_status)
+        if spec.output is None:
+            output, output_reason = _resolve_output(ctx, old_status)
+            spec = dataclasses.replace(spec, output=output)
     except backends.BackendUnavailable as exc:  # the CRD may be installed later: look again
         delay = carry_out(ctx, cl, body, plan_backend_unavailable(body, str(exc), now), logger)
         return POLL_IDLE if delay is None else min(delay, POLL_IDLE)
@@ -114,18 +117,18 @@ def reconcile_once(ctx: Context, snap: Snapshot, logger: Logger) -> float | None
     refusals: list[dict[str, Any]] = []
     queue_served, queue_workload = True, None
     output_claim: dict[str, Any] | None = None
-    if current is None and "managedClaim" in spec["output"] and not stale:
+    if current is None and "managedClaim" in (spec.output or {}) and not stale:
         output_claim = cl.claim(builders.output_claim_name(name))  # about to be made: not an old one's?
     if current is not None:
         if target.queued:
             queue_served, queue_workload = cl.queue_workload(current)
-        state = backend.state(current, spec["replicas"])
+        state = backend.state(current, spec.replicas)
         pod_list = pods_of(current["metadata"]["name"])
         rank0 = observe.observe_rank0(observe.newest_rank0(backend, pod_list), state.phase, ctx.scraper, key)
         if state.phase not in api.FINISHED_PHASES:
             warnings = cl.pod_warnings([p["metadata"]["name"] for p in pod_list
                                         if observe.creating_long(p, now)])
-            if observe.pods_missing_long(current, pod_list, spec["replicas"], backend, now):
+            if observe.pods_missing_long(current, pod_list, spec.replicas, backend, now):
                 refusals = cl.workload_refusals(current["kind"], current["metadata"]["name"])
             if (claim_name := builders.output_claim(spec, name)) and any(not pods.scheduled_at(p)
                                                                          for p in pod_list):

@@ -42,7 +42,7 @@ def render_object(
     )
     # No cluster to ask: an explicit spec.backend wins, and 'auto' becomes --backend (default job), as
     # on a cluster that serves that backend to an operator whose --auto-backend names it.
-    served = {name for name in (backend, spec["backend"]) if name and name != "auto"}
+    served = {name for name in (backend, spec.backend) if name and name != "auto"}
     return backends.resolve(spec, served, auto=backend or backends.DEFAULT_AUTO).children(spec, target)
 
 

@@ -10,6 +10,7 @@ from typing import Any
 from pets_operator import api, goodput, pods
 from pets_operator.backends import WorkloadState, parse_timestamp, timestamp
 from pets_operator.plan_types import Event, Observed, Plan, ref
+from pets_operator.spec import Spec
 
 
 def failure_record(failure: pods.Failure, now: datetime) -> dict[str, Any]:
@@ -48,7 +49,7 @@ def lost_current(observed: Observed) -> pods.Failure | None:
                                   observed.backend.rank_of)
 
 
-def after_failure(result: Plan, spec: dict[str, Any], observed: Observed, ws: WorkloadState,
+def after_failure(result: Plan, spec: Spec, observed: Observed, ws: WorkloadState,
                    restarts: int, now: datetime) -> tuple[str, str, str]:
     """The one restart rule: the cluster's failures restart the gang for free, the training's count,
     and an error the trainer calls permanent (or the workload's own failure policy) ends it at once.
@@ -78,7 +79,7 @@ def after_failure(result: Plan, spec: dict[str, Any], observed: Observed, ws: Wo
         status["lastFailure"]["lastStep"] = status["step"]  # how far it got (as last read): lostSteps
     if observed.summary:  # a stopped or failed trainer's own split of this attempt
         goodput.read_summary(status, int(status["attempt"]), observed.summary)
-    if not permanent and (by_cluster or counted < spec["maxRestarts"]):
+    if not permanent and (by_cluster or counted < spec.max_restarts):
         status["restarts"] = restarts + 1
         status["attempt"] = int(status["attempt"]) + 1
         if by_cluster:
@@ -86,7 +87,7 @@ def after_failure(result: Plan, spec: dict[str, Any], observed: Observed, ws: Wo
         result.delete.append(ref(observed.workload))
         resume = resume_point(spec, status, observed.summary)
         cost = ("not counted: the cluster ended the pod" if by_cluster
-                else f"{counted + 1}/{spec['maxRestarts']}")
+                else f"{counted + 1}/{spec.max_restarts}")
         message = f"attempt {restarts} failed ({detail}); restarting the gang ({cost}), {resume}"
         result.events.append(Event("Warning", "Restarting", message))
         result.requeue_after = 0.0
@@ -94,12 +95,12 @@ def after_failure(result: Plan, spec: dict[str, Any], observed: Observed, ws: Wo
     status["completionTime"] = ws.completion_time or timestamp(now)
     if permanent:
         return api.FAILED, "PermanentError", f"failed: {detail} (a restart cannot fix this)"
-    if spec["maxRestarts"]:
+    if spec.max_restarts:
         return api.FAILED, "MaxRestartsExceeded", f"failed after {counted} counted restart(s): {detail}"
     return api.FAILED, ws.reason, f"failed: {detail}"
 
 
-def resume_point(spec: dict[str, Any], status: dict[str, Any], summary: dict[str, Any] | None = None) -> str:
+def resume_point(spec: Spec, status: dict[str, Any], summary: dict[str, Any] | None = None) -> str:
     if "emptyDir" in api.output_of(spec):
         return "starting from epoch 0 (the output is an emptyDir, which goes with the pods)"
     if (summary or {}).get("status") == "stopped" and isinstance((summary or {}).get("global_step"), int):

@@ -9,9 +9,10 @@ from typing import Any
 from pets_operator import api
 from pets_operator.backends import parse_timestamp
 from pets_operator.plan_types import Event, Observed, Plan, set_condition
+from pets_operator.spec import Spec
 
 
-def stalled(result: Plan, spec: dict[str, Any], now: datetime, generation: int | None) -> None:
+def stalled(result: Plan, spec: Spec, now: datetime, generation: int | None) -> None:
     """Stalled: a Running training whose progress has not moved for longer than its own pace allows."""
     status = result.status
     bound = stall_bound(spec, status)
@@ -93,10 +94,10 @@ STALL_MIN_SECONDS = 120.0
 STALL_STEPS = 20  # this many steps' time without progress
 
 
-def stall_bound(spec: dict[str, Any], status: dict[str, Any]) -> float | None:
+def stall_bound(spec: Spec, status: dict[str, Any]) -> float | None:
     """Seconds without progress after which a Running training is Stalled: spec.stallTimeoutSeconds,
     else 20 of its own steps (at least 2 minutes), once it has taken a step to measure."""
-    explicit = (spec.get("scheduling") or {}).get("stallTimeoutSeconds")
+    explicit = (spec.scheduling or {}).get("stallTimeoutSeconds")
     if explicit:
         return float(explicit)
     steps, elapsed = status.get("step"), status.get("elapsedSeconds")

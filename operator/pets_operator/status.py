@@ -29,10 +29,11 @@ from pets_operator.plan_types import Event, Observed, Plan, ref
 from pets_operator.queueing import queue_name, while_queued
 from pets_operator.refusals import CHILD_RETRY_MIN_SECONDS
 from pets_operator.restarts import after_failure, force_delete_lost, lost_current
+from pets_operator.spec import Spec
 from pets_operator.stall import progress_reported, stalled
 
 
-def _network_policy(result: Plan, spec: dict[str, Any], target: builders.Target, made: str | None, *,
+def _network_policy(result: Plan, spec: Spec, target: builders.Target, made: str | None, *,
                     started_without: bool) -> dict[str, Any] | None:
     """The training's NetworkPolicy, if it is to have one. It is made once, with the first workload and
     before it (plan's creating branch), and then named in status.children; a training that an operator
@@ -53,7 +54,7 @@ def _network_policy(result: Plan, spec: dict[str, Any], target: builders.Target,
 
 def plan(
     body: dict[str, Any],
-    spec: dict[str, Any],
+    spec: Spec,
     observed: Observed,
     target: builders.Target,
     now: datetime,
@@ -75,7 +76,7 @@ def plan(
     else:
         goodput.begin(r.status, r.meta.get("creationTimestamp"), now)
         policy = _service_and_network_policy(r)
-        ws = _ranks_decide_success(observed.workload_state(spec["replicas"]), observed, spec["replicas"])
+        ws = _ranks_decide_success(observed.workload_state(spec.replicas), observed, spec.replicas)
         if observed.workload is None or ws is None:
             _without_workload(r, policy)
         else:
@@ -94,7 +95,7 @@ def plan(
 class _Round:
     """One planning round: its inputs, the old status, and the Plan it fills in."""
 
-    spec: dict[str, Any]
+    spec: Spec
     observed: Observed
     target: builders.Target
     now: datetime
@@ -126,7 +127,7 @@ class _Round:
         apply_phase(self.result, self.old_phase, phase, reason, message, self.now, self.generation)
 
 
-def _begin(body: dict[str, Any], spec: dict[str, Any], observed: Observed, target: builders.Target,
+def _begin(body: dict[str, Any], spec: Spec, observed: Observed, target: builders.Target,
            now: datetime) -> _Round:
     """The fields every round writes, the output and its durability; older attempts' workloads are always
     cleaned up (a restart deletes, then recreates), and pods stuck on a lost node force-deleted."""
@@ -139,10 +140,10 @@ def _begin(body: dict[str, Any], spec: dict[str, Any], observed: Observed, targe
     status["backend"] = backend.name
     if observed.backend_reason:
         status["backendReason"] = observed.backend_reason
-    status["replicas"] = spec["replicas"]
+    status["replicas"] = spec.replicas
     status["restarts"] = r.restarts
     status["attempt"] = target.attempt
-    status["totalEpochs"] = spec["epochs"]
+    status["totalEpochs"] = spec.epochs
     status["children"] = backend.children_names(target.name, target.attempt)
     if observed.output_reason:  # chosen by the operator: kept, so it never changes under the training
         status["output"], status["outputReason"] = api.output_of(spec), observed.output_reason
@@ -175,7 +176,7 @@ def _without_workload(r: _Round, policy: dict[str, Any] | None) -> None:
     status, spec, observed, target = r.status, r.spec, r.observed, r.target
     status["workloadActive"] = False
     if observed.stale:
-        phase = (api.RESTARTING if r.old_phase == api.RESTARTING else api.SUSPENDED if spec["suspend"]
+        phase = (api.RESTARTING if r.old_phase == api.RESTARTING else api.SUSPENDED if spec.suspend
                  else api.QUEUED if target.queued else api.PENDING)
         reason, message = "WaitingForOldAttempt", "waiting for the previous attempt's workload to go away"
     elif (left := deadline_left(spec, status, r.now)) is not None and left <= 0:
@@ -219,14 +220,14 @@ def _create_workload(r: _Round, policy: dict[str, Any] | None, left: float | Non
     status["workloadActive"] = not builders.created_suspended(spec, target)
     reason = "Created"
     message = f"created {workload['kind']} {workload['metadata']['name']}"
-    if spec["suspend"]:
+    if spec.suspend:
         phase = api.SUSPENDED
     elif target.queued:
         phase, reason = api.QUEUED, "WaitingForAdmission"
         message += f", suspended until Kueue admits it from queue {queue_name(target)}"
     else:
         phase = api.RESTARTING if r.restarts else api.PENDING
-    if spec["backend"] == "auto" and r.old.get("backend") != backend.name:  # a choice: say it
+    if spec.backend == "auto" and r.old.get("backend") != backend.name:  # a choice: say it
         result.events.append(Event("Normal", "BackendSelected",
                                    f"running as a {backend.kind}: {observed.backend_reason}"))
     result.events.append(Event("Normal", "Created", message))
@@ -258,7 +259,7 @@ def _with_workload(r: _Round, ws: WorkloadState) -> None:
         status.pop("pendingSince", None)
         status["completionTime"] = ws.completion_time or timestamp(now)
         if observed.summary:  # the run may have finished before a progress read: its summary says it
-            mirror_summary(status, observed.summary, spec["epochs"])
+            mirror_summary(status, observed.summary, spec.epochs)
             goodput.read_summary(status, target.attempt, observed.summary)
             work_lost(result, observed.summary.get("resume_step"))
             checkpoints_skipped(result, r.old)
@@ -313,14 +314,14 @@ def _ranks_decide_success(ws: WorkloadState | None, observed: Observed, replicas
                          completion_time=timestamp(parse_timestamp(finished)) if finished else None)
 
 
-def _built_from_older_spec(workload: dict[str, Any], spec: dict[str, Any]) -> bool:
+def _built_from_older_spec(workload: dict[str, Any], spec: Spec) -> bool:
     """The workload was built from a spec since edited (while it was suspended or queued). A workload
     from before the annotation existed is taken as current."""
     built_from = ((workload.get("metadata") or {}).get("annotations") or {}).get(api.ANNOTATION_SPEC_DIGEST)
     return bool(built_from) and built_from != builders.spec_digest(spec)
 
 
-def _rebuild(result: Plan, spec: dict[str, Any], observed: Observed, target: builders.Target,
+def _rebuild(result: Plan, spec: Spec, observed: Observed, target: builders.Target,
              old_phase: str | None, now: datetime, generation: int | None) -> None:
     """No edit is lost: a workload built from an older spec is replaced by one built from this spec, as a
     new attempt that is not a restart (nothing failed). Checkpoints carry over where their shape allows
@@ -334,34 +335,34 @@ def _rebuild(result: Plan, spec: dict[str, Any], observed: Observed, target: bui
     kind, name = observed.workload["kind"], observed.workload["metadata"]["name"]
     message = (f"spec changed (generation {generation}) since {kind} {name} was built: "
                "rebuilding it from the new spec")
-    if status.get("workloadActive") and spec["suspend"]:  # edited as it was being suspended
+    if status.get("workloadActive") and spec.suspend:  # edited as it was being suspended
         message += "; its pods stop now, and the rebuilt workload starts on resume"
     elif status.get("workloadActive"):
         message += "; its pods restart from the newest checkpoint of this shape (not counted as a restart)"
     result.events.append(Event("Normal", "Rebuilding", message))
     result.requeue_after = 0.0
-    phase = (api.SUSPENDED if spec["suspend"] else api.QUEUED if target.queued
+    phase = (api.SUSPENDED if spec.suspend else api.QUEUED if target.queued
              else api.RESTARTING if old_phase == api.RESTARTING else api.PENDING)
     status["workloadActive"] = False
     apply_phase(result, old_phase, phase, "Rebuilding", message, now, generation)
 
 
-def _while_active(result: Plan, spec: dict[str, Any], observed: Observed, ws: WorkloadState,
+def _while_active(result: Plan, spec: Spec, observed: Observed, ws: WorkloadState,
                   restarts: int, now: datetime) -> tuple[str, str, str]:
     """Not finished: suspend or resume, or say what the pods are doing."""
     status = result.status
     assert observed.workload is not None
     phase, reason, message = ws.phase, ws.reason, ws.message
     # Suspend / resume go through the workload's own suspend field.
-    if observed.backend.is_suspended(observed.workload) != bool(spec["suspend"]):
-        result.suspend = bool(spec["suspend"])
+    if observed.backend.is_suspended(observed.workload) != bool(spec.suspend):
+        result.suspend = bool(spec.suspend)
         result.suspend_workload = observed.workload["metadata"]["name"]
         status.pop("pendingSince", None)
-        if spec["suspend"]:
+        if spec.suspend:
             phase, reason, message = api.SUSPENDED, "Suspending", "suspending the training"
         else:
             phase, reason, message = api.PENDING, "Resuming", "resuming the training"
-        result.events.append(Event("Normal", "Suspended" if spec["suspend"] else "Resumed", message))
+        result.events.append(Event("Normal", "Suspended" if spec.suspend else "Resumed", message))
         return phase, reason, message
     if phase == api.SUSPENDED:
         status.pop("pendingSince", None)
@@ -374,7 +375,7 @@ def _while_active(result: Plan, spec: dict[str, Any], observed: Observed, ws: Wo
         status.pop("pendingSince", None)
         return phase, reason, message
     status.setdefault("pendingSince", timestamp(now))
-    timeout = (spec.get("scheduling") or {}).get("pendingTimeoutSeconds")
+    timeout = (spec.scheduling or {}).get("pendingTimeoutSeconds")
     waited = (now - parse_timestamp(status["pendingSince"])).total_seconds()
     if timeout is not None and waited >= timeout:
         status["completionTime"] = timestamp(now)
@@ -387,8 +388,8 @@ def _while_active(result: Plan, spec: dict[str, Any], observed: Observed, ws: Wo
     return (api.RESTARTING if restarts else api.PENDING), reason, message
 
 
-def _from_pods(result: Plan, spec: dict[str, Any], observed: Observed) -> tuple[str, str, str]:
-    replicas = spec["replicas"]
+def _from_pods(result: Plan, spec: Spec, observed: Observed) -> tuple[str, str, str]:
+    replicas = spec.replicas
     pod_list = observed.pods or []
     running = pods.running_count(pod_list)
     if running >= replicas:
@@ -409,8 +410,8 @@ def _from_pods(result: Plan, spec: dict[str, Any], observed: Observed) -> tuple[
     return api.PENDING, why.reason, message
 
 
-def _ttl(result: Plan, spec: dict[str, Any], status: dict[str, Any], now: datetime) -> None:
-    ttl = spec.get("ttlSecondsAfterFinished")
+def _ttl(result: Plan, spec: Spec, status: dict[str, Any], now: datetime) -> None:
+    ttl = spec.ttl_seconds_after_finished
     done = status.get("completionTime")
     if ttl is None or not done:
         return

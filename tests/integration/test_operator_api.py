@@ -116,7 +116,8 @@ def test_defaults_are_applied_by_the_server(admin: client.ApiClient, crd: dict[s
                                             namespace: str) -> None:
     got = create(admin, namespace, training("defaults"))
     spec = got["spec"]
-    assert spec == api.resolve_spec({}), "server defaults differ from api.resolve_spec (render would lie)"
+    assert spec == api.resolve_spec({}).to_dict(), \
+        "server defaults differ from api.resolve_spec (render would lie)"
 
 
 def test_samples_are_accepted_by_the_server(admin: client.ApiClient, crd: dict[str, Any],
@@ -125,7 +126,7 @@ def test_samples_are_accepted_by_the_server(admin: client.ApiClient, crd: dict[s
         for doc in yaml.safe_load_all(path.read_text()):
             if doc["kind"] == api.KIND:
                 got = create(admin, namespace, doc, dry_run="All")
-                assert got["spec"] == api.resolve_spec(doc["spec"]), path
+                assert got["spec"] == api.resolve_spec(doc["spec"]).to_dict(), path
 
 
 def _set_status(admin: client.ApiClient, ns: str, name: str, **fields: Any) -> None:
@@ -157,7 +158,7 @@ def test_fields_are_immutable_while_the_workload_runs(admin: client.ApiClient, c
     # ... and everything is editable once the workload is suspended (the operator rebuilds it on resume).
     _set_status(admin, namespace, "running", phase=api.SUSPENDED, workloadActive=False)
     got = _patch(admin, namespace, "running", {field: change})["spec"][field]
-    assert got == api.resolve_spec({field: change})[field]
+    assert got == api.resolve_spec({field: change}).to_dict()[field]
 
 
 def _children(spec: dict[str, Any], ns: str, backend: str) -> list[dict[str, Any]]:
@@ -203,7 +204,7 @@ def test_built_manifests_pass_server_side_dry_run(admin: client.ApiClient, names
         kinds.append(manifest["kind"])
     output = api.output_of(api.resolve_spec(BUILD_CASES[case]))
     claim = ["PersistentVolumeClaim"] if "managedClaim" in output else []
-    cache = ["PersistentVolumeClaim"] if "url" in api.resolve_spec(BUILD_CASES[case])["dataset"] else []
+    cache = ["PersistentVolumeClaim"] if "url" in api.resolve_spec(BUILD_CASES[case]).dataset else []
     assert sorted(kinds) == sorted(["Job", "Service", "NetworkPolicy", *claim, *cache]), kinds
 
 

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from pets_operator import api, builders, goodput, mirror
 from pets_operator.progress import parse_progress
+from pets_operator.spec import Spec
 from prometheus_client import generate_latest
 
 from pets_contract import gauges
@@ -32,7 +33,7 @@ CUSTOM = {
 }
 
 
-def _trainer(spec: dict[str, Any]) -> dict[str, Any]:
+def _trainer(spec: Spec) -> dict[str, Any]:
     template = builders.pod_template(spec, TARGET)
     (container,) = [c for c in template["spec"]["containers"] if c["name"] == builders.CONTAINER]
     return container
@@ -54,7 +55,7 @@ def _pod_env(container: dict[str, Any], cpu: str = "2", index: str = "1") -> dic
 @pytest.mark.parametrize("overrides", [{}, CUSTOM], ids=["default", "custom"])
 def test_the_operator_sets_exactly_the_contract_env(overrides: dict[str, Any]) -> None:
     spec = api.resolve_spec(overrides)
-    extras = {var["name"] for var in spec.get("env") or []}
+    extras = {var["name"] for var in spec.env or []}
     names = {var["name"] for var in _trainer(spec)["env"]} - extras
     assert names == set(contract.OPERATOR_ENV)
 
@@ -73,24 +74,24 @@ def test_the_pod_env_and_args_reach_the_launcher_and_the_trainer() -> None:
     pod = contract.PodContract.from_env(env)
     assert (pod.machine_rank, pod.num_machines, pod.procs_per_machine) == (
         1,
-        spec["replicas"],
-        spec["processesPerReplica"],
+        spec.replicas,
+        spec.processes_per_replica,
     )
     assert (pod.main_addr, pod.main_port, pod.cpu_limit) == (
         "pets-0.pets.ns.svc.cluster.local",
-        spec["masterPort"],
+        spec.master_port,
         2,
     )
 
     plan = launch.plan_from_env(env, container["args"])
-    assert plan.total_processes == spec["replicas"] * spec["processesPerReplica"]
-    assert plan.mixed_precision == spec["mixedPrecision"]
+    assert plan.total_processes == spec.replicas * spec.processes_per_replica
+    assert plan.mixed_precision == spec.mixed_precision
     command = " ".join(launch.accelerate_command(plan, launch.trainer_args(container["args"]), threads=1))
-    assert f"--mixed_precision {spec['mixedPrecision']}" in command
-    assert f"--main_process_ip {pod.main_addr} --main_process_port {spec['masterPort']}" in command
+    assert f"--mixed_precision {spec.mixed_precision}" in command
+    assert f"--main_process_ip {pod.main_addr} --main_process_port {spec.master_port}" in command
 
     cfg = resolve(launch.trainer_args(container["args"]))
-    assert cfg.mixed_precision == spec["mixedPrecision"] and cfg.resume
+    assert cfg.mixed_precision == spec.mixed_precision and cfg.resume
     assert cfg.resolved_output_dir(pod.output_dir) == Path(api.OUTPUT_DIR)
     assert cfg.resolved_checkpoint_dir(pod.output_dir) == Path(builders.checkpoint_dir(spec))
     assert cfg.resolved_checkpoint_dir(pod.output_dir).parent == Path(api.OUTPUT_DIR) / "checkpoints"

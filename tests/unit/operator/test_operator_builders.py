@@ -18,12 +18,13 @@ pytestmark = pytest.mark.unit
 
 def test_defaults_are_the_recipe() -> None:
     s = api.resolve_spec({})
-    assert s["replicas"] == 1 and s["epochs"] == 5 and s["model"] == "resnet50d"
-    assert s["learningRate"] == 0.03 and s["imageSize"] == 224 and s["freezeBackbone"] is True
-    assert s["dataset"] == {"synthetic": {"imagesPerClass": 20, "numClasses": 37}}
-    assert "output" not in s and api.output_of(s) == api.DEFAULT_OUTPUT  # the operator's default chooses
-    assert s["resources"] == {"cpu": "1", "memory": "3Gi", "gpu": 0, "gpuResourceName": "nvidia.com/gpu"}
-    assert s["backend"] == "auto" and s["masterPort"] == 29500 and s["maxRestarts"] == 3
+    assert s.replicas == 1 and s.epochs == 5 and s.model == "resnet50d"
+    assert s.learning_rate == 0.03 and s.image_size == 224 and s.freeze_backbone is True
+    assert s.dataset == {"synthetic": {"imagesPerClass": 20, "numClasses": 37}}
+    assert s.output is None and "output" not in s.to_dict()
+    assert api.output_of(s) == api.DEFAULT_OUTPUT  # the operator's default chooses
+    assert s.resources == {"cpu": "1", "memory": "3Gi", "gpu": 0, "gpuResourceName": "nvidia.com/gpu"}
+    assert s.backend == "auto" and s.master_port == 29500 and s.max_restarts == 3
 
 
 def test_headless_service() -> None:

@@ -16,7 +16,7 @@ def flag(args: list[str], name: str) -> str:
 
 
 def test_defaults_save_every_minute_and_give_the_pods_30_s_to_save_on_sigterm() -> None:
-    assert api.resolve_spec({})["checkpoint"] == {"intervalSeconds": 60, "gracePeriodSeconds": 30}
+    assert api.resolve_spec({}).checkpoint == {"intervalSeconds": 60, "gracePeriodSeconds": 30}
     for backend in (backends.JOB, backends.PYTORCHJOB):
         for pod in _pods(backend.build_workload(spec(), TARGET)):
             assert pod["spec"]["terminationGracePeriodSeconds"] == 30
@@ -44,7 +44,7 @@ def test_the_digest_covers_checkpoint_but_not_its_default() -> None:
     """A workload built before spec.checkpoint existed is not taken for one built from an edited spec
     (an upgrade restarts nothing), but an edit of it (while suspended) rebuilds the workload."""
     plain = api.resolve_spec({})
-    before_the_field = {k: v for k, v in plain.items() if k != "checkpoint"}
+    before_the_field = {k: v for k, v in plain.to_dict().items() if k != "checkpoint"}
     assert builders.spec_digest(plain) == builders.spec_digest(before_the_field)
     edited = api.resolve_spec({"checkpoint": {"intervalSeconds": 10}})
     assert builders.spec_digest(edited) != builders.spec_digest(plain)

@@ -42,9 +42,9 @@ def test_render_every_sample(path: Path, capsys: pytest.CaptureFixture[str]) -> 
 def test_root_sample_is_small_and_distributed() -> None:
     (doc,) = yaml.safe_load_all((ROOT / "petstraining.yaml").read_text())
     spec = api.resolve_spec(doc["spec"])
-    assert spec["replicas"] == 2
-    assert "synthetic" in spec["dataset"] and spec["pretrained"] is False
-    assert spec["resources"]["gpu"] == 0
+    assert spec.replicas == 2
+    assert "synthetic" in spec.dataset and spec.pretrained is False
+    assert spec.resources["gpu"] == 0
 
 
 def test_render_rejects_bad_spec_naming_the_field(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

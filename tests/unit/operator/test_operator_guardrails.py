@@ -88,7 +88,7 @@ APART = [
 
 @pytest.mark.parametrize("spec", [s for _, s in APART], ids=[i for i, _ in APART])
 def test_output_beside_the_dataset_or_on_another_claim_passes(spec: dict[str, Any]) -> None:
-    assert api.resolve_spec(spec)["output"] == spec["output"] | {
+    assert api.resolve_spec(spec).output == spec["output"] | {
         "persistentVolumeClaim": {"path": "/", "readOnly": False} | spec["output"]["persistentVolumeClaim"]}
 
 

@@ -123,7 +123,7 @@ INVALID_QUANTITIES: list[Any] = ["-4Gi", "0.5.5", "lots", "", "Gi", "1e", "1ki",
 def test_valid_quantities_pass(value: Any) -> None:
     spec = api.resolve_spec({"resources": {"cpu": value, "memory": value},
                              "output": {"emptyDir": {"sizeLimit": value}}})
-    assert spec["resources"]["memory"] == value
+    assert spec.resources["memory"] == value
 
 
 @pytest.mark.parametrize("value", INVALID_QUANTITIES, ids=repr)
@@ -181,6 +181,6 @@ def test_good_pod_fields_pass_and_are_kept() -> None:
                                                                    "divisor": "1Mi"}}}],
         "imagePullSecrets": [{"name": "regcred"}],
     }
-    resolved = api.resolve_spec(spec)
+    resolved = api.resolve_spec(spec).to_dict()
     assert {k: resolved[k] for k in spec} == spec
     jsonschema.Draft4Validator.check_schema(api._json_schema(api.SPEC_SCHEMA))

@@ -79,7 +79,7 @@ def test_spec_or_operator_switch_off_means_no_policy() -> None:
 def test_the_default_leaves_the_workload_digest_of_running_trainings_alone() -> None:
     """An operator upgrade that adds spec.networkPolicy (default true) must not take every running
     workload for an edited one; setting it false is an edit."""
-    before_the_field = {k: v for k, v in spec().items() if k != "networkPolicy"}
+    before_the_field = {k: v for k, v in spec().to_dict().items() if k != "networkPolicy"}
     assert builders.spec_digest(spec()) == builders.spec_digest(before_the_field)
     assert builders.spec_digest(spec(networkPolicy=False)) != builders.spec_digest(spec())
 

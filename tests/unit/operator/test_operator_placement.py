@@ -116,13 +116,13 @@ def test_bad_placement_names_the_field_and_the_value(placement: dict[str, Any], 
 
 
 def test_placement_defaults_and_immutability() -> None:
-    assert api.resolve_spec({})["placement"] == {"spreadAcrossNodes": False, "nodeLostSeconds": 30}
+    assert api.resolve_spec({}).placement == {"spreadAcrossNodes": False, "nodeLostSeconds": 30}
     assert "placement" not in api.MUTABLE_WHILE_RUNNING and "placement" in api.immutable_while_running()
 
 
 def test_the_digest_covers_placement_but_not_its_default() -> None:
     plain = api.resolve_spec({})
-    before_the_field = {k: v for k, v in plain.items() if k != "placement"}
+    before_the_field = {k: v for k, v in plain.to_dict().items() if k != "placement"}
     # A workload built before spec.placement existed is not taken for one built from an edited spec...
     assert builders.spec_digest(plain) == builders.spec_digest(before_the_field)
     # ...but an edit of placement (while suspended) is: the workload is rebuilt with it.

@@ -562,8 +562,8 @@ def test_stalled_is_set_and_cleared() -> None:
 
 
 def test_explicit_stall_timeout() -> None:
-    assert stall.stall_bound({"scheduling": {"stallTimeoutSeconds": 30}}, {}) == 30
-    assert stall.stall_bound({}, {}) is None  # no step yet: nothing to measure against
+    assert stall.stall_bound(api.resolve_spec({"scheduling": {"stallTimeoutSeconds": 30}}), {}) == 30
+    assert stall.stall_bound(api.resolve_spec({}), {}) is None  # no step yet: nothing to measure against
 
 
 def test_unreadable_progress_is_said_once_after_the_grace() -> None:

@@ -192,8 +192,8 @@ def test_render_accepts_valid_specs(spec: dict[str, Any]) -> None:
 
 
 def test_nulls_are_pruned_and_defaulted_like_the_server() -> None:
-    spec = api.resolve_spec({"weights": None, "dataset": None, "nodeSelector": {"a": None}})
-    assert "weights" not in spec and spec["dataset"] == api.resolve_spec({})["dataset"]
+    spec = api.resolve_spec({"weights": None, "dataset": None, "nodeSelector": {"a": None}}).to_dict()
+    assert "weights" not in spec and spec["dataset"] == api.resolve_spec({}).dataset
     assert spec["nodeSelector"] == {}
 
 

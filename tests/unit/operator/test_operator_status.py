@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -367,7 +368,7 @@ def test_an_unset_output_is_the_operators_choice_kept_in_status(
         chosen: dict[str, Any], why: str, durable: str, reason: str, words: str) -> None:
     """reconcile._resolve_output chose `chosen` for a spec without output: status.output keeps it (the next
     round resolves from there), and OutputDurable says what it means."""
-    spec = api.resolve_spec({}) | {"output": chosen}
+    spec = dataclasses.replace(api.resolve_spec({}), output=chosen)
     observed = plan_types.Observed(backend=backends.JOB, workload=None, output_reason=why)
     p = status.plan(body(), spec, observed, TARGET, NOW)
     assert (p.status["output"], p.status["outputReason"]) == (chosen, why)
