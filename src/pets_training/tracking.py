@@ -253,10 +253,12 @@ class MLflowGuard(GeneralTracker):
 
 
 def log_with(cfg: TrainConfig, output_dir: Path, env: Mapping[str, str]) -> list[Any]:
-    """``Accelerator(log_with=...)``: TensorBoard (unless ``--no-tensorboard``), MLflow (``--mlflow-uri``)."""
+    """``Accelerator(log_with=...)``: TensorBoard (unless ``--no-tensorboard``), and MLflow with
+    ``--mlflow-uri`` or MLflow's own MLFLOW_TRACKING_URI (a pod's spec.env can set it, from a Secret too)."""
     trackers: list[Any] = ["tensorboard"] if cfg.tensorboard else []
-    if cfg.mlflow_uri:
-        trackers.append(MLflowGuard(cfg.mlflow_uri, cfg.mlflow_experiment, output_dir, cfg.resume, env,
+    uri = cfg.mlflow_uri or env.get("MLFLOW_TRACKING_URI")
+    if uri:
+        trackers.append(MLflowGuard(uri, cfg.mlflow_experiment, output_dir, cfg.resume, env,
                                     cfg.tracking_timeout))
     return trackers
 

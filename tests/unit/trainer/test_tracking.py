@@ -118,3 +118,15 @@ def test_mlflows_http_waits_are_bounded_unless_the_environment_says_otherwise() 
     tracking.bound_http(env)
     assert env == {"MLFLOW_HTTP_REQUEST_TIMEOUT": "60", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
                    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
+
+
+def test_mlflow_is_on_with_the_flag_or_mlflows_own_env(tmp_path: Path) -> None:
+    def names(argv: list[str], env: dict[str, str]) -> list[str]:
+        made = tracking.log_with(resolve(argv), tmp_path, env)
+        return [t if isinstance(t, str) else f"mlflow {t.uri}" for t in made]
+
+    assert names([], {}) == ["tensorboard"]
+    assert names(["--no-tensorboard"], {}) == []
+    assert names(["--mlflow-uri", "http://a:5000"], {"MLFLOW_TRACKING_URI": "http://b:5000"}) == [
+        "tensorboard", "mlflow http://a:5000"]  # the flag wins
+    assert names([], {"MLFLOW_TRACKING_URI": "http://b:5000"}) == ["tensorboard", "mlflow http://b:5000"]

@@ -20,7 +20,7 @@ from polling import wait_for
 from pets_contract import env as contract_env
 from pets_contract import tracking as keys
 from pets_contract.names import MLFLOW_RUN_FILE
-from pets_training.tracking import HTTP_BOUNDS
+from pets_training.tracking import HTTP_BOUNDS, write_run
 
 from .helpers import BIN, PYTHON, SMALL_ARGS, closed_port, free_port, read_json, read_jsonl, run
 
@@ -101,6 +101,20 @@ def test_one_mlflow_run_holds_the_training_and_a_restart_continues_it(mlflow_ser
     assert tracked[keys.MLFLOW_RUN_ID] == first and tracked[keys.OK] is True
     page = f"{mlflow_server}/#/experiments/{experiment.experiment_id}/runs/{first}"
     assert tracked[keys.MLFLOW_URL] == page
+
+
+@pytest.mark.timeout(300)
+def test_a_run_the_server_no_longer_has_is_replaced_by_a_new_one(mlflow_server: str, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    gone = "0" * 32  # kept by an attempt against a server whose database was since made anew
+    write_run(out, mlflow_server, None, "0", gone)
+    run([PYTHON, "-m", "pets_training", *ARGS, "--epochs", "1", "--no-checkpoints", "--resume",
+         "--output-dir", str(out), "--mlflow-uri", mlflow_server], timeout=180)
+    tracked = read_json(out / "summary.json")["tracking"]
+    assert tracked[keys.OK] is True and tracked[keys.MLFLOW_RUN_ID] not in (None, gone)
+    assert MlflowClient(mlflow_server).get_run(tracked[keys.MLFLOW_RUN_ID]).info.status == "FINISHED"
+    assert read_json(out / MLFLOW_RUN_FILE)["run_id"] == tracked[keys.MLFLOW_RUN_ID]
 
 
 class Silent:
