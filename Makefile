@@ -133,6 +133,10 @@ test-images: install ## build both images from a clean engine (offline base; CLE
 e2e: install ## on the running cluster: images, helm install, train, faults
 	tests/e2e/run.sh $(CLUSTER)
 
+.PHONY: test-upgrade
+test-upgrade: install ## on the running cluster: the previous release (CHANGELOG.md) with trainings in every state, upgraded to this tree, then rolled back
+	tests/e2e/upgrade.sh $(CLUSTER)
+
 .PHONY: demo
 demo: ## from a fresh machine: cluster, images, chart, train petstraining.yaml to Succeeded
 	tests/e2e/demo.sh $(CLUSTER)

@@ -160,6 +160,15 @@ case "${1:-}" in
         outs+=("$fifos/$i")
         (python3 "$HERE/slim_image_archive.py" "$fifos/present-$i" "$PETS_CACHE/docker-layer-chains" \
           <"$fifos/$i" | ctr_ images import - >/dev/null) &
+      elif ctr_ snapshots ls | awk 'NR > 1 { found = 1 } END { exit !found }'; then
+        # No build of this name, but layers of others (the same image under its previous version's tag):
+        # slim too, or a new version would stream all 6 GB into every node's ingest at once.
+        how[$i]="slim"
+        { ctr_ snapshots ls; ctr_ content ls; } >"$fifos/present-$i"
+        mkfifo "$fifos/$i"
+        outs+=("$fifos/$i")
+        (python3 "$HERE/slim_image_archive.py" "$fifos/present-$i" "$PETS_CACHE/docker-layer-chains" \
+          <"$fifos/$i" | ctr_ images import - >/dev/null) &
       else
         how[$i]="whole"
         mkfifo "$fifos/$i"
@@ -180,7 +189,7 @@ case "${1:-}" in
     fi
     for i in "${!pids[@]}"; do
       wait "${pids[$i]}" && continue
-      [[ ${updates[$i]} == true ]] || die "importing $1 into $(node_of "${pending[$i]}") failed"
+      [[ ${how[$i]} == slim ]] || die "importing $1 into $(node_of "${pending[$i]}") failed"
       # A slim import that failed is done again whole: slower, and it needs nothing of the node's.
       sock=${pending[$i]}
       log "the slim import into $(node_of "$sock") failed; importing docker's whole archive there"
@@ -189,9 +198,11 @@ case "${1:-}" in
     for i in "${!pending[@]}"; do
       sock=${pending[$i]}
       ctr_ images label "$ref" "$ID_LABEL=$id" >/dev/null
-      [[ ${updates[$i]} == true ]] || continue
-      ctr_ images rm --sync "$keep" >/dev/null
-      remove_orphans
+      [[ ${how[$i]} != whole ]] || continue
+      if [[ ${updates[$i]} == true ]]; then
+        ctr_ images rm --sync "$keep" >/dev/null
+        remove_orphans
+      fi
       mapfile -t layers < <(ctr_ content get "$(image_digest "$ref")" |
         python3 -c 'import json, sys; print(*(layer["digest"] for layer in json.load(sys.stdin)["layers"]), sep="\n")')
       ctr_ content rm "${layers[@]}" >/dev/null 2>&1 || true  # blobs left out were never there

@@ -31,6 +31,7 @@ from trainings import (  # tests/e2e/trainings.py: the helpers the suites share
     dedicated_control_plane,
     helm_binary,
     kubectl,
+    tenant_namespace,
 )
 
 CLUSTER_DIR = REPO / "tests" / "cluster"
@@ -171,33 +172,16 @@ def operator_release(kube_api: Any, tmp_path_factory: pytest.TempPathFactory) ->
                            env=env, check=False)
 
 
-@contextlib.contextmanager
-def _tenant_namespace(kube_api: Any, prefix: str) -> Iterator[Trainings]:
-    """A fresh namespace, ready for pods, and the PetsTrainings in it; deleted afterwards."""
-    from kubernetes import client
-
-    core = client.CoreV1Api(kube_api)
-    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
-    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
-    wait_for(f"namespace {name} default ServiceAccount",
-             lambda: core.list_namespaced_service_account(
-                 name, field_selector="metadata.name=default").items, 60, 0.5)
-    try:
-        yield Trainings(kube_api, name)
-    finally:
-        core.delete_namespace(name, propagation_policy="Foreground")
-
-
 @pytest.fixture
 def trainings(kube_api: Any, operator_release: str) -> Iterator[Trainings]:
-    with _tenant_namespace(kube_api, "e2e") as tenant:
+    with tenant_namespace(kube_api, "e2e") as tenant:
         yield tenant
 
 
 @pytest.fixture
 def other_tenant(kube_api: Any, operator_release: str) -> Iterator[Trainings]:
     """A second tenant's namespace, beside `trainings`'."""
-    with _tenant_namespace(kube_api, "e2e-other") as tenant:
+    with tenant_namespace(kube_api, "e2e-other") as tenant:
         yield tenant
 
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -181,3 +184,20 @@ def addon(name: str) -> None:
     result = subprocess.run([str(CLUSTER_SH), "addon-up", name], text=True, capture_output=True)
     if result.returncode != 0:
         pytest.fail(f"cluster.sh addon-up {name} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+
+
+@contextlib.contextmanager
+def tenant_namespace(kube_api: Any, prefix: str) -> Iterator[Trainings]:
+    """A fresh namespace, ready for pods, and the PetsTrainings in it; deleted afterwards."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(kube_api)
+    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    wait_for(f"namespace {name} default ServiceAccount",
+             lambda: core.list_namespaced_service_account(
+                 name, field_selector="metadata.name=default").items, 60, 0.5)
+    try:
+        yield Trainings(kube_api, name)
+    finally:
+        core.delete_namespace(name, propagation_policy="Foreground")
