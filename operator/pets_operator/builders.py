@@ -228,46 +228,40 @@ def _data_dir(spec: Spec, source: str) -> str:
 
 
 def _volumes(spec: Spec, training: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    volumes: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": {"medium": "Memory"}}]
-    mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    volumes: list[dict[str, Any]] = []
+    mounts: list[dict[str, Any]] = []
+
+    def add(name: str, source: dict[str, Any], path: str, **mount: Any) -> None:
+        volumes.append({"name": name, **source})
+        mounts.append({"name": name, "mountPath": path, **mount})
+
+    add("dshm", {"emptyDir": {"medium": "Memory"}}, "/dev/shm")
     for name, path in SCRATCH_DIRS.items():
-        volumes.append({"name": name, "emptyDir": {}})
-        mounts.append({"name": name, "mountPath": path})
+        add(name, {"emptyDir": {}}, path)
     output = api.output_of(spec)
     if "managedClaim" in output:
-        claim_name = output_claim_name(training)
-        volumes.append({"name": "output", "persistentVolumeClaim": {"claimName": claim_name}})
-        mounts.append({"name": "output", "mountPath": api.OUTPUT_DIR})
+        add("output", {"persistentVolumeClaim": {"claimName": output_claim_name(training)}}, api.OUTPUT_DIR)
     elif "persistentVolumeClaim" in output:
         claim = output["persistentVolumeClaim"]
-        volumes.append({"name": "output", "persistentVolumeClaim": {"claimName": claim["claimName"]}})
-        mount: dict[str, Any] = {"name": "output", "mountPath": api.OUTPUT_DIR}
         sub = claim.get("path", "/").strip("/")
-        if sub:
-            mount["subPath"] = sub
-        mounts.append(mount)
+        add("output", {"persistentVolumeClaim": {"claimName": claim["claimName"]}}, api.OUTPUT_DIR,
+            **({"subPath": sub} if sub else {}))
     else:
-        empty = dict(output.get("emptyDir") or {})
-        volumes.append({"name": "output", "emptyDir": empty})
-        mounts.append({"name": "output", "mountPath": api.OUTPUT_DIR})
+        add("output", {"emptyDir": dict(output.get("emptyDir") or {})}, api.OUTPUT_DIR)
     if spec.pretrained_cache:
-        cache = spec.pretrained_cache["persistentVolumeClaim"]
-        volumes.append({"name": "pretrained-cache",
-                        "persistentVolumeClaim": {"claimName": cache["claimName"], "readOnly": True}})
-        mounts.append({"name": "pretrained-cache", "mountPath": api.PRETRAINED_CACHE_DIR, "readOnly": True})
+        cache = {"claimName": spec.pretrained_cache["persistentVolumeClaim"]["claimName"], "readOnly": True}
+        add("pretrained-cache", {"persistentVolumeClaim": cache}, api.PRETRAINED_CACHE_DIR, readOnly=True)
     source = spec.dataset_source
     if source == "persistentVolumeClaim":
         claim = spec.dataset["persistentVolumeClaim"]
-        volumes.append({"name": "data", "persistentVolumeClaim": {"claimName": claim["claimName"],
-                                                                  "readOnly": True}})
-        mounts.append({"name": "data", "mountPath": api.DATA_DIR, "readOnly": True})
+        add("data", {"persistentVolumeClaim": {"claimName": claim["claimName"], "readOnly": True}},
+            api.DATA_DIR, readOnly=True)
     elif source == "url":  # the cache claim: the init container fills data/, the trainer reads it
-        volumes.append({"name": "data", "persistentVolumeClaim": {"claimName": dataset_cache_name(spec)}})
-        mounts.append({"name": "data", "mountPath": api.DATA_DIR, "readOnly": True, "subPath": "data"})
+        add("data", {"persistentVolumeClaim": {"claimName": dataset_cache_name(spec)}}, api.DATA_DIR,
+            readOnly=True, subPath="data")
     elif source == "hostPath":
-        volumes.append({"name": "data", "hostPath": {"path": spec.dataset["hostPath"]["path"],
-                                                     "type": "Directory"}})
-        mounts.append({"name": "data", "mountPath": api.DATA_DIR, "readOnly": True})
+        add("data", {"hostPath": {"path": spec.dataset["hostPath"]["path"], "type": "Directory"}},
+            api.DATA_DIR, readOnly=True)
     return volumes, mounts
 
 

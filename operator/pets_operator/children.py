@@ -5,6 +5,7 @@ dataset's cache), the headless Service, the NetworkPolicy and the Indexed Job ar
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from typing import Any
 
 from pets_contract import exits
@@ -32,25 +33,22 @@ def build_dataset_cache_claim(spec: Spec, target: Target) -> dict[str, Any] | No
     by the training (children.owned): the next training on the same data finds it full."""
     if spec.dataset_source != "url":
         return None
-    cache = spec.dataset.get("cache") or {}
-    pvc: dict[str, Any] = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": {
-            "name": dataset_cache_name(spec),
-            "namespace": target.namespace,
-            "labels": {"app.kubernetes.io/name": "pets-training", api.LABEL_COMPONENT: "dataset-cache",
-                       api.LABEL_DATASET_CACHE: "true"},
-            "annotations": {api.ANNOTATION_DATASET_URL: spec.dataset["url"]},
-        },
-        "spec": {
-            "accessModes": gang_access_modes(spec),
-            "resources": {"requests": {"storage": str(cache.get("size") or api.DEFAULT_DATASET_CACHE_SIZE)}},
-        },
-    }
-    if cache.get("storageClassName"):
-        pvc["spec"]["storageClassName"] = cache["storageClassName"]
-    return pvc
+    return _claim({"name": dataset_cache_name(spec), "namespace": target.namespace,
+                   "labels": {"app.kubernetes.io/name": "pets-training", api.LABEL_COMPONENT: "dataset-cache",
+                              api.LABEL_DATASET_CACHE: "true"},
+                   "annotations": {api.ANNOTATION_DATASET_URL: spec.dataset["url"]}},
+                  gang_access_modes(spec), spec.dataset.get("cache") or {}, api.DEFAULT_DATASET_CACHE_SIZE)
+
+
+def _claim(metadata: dict[str, Any], access_modes: list[str], wanted: Mapping[str, Any],
+           default_size: str) -> dict[str, Any]:
+    """A PersistentVolumeClaim of the size and StorageClass `wanted` asks (unset: the default size, the
+    cluster's default class)."""
+    spec: dict[str, Any] = {"accessModes": access_modes,
+                            "resources": {"requests": {"storage": str(wanted.get("size") or default_size)}}}
+    if wanted.get("storageClassName"):
+        spec["storageClassName"] = wanted["storageClassName"]
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": metadata, "spec": spec}
 
 
 def output_access_modes(spec: Spec) -> list[str]:
@@ -67,22 +65,9 @@ def build_output_claim(spec: Spec, target: Target) -> dict[str, Any] | None:
     if claim is None:
         return None
     retention = claim.get("retentionPolicy") or "Delete"
-    pvc: dict[str, Any] = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": {
-            "name": output_claim_name(target.name),
-            "namespace": target.namespace,
-            "labels": labels(target.name, "output") | {api.LABEL_OUTPUT_RETENTION: retention},
-        },
-        "spec": {
-            "accessModes": output_access_modes(spec),
-            "resources": {"requests": {"storage": str(claim.get("size") or api.DEFAULT_OUTPUT_CLAIM_SIZE)}},
-        },
-    }
-    if claim.get("storageClassName"):
-        pvc["spec"]["storageClassName"] = claim["storageClassName"]
-    return pvc
+    return _claim({"name": output_claim_name(target.name), "namespace": target.namespace,
+                   "labels": labels(target.name, "output") | {api.LABEL_OUTPUT_RETENTION: retention}},
+                  output_access_modes(spec), claim, api.DEFAULT_OUTPUT_CLAIM_SIZE)
 
 
 def owned(manifest: dict[str, Any]) -> bool:

@@ -13,6 +13,7 @@ as a YAML stream.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import random
 import sys
@@ -249,27 +250,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"pets-operator run: {exc}", file=sys.stderr)
         return 2
     try:
-        run_operator(
-            Settings(
-                namespaces=tuple(args.namespace),
-                liveness_port=args.liveness_port,
-                metrics_port=args.metrics_port,
-                peering_name=None if args.standalone else args.peering,
-                priority=args.priority,
-                log_format=args.log_format,
-                verbose=args.verbose,
-                default_image=args.default_image,
-                cluster_domain=args.cluster_domain,
-                auto_backend=args.auto_backend,
-                default_output=default_output,
-                network_policy=builders.NetworkPolicySettings(args.training_network_policy == "on",
-                                                              args.metrics_from),
-                workers=args.workers,
-                progress_interval=args.progress_interval,
-                scrape_concurrency=args.scrape_concurrency,
-                scrape_timeout=args.scrape_timeout,
-            )
-        )
+        # A flag named like a setting is that setting; the others are made from their flags here.
+        same = {f.name: getattr(args, f.name) for f in dataclasses.fields(Settings) if hasattr(args, f.name)}
+        run_operator(Settings(**same | {
+            "namespaces": tuple(args.namespace), "peering_name": None if args.standalone else args.peering,
+            "default_output": default_output, "network_policy": builders.NetworkPolicySettings(
+                args.training_network_policy == "on", args.metrics_from)}))
     except NoClusterError as exc:
         print(f"pets-operator run: {exc}", file=sys.stderr)
         return 2

@@ -7,9 +7,11 @@ backend needs no change here.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
+from collections.abc import Iterator
 from typing import Any, cast
 
 from kubernetes import client
@@ -33,6 +35,16 @@ def api_message(exc: ApiException) -> str:
 # yet), the operator's own RBAC, or the namespace going away. Each can change without a new spec.
 _FORBIDDEN_FOR_NOW = re.compile(r"exceeded quota|status unknown for quota|cannot create resource|"
                                 r"is being terminated")
+
+
+@contextlib.contextmanager
+def unless(*statuses: int) -> Iterator[None]:
+    """An API call whose answer with one of these statuses is fine (404: gone already; 409: replaced)."""
+    try:
+        yield
+    except ApiException as exc:
+        if exc.status not in statuses:
+            raise
 
 
 def child_refusal_permanent(exc: ApiException) -> bool:
@@ -62,14 +74,10 @@ def served_backends(api_client: client.ApiClient) -> set[str]:
         if backend.always_served:
             served.add(backend.name)
             continue
-        try:
-            res = custom.get_api_resources(backend.group, backend.version)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-            continue
-        if any(r.name == backend.plural for r in res.resources):
-            served.add(backend.name)
+        with unless(404):  # 404: the backend's API group is not served
+            if any(r.name == backend.plural for r in custom.get_api_resources(backend.group,
+                                                                              backend.version).resources):
+                served.add(backend.name)
     return served
 
 
@@ -129,23 +137,17 @@ class Cluster:
 
     def claim(self, name: str) -> dict[str, Any] | None:
         """The PersistentVolumeClaim `name` of this namespace, or None when there is none."""
-        try:
+        with unless(404):
             return self._dict(self.core.read_namespaced_persistent_volume_claim(name, self.namespace))
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-            return None
+        return None
 
     def force_delete_pod(self, name: str, uid: str | None = None) -> None:
         """Delete a pod at once (grace period 0): for a pod on a lost node, whose kubelet will never
         confirm its end. Only that very pod (`uid`); gone already, or replaced, is fine."""
         body = client.V1DeleteOptions(grace_period_seconds=0,
                                       preconditions=client.V1Preconditions(uid=uid) if uid else None)
-        try:
+        with unless(404, 409):
             self.core.delete_namespaced_pod(name, self.namespace, grace_period_seconds=0, body=body)
-        except ApiException as exc:
-            if exc.status not in (404, 409):
-                raise
 
     def pod_warnings(self, pod_names: list[str]) -> dict[str, list[dict[str, Any]]]:
         """Warning Events of these pods (mount failures are reported nowhere else)."""
@@ -209,7 +211,7 @@ class Cluster:
 
     def delete(self, ref: dict[str, Any]) -> None:
         body = client.V1DeleteOptions(propagation_policy="Foreground")
-        try:
+        with unless(404):
             backend = backends.for_kind(ref["apiVersion"], ref["kind"])
             if backend is not None:
                 self.custom.delete_namespaced_custom_object(backend.group, backend.version, ref["namespace"],
@@ -220,9 +222,6 @@ class Cluster:
                 self.networking.delete_namespaced_network_policy(ref["name"], ref["namespace"], body=body)
             else:
                 raise ValueError(f"no API known for {ref['apiVersion']} {ref['kind']}")
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
 
     def set_suspend(self, backend: backends.Backend, name: str, value: bool) -> None:
         self.custom.patch_namespaced_custom_object(backend.group, backend.version, self.namespace,
@@ -257,19 +256,13 @@ class Cluster:
         """Take one finalizer off the PetsTraining; the resourceVersion guards against a concurrent edit
         of the list (409: the next round sees the new list and tries again)."""
         keep = [f for f in finalizers if f != finalizer]
-        try:
+        with unless(404):
             self.custom.patch_namespaced_custom_object(
                 api.GROUP, api.VERSION, self.namespace, api.PLURAL, self.name,
                 {"metadata": {"finalizers": keep or None, "resourceVersion": resource_version}})
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
 
     def delete_training(self) -> None:
-        try:
+        with unless(404):
             self.custom.delete_namespaced_custom_object(
                 api.GROUP, api.VERSION, self.namespace, api.PLURAL, self.name,
                 body=client.V1DeleteOptions(propagation_policy="Background"))
-        except ApiException as exc:
-            if exc.status != 404:
-                raise

@@ -68,27 +68,24 @@ def immutability_policy() -> list[dict[str, Any]]:
     """The ValidatingAdmissionPolicy that refuses an edit of a running training's workload-shaping
     fields (api.immutability_validations), and its binding. Installed by the chart's template
     templates/immutability-policy.yaml (Kubernetes 1.30 or later)."""
+    return _admission_policy(api.IMMUTABILITY_POLICY, ["UPDATE"],
+                             {"validations": api.immutability_validations()})
+
+
+def _admission_policy(name: str, operations: list[str], checks: dict[str, Any],
+                      binding: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """A ValidatingAdmissionPolicy on PetsTrainings (`checks`: its variables and validations), and its
+    binding that denies what it refuses."""
     labels = {api.LABEL_PART_OF: "pets-training"}
-    policy = {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicy",
-        "metadata": {"name": api.IMMUTABILITY_POLICY, "labels": labels},
-        "spec": {
-            "failurePolicy": "Fail",
-            # `petstrainings` matches spec writes, not the status subresource the operator writes.
-            "matchConstraints": {"resourceRules": [{
-                "apiGroups": [api.GROUP], "apiVersions": ["*"], "operations": ["UPDATE"],
-                "resources": [api.PLURAL]}]},
-            "validations": api.immutability_validations(),
-        },
-    }
-    binding = {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicyBinding",
-        "metadata": {"name": api.IMMUTABILITY_POLICY, "labels": labels},
-        "spec": {"policyName": api.IMMUTABILITY_POLICY, "validationActions": ["Deny"]},
-    }
-    return [policy, binding]
+    # `petstrainings` matches spec writes, not the status subresource the operator writes.
+    rules = [{"apiGroups": [api.GROUP], "apiVersions": ["*"], "operations": operations,
+              "resources": [api.PLURAL]}]
+    return [{"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+             "metadata": {"name": name, "labels": labels},
+             "spec": {"failurePolicy": "Fail", "matchConstraints": {"resourceRules": rules}, **checks}},
+            {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+             "metadata": {"name": name, "labels": labels},
+             "spec": {"policyName": name, "validationActions": ["Deny"], **(binding or {})}}]
 
 
 def policy_yaml() -> str:
@@ -201,31 +198,10 @@ def guardrails_validations() -> list[dict[str, str]]:
 def guardrails_policy() -> list[dict[str, Any]]:
     """The guardrails' ValidatingAdmissionPolicy and binding, with placeholders where the template puts
     the chart's values (GUARDRAILS_VARIABLES_HELM, GUARDRAILS_NAMESPACE_SELECTOR_HELM) and the name."""
-    labels = {api.LABEL_PART_OF: "pets-training"}
-    name = _placeholder("name")
-    policy = {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicy",
-        "metadata": {"name": name, "labels": labels},
-        "spec": {
-            "failurePolicy": "Fail",
-            # Spec writes only: the operator's status writes go to the status subresource.
-            "matchConstraints": {"resourceRules": [{
-                "apiGroups": [api.GROUP], "apiVersions": ["*"],
-                "operations": ["CREATE", "UPDATE"], "resources": [api.PLURAL]}]},
-            "variables": [{"name": key, "expression": _placeholder(key)}
-                          for key in GUARDRAILS_VARIABLES_HELM],
-            "validations": guardrails_validations(),
-        },
-    }
-    binding = {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicyBinding",
-        "metadata": {"name": name, "labels": labels},
-        "spec": {"policyName": name, "validationActions": ["Deny"],
-                 "matchResources": {"namespaceSelector": _placeholder("namespaceSelector")}},
-    }
-    return [policy, binding]
+    return _admission_policy(_placeholder("name"), ["CREATE", "UPDATE"], {
+        "variables": [{"name": key, "expression": _placeholder(key)} for key in GUARDRAILS_VARIABLES_HELM],
+        "validations": guardrails_validations()}, {"matchResources": {"namespaceSelector": _placeholder(
+            "namespaceSelector")}})
 
 
 def guardrails_policy_yaml() -> str:

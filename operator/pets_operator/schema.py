@@ -23,33 +23,22 @@ from pets_operator.rules import _validations
 # ----------------------------------------------------------------------------- schema helpers
 
 
+def _set(**fields: Any) -> dict[str, Any]:
+    """The fields of a schema node that are set (a schema leaves out what it does not restrict)."""
+    return {key: value for key, value in fields.items() if value is not None}
+
+
 def _int(description: str, *, default: int | None = None, minimum: int | None = None,
          maximum: int | None = None) -> dict[str, Any]:
-    out: dict[str, Any] = {"type": "integer", "description": description}
-    if default is not None:
-        out["default"] = default
-    if minimum is not None:
-        out["minimum"] = minimum
-    if maximum is not None:
-        out["maximum"] = maximum
-    return out
+    return {"type": "integer", "description": description} | _set(default=default, minimum=minimum,
+                                                                  maximum=maximum)
 
 
 def _str(description: str, *, default: str | None = None, pattern: str | None = None,
          max_length: int | None = None, min_length: int | None = None,
          enum: list[str] | None = None) -> dict[str, Any]:
-    out: dict[str, Any] = {"type": "string", "description": description}
-    if default is not None:
-        out["default"] = default
-    if enum is not None:
-        out["enum"] = enum
-    if pattern is not None:
-        out["pattern"] = pattern
-    if min_length is not None:
-        out["minLength"] = min_length
-    if max_length is not None:
-        out["maxLength"] = max_length
-    return out
+    return {"type": "string", "description": description} | _set(
+        default=default, enum=enum, pattern=pattern, minLength=min_length, maxLength=max_length)
 
 
 def _bool(description: str, default: bool) -> dict[str, Any]:
@@ -62,22 +51,13 @@ def _seconds(description: str) -> dict[str, Any]:
 
 def _obj(description: str, properties: dict[str, Any], *, required: list[str] | None = None,
          default: dict[str, Any] | None = None, rules: list[dict[str, str]] | None = None) -> dict[str, Any]:
-    out: dict[str, Any] = {"type": "object", "description": description, "properties": properties}
-    if required:
-        out["required"] = required
-    if default is not None:
-        out["default"] = default
-    if rules:
-        out["x-kubernetes-validations"] = rules
-    return out
+    return {"type": "object", "description": description, "properties": properties} | _set(
+        required=required or None, default=default, **{"x-kubernetes-validations": rules or None})
 
 
 def _quantity(description: str, default: str | None = None) -> dict[str, Any]:
     """An int-or-string quantity; its value is checked by a `_quantity_rule` on the parent object."""
-    out = k8s_schema.int_or_string(description)
-    if default is not None:
-        out["default"] = default
-    return out
+    return k8s_schema.int_or_string(description) | _set(default=default)
 
 
 def _k8s(model: str, field_name: str, description: str, **extra: Any) -> dict[str, Any]:

@@ -5,14 +5,27 @@ from __future__ import annotations
 from typing import Any
 
 from pets_contract.names import PHASES
-from pets_operator.schema import _obj, _seconds, _str
+from pets_operator.schema import _int, _obj, _seconds, _str
+
+
+def _num(description: str) -> dict[str, Any]:
+    return {"type": "number", "description": description}
+
+
+def _time(description: str) -> dict[str, Any]:
+    return {"type": "string", "format": "date-time", "description": description}
+
+
+def _flag(description: str) -> dict[str, Any]:
+    return {"type": "boolean", "description": description}
+
 
 _CONDITION = _obj("A standard condition (metav1.Condition).", {
     "type": _str("Ready, Progressing, Succeeded, Failed or Suspended."),
     "status": _str("True, False or Unknown.", enum=["True", "False", "Unknown"]),
     "reason": _str("CamelCase reason."),
     "message": _str("Human readable message."),
-    "lastTransitionTime": {"type": "string", "format": "date-time", "description": "When status changed."},
+    "lastTransitionTime": _time("When status changed."),
     "observedGeneration": {"type": "integer", "format": "int64", "description": "Generation observed."},
 }, required=["type", "status"])
 
@@ -25,81 +38,72 @@ STATUS_SCHEMA: dict[str, Any] = _obj("Observed state, written by the operator.",
                    "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     "backend": _str("The backend in use: job or pytorchjob."),
     "backendReason": _str("Why that backend: spec.backend, or what auto means on this operator."),
-    "replicas": {"type": "integer", "description": "Pods of the gang."},
-    "activeReplicas": {"type": "integer", "description": "Pods running now."},
-    "readyReplicas": {"type": "integer", "description": "Pods ready now."},
-    "restarts": {"type": "integer", "description": "Gang restarts so far."},
-    "attempt": {"type": "integer",
-                "description": "Workloads created so far, minus one: a gang restart and a rebuild after an "
-                               "edit each start a new attempt (its workload is named <name>-r<attempt>)."},
-    "workloadActive": {"type": "boolean",
-                       "description": "A workload exists and is not suspended: the fields that shape it are "
-                                      "immutable until it is suspended or finished."},
+    "replicas": _int("Pods of the gang."),
+    "activeReplicas": _int("Pods running now."),
+    "readyReplicas": _int("Pods ready now."),
+    "restarts": _int("Gang restarts so far."),
+    "attempt": _int("Workloads created so far, minus one: a gang restart and a rebuild after an edit each "
+                    "start a new attempt (its workload is named <name>-r<attempt>)."),
+    "workloadActive": _flag("A workload exists and is not suspended: the fields that shape it are immutable "
+                            "until it is suspended or finished."),
     "queue": _obj("Where a queue (Kueue) holds the workload.", {
         "name": _str("The LocalQueue (the kueue.x-k8s.io/queue-name label)."),
         "workload": _str("Kueue's Workload object for this attempt."),
-        "admitted": {"type": "boolean", "description": "Whether Kueue has admitted it."},
+        "admitted": _flag("Whether Kueue has admitted it."),
         "message": _str("Kueue's own words on why it waits, or why it was preempted."),
     }),
     "progress": _str("epoch/totalEpochs, for kubectl get."),
-    "epoch": {"type": "integer", "description": "Last finished epoch (rank 0)."},
-    "totalEpochs": {"type": "integer", "description": "Epochs of the run."},
-    "trainLoss": {"type": "number", "description": "Training loss of the last epoch."},
-    "evalAccuracy": {"type": "number", "description": "Eval accuracy of the last epoch (0..1)."},
-    "imagesPerSecond": {"type": "number", "description": "Training throughput of the last epoch."},
-    "elapsedSeconds": {"type": "number", "description": "Seconds trained so far."},
-    "etaSeconds": {"type": "number", "description": "Estimated seconds left."},
-    "lastProgressTime": {"type": "string", "format": "date-time", "description": "When progress was read."},
+    "epoch": _int("Last finished epoch (rank 0)."),
+    "totalEpochs": _int("Epochs of the run."),
+    "trainLoss": _num("Training loss of the last epoch."),
+    "evalAccuracy": _num("Eval accuracy of the last epoch (0..1)."),
+    "imagesPerSecond": _num("Training throughput of the last epoch."),
+    "elapsedSeconds": _num("Seconds trained so far."),
+    "etaSeconds": _num("Estimated seconds left."),
+    "lastProgressTime": _time("When progress was read."),
     "summary": {"type": "object", "x-kubernetes-preserve-unknown-fields": True,
                 "description": "The trainer's final summary (its termination message)."},
-    "startTime": {"type": "string", "format": "date-time", "description": "When the first attempt started."},
-    "completionTime": {"type": "string", "format": "date-time", "description": "When it finished."},
-    "pendingSince": {"type": "string", "format": "date-time",
-                     "description": "When the current wait for pods began (cleared once they all run)."},
-    "disruptions": {"type": "integer",
-                    "description": "Of the restarts, those the cluster caused (evicted, preempted, node "
-                                   "lost): they do not count against spec.maxRestarts."},
-    "step": {"type": "integer", "description": "Optimizer steps taken so far (rank 0)."},
-    "stepsTotal": {"type": "integer", "description": "Optimizer steps of the whole run."},
-    "resumeStep": {"type": "integer", "description": "The step the current attempt resumed at (0: from "
-                                                     "the start)."},
-    "resumeSkippedCheckpoints": {"type": "integer", "description": "Step checkpoints newer than where the "
-                                 "current run resumed that it could not use (another world size or steps "
-                                 "per epoch); a CheckpointSkipped Event says so."},
+    "startTime": _time("When the first attempt started."),
+    "completionTime": _time("When it finished."),
+    "pendingSince": _time("When the current wait for pods began (cleared once they all run)."),
+    "disruptions": _int("Of the restarts, those the cluster caused (evicted, preempted, node lost): they do "
+                        "not count against spec.maxRestarts."),
+    "step": _int("Optimizer steps taken so far (rank 0)."),
+    "stepsTotal": _int("Optimizer steps of the whole run."),
+    "resumeStep": _int("The step the current attempt resumed at (0: from the start)."),
+    "resumeSkippedCheckpoints": _int("Step checkpoints newer than where the current run resumed that it "
+                                     "could not use (another world size or steps per epoch); a "
+                                     "CheckpointSkipped Event says so."),
     "dataset": _obj("What the trainer made of the data before its first step: the counts of its dataset "
                     "report (dataset.json in the output lists the classes and the skipped files).", {
         "layout": _str("synthetic, flat, oxford or imagefolder (from the final summary)."),
-        "images": {"type": "integer", "description": "Images found and readable."},
-        "classes": {"type": "integer", "description": "Classes among them."},
-        "skipped": {"type": "integer", "description": "Files left out: not images, unlabelled or "
-                                                      "unreadable."},
-        "trainImages": {"type": "integer", "description": "Images in the training split."},
-        "evalImages": {"type": "integer", "description": "Images in the evaluation split."},
+        "images": _int("Images found and readable."),
+        "classes": _int("Classes among them."),
+        "skipped": _int("Files left out: not images, unlabelled or unreadable."),
+        "trainImages": _int("Images in the training split."),
+        "evalImages": _int("Images in the evaluation split."),
     }),
     "lastFailure": _obj("The failure that ended the last attempt, classified.", {
         "cause": _str("PermanentError, ExitCode, OOMKilled, Evicted, Preempted, NodeLost or Stopped "
                       "(the trainer saved a step checkpoint on SIGTERM and exited 75: not counted)."),
         "pod": _str("The pod whose failure ended the attempt (the first to fail)."),
-        "rank": {"type": "integer", "description": "Its machine rank."},
+        "rank": _int("Its machine rank."),
         "node": _str("The node it ran on."),
-        "exitCode": {"type": "integer", "description": "The trainer container's exit code."},
+        "exitCode": _int("The trainer container's exit code."),
         "message": _str("The trainer's own reason, or the cluster's."),
         "logTail": _str("The last lines of that container's log."),
-        "lastStep": {"type": "integer", "description": "The step that attempt had reached, as last read."},
-        "lostSteps": {"type": "integer", "description": "Steps it had done past the point the next attempt "
-                                                        "resumed at, so done again (at least: its step is as "
-                                                        "last read)."},
-        "time": {"type": "string", "format": "date-time", "description": "When it failed."},
+        "lastStep": _int("The step that attempt had reached, as last read."),
+        "lostSteps": _int("Steps it had done past the point the next attempt resumed at, so done again (at "
+                          "least: its step is as last read)."),
+        "time": _time("When it failed."),
     }),
     "deadline": _obj("Bookkeeping of spec.activeDeadlineSeconds: the time that does not count.", {
-        "pausedSeconds": {"type": "number", "description": "Seconds Suspended, Queued or Preempted since "
-                                                            "the start, closed pauses only."},
-        "pausedSince": {"type": "string", "format": "date-time", "description": "When the current pause "
-                                                                                  "began."},
+        "pausedSeconds": _num("Seconds Suspended, Queued or Preempted since the start, closed pauses only."),
+        "pausedSince": _time("When the current pause began."),
     }),
     "goodput": _obj("Where the wall time went and the share of it that was training kept (docs/operator.md, "
                     "Preemption and goodput). Made again when a phase or an attempt's parts change.", {
-        "ratio": {"type": "number", "description": "productiveSeconds / wallSeconds."},
+        "ratio": _num("productiveSeconds / wallSeconds."),
         "wallSeconds": _seconds("From the creation to the completion, or to asOf."),
         "waitingSeconds": _seconds("Pending, Queued, Suspended, Preempted and Restarting."),
         "startupSeconds": _seconds("The attempts' start-up: the trainer's start to its first step's end."),
@@ -110,26 +114,23 @@ STATUS_SCHEMA: dict[str, Any] = _obj("Observed state, written by the operator.",
         "restoreSeconds": _seconds("The attempts' checkpoint restores."),
         "unaccountedSeconds": _seconds("wallSeconds less every other part: imports before the trainer's "
                                        "clock, pod ends, an attempt's time after its last read."),
-        "asOf": {"type": "string", "format": "date-time", "description": "When the totals were made."},
-        "phaseSince": {"type": "string", "format": "date-time", "description": "When the current phase "
-                                                                                 "began (bookkeeping)."},
+        "asOf": _time("When the totals were made."),
+        "phaseSince": _time("When the current phase began (bookkeeping)."),
         "bookedWaitingSeconds": _seconds("Waiting in phases already left (bookkeeping)."),
         "attempts": {"type": "array", "maxItems": 10, "description": "Each run's parts (an attempt, or the "
                      "part of one between a Kueue preemption or a suspension and the next), from rank 0's "
                      "gauges as last read or its final summary (the newest ten).",
                      "items": _obj("One run.", {
-                         "attempt": {"type": "integer", "description": "status.attempt of that attempt."},
-                         "startedAt": {"type": "string", "format": "date-time",
-                                       "description": "When its rank 0 container started."},
+                         "attempt": _int("status.attempt of that attempt."),
+                         "startedAt": _time("When its rank 0 container started."),
                          "startupSeconds": _seconds("Its start-up."),
                          "trainSeconds": _seconds("Its training time (lost steps included)."),
                          "evalSeconds": _seconds("Its evaluation."),
                          "checkpointSeconds": _seconds("Its checkpoint saves."),
                          "restoreSeconds": _seconds("Its restore."),
-                         "firstStep": {"type": "integer", "description": "The step it resumed at."},
-                         "lastStep": {"type": "integer", "description": "The step it reached, as last read."},
-                         "lostSteps": {"type": "integer", "description": "Its steps done again by the next "
-                                                                        "run (at least: as last read)."},
+                         "firstStep": _int("The step it resumed at."),
+                         "lastStep": _int("The step it reached, as last read."),
+                         "lostSteps": _int("Its steps done again by the next run (at least: as last read)."),
                          "lostSeconds": _seconds("Their time, at its seconds per step."),
                      })},
         "earlier": _obj("The parts of runs older than the newest ten, added up.", {
@@ -137,10 +138,10 @@ STATUS_SCHEMA: dict[str, Any] = _obj("Observed state, written by the operator.",
                                                    "checkpointSeconds", "restoreSeconds", "lostSeconds")}),
     }),
     "lastCheckpoint": _obj("The newest checkpoint a restart would resume from (with a claim output).", {
-        "epoch": {"type": "integer", "description": "Whole epochs in the newest epoch checkpoint."},
-        "step": {"type": "integer", "description": "Global step of the newest checkpoint, an epoch's or a "
-                                                   "step checkpoint (spec.checkpoint.intervalSeconds)."},
-        "time": {"type": "string", "format": "date-time", "description": "When the operator saw it."},
+        "epoch": _int("Whole epochs in the newest epoch checkpoint."),
+        "step": _int("Global step of the newest checkpoint, an epoch's or a step checkpoint "
+                     "(spec.checkpoint.intervalSeconds)."),
+        "time": _time("When the operator saw it."),
     }),
     "output": {"type": "object", "x-kubernetes-preserve-unknown-fields": True,
                "description": "The output the operator chose for a training without spec.output (same "
