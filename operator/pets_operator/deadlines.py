@@ -3,6 +3,8 @@ not counted, and the end of one that ran out."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -20,6 +22,27 @@ PAUSED_PHASES = (api.SUSPENDED, api.QUEUED, api.PREEMPTED)
 DEADLINE_SLACK_SECONDS = 2.0
 
 
+@dataclass(frozen=True)
+class Paused:
+    """status.deadline, typed: the time paused so far, which the deadline does not count."""
+
+    seconds: float | None = None  # pausedSeconds: the pauses that ended
+    since: str | None = None  # pausedSince: when the pause going on began
+
+    @classmethod
+    def of(cls, status: Mapping[str, Any]) -> Paused:
+        book = status.get("deadline") or {}
+        return cls(book.get("pausedSeconds"), book.get("pausedSince"))
+
+    def total(self, now: datetime) -> float:
+        ongoing = max(0.0, (now - parse_timestamp(self.since)).total_seconds()) if self.since else 0.0
+        return float(self.seconds or 0.0) + ongoing
+
+    def to_dict(self) -> dict[str, Any]:
+        return {key: value for key, value in (("pausedSeconds", self.seconds), ("pausedSince", self.since))
+                if value is not None}
+
+
 def deadline_left(spec: Spec, status: dict[str, Any], now: datetime) -> float | None:
     """Seconds left of spec.activeDeadlineSeconds, counted from status.startTime without the time paused
     (status.deadline); None without a deadline. Before the training has started, all of it."""
@@ -29,11 +52,7 @@ def deadline_left(spec: Spec, status: dict[str, Any], now: datetime) -> float | 
     start = status.get("startTime")
     if not start:
         return float(limit)
-    book = status.get("deadline") or {}
-    paused = float(book.get("pausedSeconds") or 0.0)
-    if book.get("pausedSince"):
-        paused += max(0.0, (now - parse_timestamp(book["pausedSince"])).total_seconds())
-    return float(limit) - ((now - parse_timestamp(start)).total_seconds() - paused)
+    return float(limit) - ((now - parse_timestamp(start)).total_seconds() - Paused.of(status).total(now))
 
 
 def watch_deadline(result: Plan, spec: Spec, observed: Observed, decided: tuple[str, str, str],
@@ -41,13 +60,13 @@ def watch_deadline(result: Plan, spec: Spec, observed: Observed, decided: tuple[
     """Book this round's pause (Suspended, Queued, Preempted) and end the training once its deadline has
     run out while it was not paused; else wake it when the deadline comes."""
     status, phase = result.status, decided[0]
-    book = status.setdefault("deadline", {})
+    paused = Paused.of(status)
     if phase in PAUSED_PHASES:
-        book.setdefault("pausedSince", timestamp(now))
+        status["deadline"] = Paused(paused.seconds, paused.since or timestamp(now)).to_dict()
         return decided
-    if book.get("pausedSince"):
-        pause = max(0.0, (now - parse_timestamp(book.pop("pausedSince"))).total_seconds())
-        book["pausedSeconds"] = round(float(book.get("pausedSeconds") or 0.0) + pause, 3)
+    if paused.since:
+        paused = Paused(round(paused.total(now), 3))
+    status["deadline"] = paused.to_dict()
     left = deadline_left(spec, status, now)
     if left is None:
         return decided
@@ -65,7 +84,7 @@ def deadline_exceeded(result: Plan, spec: Spec, workload: dict[str, Any] | None,
     status["completionTime"] = timestamp(now)
     if workload is not None:
         result.delete.append(ref(workload))
-    paused = float((status.get("deadline") or {}).get("pausedSeconds") or 0.0)
+    paused = float(Paused.of(status).seconds or 0.0)
     message = (f"spec.activeDeadlineSeconds={spec.active_deadline_seconds} ran out (counted from "
                f"{status.get('startTime')}, {paused:.0f} s Suspended, Queued or Preempted not counted); "
                "not restarted")
