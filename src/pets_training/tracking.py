@@ -45,6 +45,9 @@ HTTP_BOUNDS = {
 MAX_PENDING = 1000  # calls waiting for a slow server: beyond this it counts as failed
 WARNING_CHARS = 300  # the summary holds 4 KiB
 FINISHED, FAILED, KILLED = "FINISHED", "FAILED", "KILLED"  # MLflow's run statuses at the end of a run
+# A run stopped by SIGTERM waits this long at most for the status: the stop must fit in the pod's grace
+# period (30 s by default) with the step and its checkpoint; a later attempt continues the run anyway.
+SHORT_WAIT = 2.0
 
 
 THREAD = "mlflow-tracker"
@@ -164,8 +167,9 @@ class MLflowGuard(GeneralTracker):
     def finish(self) -> None:  # accelerator.end_training(): a run not closed before ends as accelerate's does
         self.close(FINISHED, [])
 
-    def close(self, status: str, artifacts: Sequence[Path]) -> dict[str, Any]:
-        """Upload ``artifacts`` and end the run with ``status``; wait at most ``timeout`` s for the server."""
+    def close(self, status: str, artifacts: Sequence[Path], wait: float | None = None) -> dict[str, Any]:
+        """Upload ``artifacts`` and end the run with ``status``; wait at most ``wait`` s for the server
+        (default and most: ``timeout``)."""
         if self.closed or self.thread is None:
             return self.report()
         for path in artifacts:
@@ -174,9 +178,10 @@ class MLflowGuard(GeneralTracker):
         self._put(lambda: self._end(status))
         self.closed = True
         self.jobs.put(None)
-        self.thread.join(self.timeout)
+        wait = self.timeout if wait is None else min(wait, self.timeout)
+        self.thread.join(wait)
         if self.thread.is_alive():
-            self._fail(f"no answer within {self.timeout:g} s (--tracking-timeout) at the end of the run")
+            self._fail(f"no answer within {wait:g} s at the end of the run")
         return self.report()
 
     def report(self) -> dict[str, Any]:
@@ -309,14 +314,14 @@ class RunTrackers:
                                   keys.EPOCH: record["epoch"]}, step=step)
         self.window_start, self.window_images = time.perf_counter(), 0  # eval is not in the next window
 
-    def close(self, status: str, artifacts: Sequence[Path] = ()) -> dict[str, Any]:
-        """End the MLflow run (FINISHED, FAILED or KILLED: stopped or paused, a later attempt continues it);
-        returns the summary's ``tracking`` object."""
+    def close(self, status: str, artifacts: Sequence[Path] = (), wait: float | None = None) -> dict[str, Any]:
+        """End the MLflow run (FINISHED, FAILED or KILLED: stopped or paused, a later attempt continues it),
+        waiting at most ``wait`` s (default: ``--tracking-timeout``); returns the summary's ``tracking``."""
         report: dict[str, Any] = {}
         if self.tensorboard:
             report[keys.TENSORBOARD] = str(self.output_dir / TENSORBOARD_DIR)
         if self.mlflow is not None and self.on:
-            report.update(self.mlflow.close(status, artifacts))
+            report.update(self.mlflow.close(status, artifacts, wait))
         return report
 
     def finish(self, summary: dict[str, Any], files: Sequence[Path], paths: Sequence[Path | str | None]

@@ -47,7 +47,7 @@ from .run_state import Normalise, RunState, Training
 from .saves import resume, save_checkpoint, save_step_checkpoint, shared_checkpoint_host
 from .stepsave import SaveClock, StopRequest, decide
 from .store import use_store
-from .tracking import FAILED, KILLED, RunTrackers, log_with
+from .tracking import FAILED, KILLED, SHORT_WAIT, RunTrackers, log_with
 
 log = logging.getLogger("pets_training")
 rank_log = logging.getLogger("pets_training.rank")  # INFO on every rank: one "ready" line per process
@@ -128,7 +128,7 @@ def training_function(
                 stop.time_seconds = split.rounded()
                 log.info("stopped at global step %d (%s); continue with --resume", state.global_step,
                          state.stopped)
-                t.trackers.close(KILLED)
+                t.trackers.close(KILLED, wait=SHORT_WAIT)  # within the pod's grace period
                 return end_run(t.accelerator, None)
             if _step_limit_reached(cfg, state):
                 log.info("stopping after %d training steps (--max-train-steps)", state.steps_this_run)
