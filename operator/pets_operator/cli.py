@@ -21,10 +21,9 @@ from collections.abc import Callable, Sequence
 
 from pets_contract import __version__
 from pets_operator import api, backends, builders
+from pets_operator.settings import Settings
 
-DEFAULT_LIVENESS_PORT = 8080
-DEFAULT_METRICS_PORT = 8000
-DEFAULT_PEERING = "pets-training"
+DEFAULTS = Settings()  # the flags' defaults are the settings' own
 
 
 def _positive_port(text: str) -> int:
@@ -101,20 +100,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="namespace to watch; repeat for several; none means all namespaces (cluster-wide)",
     )
     run.add_argument(
-        "--liveness-port", type=_positive_port, default=DEFAULT_LIVENESS_PORT, metavar="PORT",
+        "--liveness-port", type=_positive_port, default=DEFAULTS.liveness_port, metavar="PORT",
         help=f"port of the health endpoint http://0.0.0.0:PORT/healthz, used for liveness and "
-        f"readiness probes; 0 disables it (default {DEFAULT_LIVENESS_PORT})",
+        f"readiness probes; 0 disables it (default {DEFAULTS.liveness_port})",
     )
     run.add_argument(
-        "--metrics-port", type=_positive_port, default=DEFAULT_METRICS_PORT, metavar="PORT",
+        "--metrics-port", type=_positive_port, default=DEFAULTS.metrics_port, metavar="PORT",
         help=f"port of the Prometheus endpoint http://0.0.0.0:PORT/metrics; 0 disables it "
-        f"(default {DEFAULT_METRICS_PORT})",
+        f"(default {DEFAULTS.metrics_port})",
     )
     peering = run.add_mutually_exclusive_group()
     peering.add_argument(
-        "--peering", default=DEFAULT_PEERING, metavar="NAME",
+        "--peering", default=DEFAULTS.peering_name, metavar="NAME",
         help=f"kopf peering object name; replicas sharing it elect one active operator "
-        f"(default {DEFAULT_PEERING!r}; needs the KopfPeering/ClusterKopfPeering CRDs)",
+        f"(default {DEFAULTS.peering_name!r}; needs the KopfPeering/ClusterKopfPeering CRDs)",
     )
     peering.add_argument(
         "--standalone", action="store_true",
@@ -241,7 +240,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         return 0
     from pets_operator.runner import NoClusterError, run_operator
-    from pets_operator.settings import Settings
 
     try:
         default_output = api.default_output(args.default_output, args.default_output_claim_size,

@@ -4,6 +4,7 @@ through Kueue's Workload (spec.active), and Kueue's reasons (quota, preemption) 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -35,8 +36,8 @@ def while_queued(result: Plan, spec: Spec, observed: Observed, ws: WorkloadState
     assert observed.workload is not None
     queue = queue_name(target)
     if not observed.queue_served:
-        status["queue"] = {"name": queue, "admitted": False,
-                           "message": "Kueue is not installed (workloads.kueue.x-k8s.io is not served)"}
+        status["queue"] = QueueStatus(
+            queue, False, "Kueue is not installed (workloads.kueue.x-k8s.io is not served)").to_dict()
         return (api.QUEUED, "QueueUnavailable",
                 f"labelled {api.KUEUE_QUEUE_LABEL}={queue}, but Kueue is not installed in this cluster, so "
                 f"nothing will admit the workload: install Kueue or remove the label")
@@ -56,10 +57,10 @@ def while_queued(result: Plan, spec: Spec, observed: Observed, ws: WorkloadState
         detail = "" if suspended else "; its pods stop once Kueue suspends the workload"
         message = (f"suspended: Kueue Workload {qw['metadata']['name']} is deactivated{detail}" if qw
                    else "suspended: Kueue's Workload is deactivated as soon as Kueue has made it")
-        status["queue"] = queue_status(queue, qw, admitted, message)
+        status["queue"] = QueueStatus.of(queue, qw, admitted, message).to_dict()
         return api.SUSPENDED, "Deactivated", message
     if not suspended:  # admitted: Kueue unsuspended it; from here on the pods tell
-        status["queue"] = queue_status(queue, qw, True, "")
+        status["queue"] = QueueStatus.of(queue, qw, True, "").to_dict()
         return while_active(result, spec, observed, ws, restarts, now)
     status.pop("pendingSince", None)
     evicted = next((c for t in ("Evicted", "Preempted") if (c := conds.get(t, {})).get("status") == "True"
@@ -70,7 +71,7 @@ def while_queued(result: Plan, spec: Spec, observed: Observed, ws: WorkloadState
         message = (f"preempted by Kueue ({why.get('reason') or 'Evicted'}: "
                    f"{why.get('message') or 'suspended'}); it waits to be admitted again and then resumes "
                    "from its newest checkpoint (not a failure)")
-        status["queue"] = queue_status(queue, qw, False, why.get("message") or "")
+        status["queue"] = QueueStatus.of(queue, qw, False, why.get("message") or "").to_dict()
         if old_phase != api.PREEMPTED:
             result.events.append(Event("Warning", "Preempted", message))
         return api.PREEMPTED, why.get("reason") or "Preempted", message
@@ -80,7 +81,7 @@ def while_queued(result: Plan, spec: Spec, observed: Observed, ws: WorkloadState
                    f"{backend.group}/{backend.name} integration enabled?)")
     kueue_says = waiting.get("message") or (no_workload if qw is None else "waiting for admission")
     message = f"queued in {queue}: {kueue_says}"
-    status["queue"] = queue_status(queue, qw, False, kueue_says)
+    status["queue"] = QueueStatus.of(queue, qw, False, kueue_says).to_dict()
     if old_phase != api.QUEUED:
         result.events.append(Event("Normal", "Queued", message))
     return api.QUEUED, waiting.get("reason") or "WaitingForAdmission", message
@@ -91,8 +92,20 @@ def while_queued(result: Plan, spec: Spec, observed: Observed, ws: WorkloadState
 KUEUE_NOT_PREEMPTION = ("InactiveWorkload", "Deactivated")
 
 
-def queue_status(queue: str, qw: dict[str, Any] | None, admitted: bool, message: str) -> dict[str, Any]:
-    out: dict[str, Any] = {"name": queue, "admitted": admitted, "message": message}
-    if qw is not None:
-        out["workload"] = qw["metadata"]["name"]
-    return out
+@dataclass(frozen=True)
+class QueueStatus:
+    """status.queue, typed: the LocalQueue, whether Kueue has admitted the workload, Kueue's words, and
+    Kueue's Workload for this attempt (None: not made yet)."""
+
+    name: str
+    admitted: bool
+    message: str
+    workload: str | None = None
+
+    @classmethod
+    def of(cls, queue: str, qw: dict[str, Any] | None, admitted: bool, message: str) -> QueueStatus:
+        return cls(queue, admitted, message, qw["metadata"]["name"] if qw is not None else None)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "admitted": self.admitted, "message": self.message}
+        return out | ({"workload": self.workload} if self.workload is not None else {})

@@ -26,7 +26,7 @@ from pets_operator.deadlines import (
 from pets_operator.mirror import checkpoints_skipped, mirror_progress, mirror_summary, work_lost
 from pets_operator.output_durability import output_durable
 from pets_operator.plan_types import Event, Observed, Plan, ref
-from pets_operator.queueing import queue_name, while_queued
+from pets_operator.queueing import QueueStatus, queue_name, while_queued
 from pets_operator.refusals import CHILD_RETRY_MIN_SECONDS
 from pets_operator.restarts import after_failure, force_delete_lost, lost_current
 from pets_operator.spec import Spec
@@ -266,8 +266,8 @@ def _with_workload(r: _Round, ws: WorkloadState) -> None:
         acc = status.get("evalAccuracy")
         message = "training finished" + (f": accuracy {acc:.4f}" if isinstance(acc, float) else "")
         if target.queued:  # it ran, so Kueue admitted it (perhaps between two polls)
-            status["queue"] = {**(status.get("queue") or {}), "name": queue_name(target), "admitted": True,
-                               "message": ""}
+            workload = (status.get("queue") or {}).get("workload")
+            status["queue"] = QueueStatus(queue_name(target), True, "", workload).to_dict()
     elif phase == api.FAILED and left is not None and left <= DEADLINE_SLACK_SECONDS:
         # The workload's own deadline (what was left of the training's) ended it: no restart.
         phase, reason, message = deadline_exceeded(result, spec, None, now)
