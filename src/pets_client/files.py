@@ -31,7 +31,7 @@ from .transfer import (
     fetch_pod,
     list_command,
     listing_limit,
-    output_claim,
+    no_claim_reason,
 )
 
 FETCH_POD_START_S = 120.0
@@ -95,19 +95,12 @@ class FilesMixin:
         each resolved inside ``dest``, no more bytes than listed; FetchError names a refused entry.
         """
         training = self.get(name)
-        chosen = training.get("status") or {}
-        if not (training.get("spec") or {}).get("output") and not chosen.get("output"):
-            raise FetchError(f"{name}: the operator has not yet chosen where it writes (status.output is "
-                             "unset); try again once it has seen the training")
-        if output_claim(training) is None:
-            where = "spec.output" if (training.get("spec") or {}).get("output") else \
-                f"status.output, chosen by the operator: {chosen.get('outputReason')}"
-            raise FetchError(
-                f"{name} writes its outputs to an emptyDir ({where}), which lived and went with its "
-                "pods: there is nothing left to fetch. Train with spec.output.managedClaim ({} is enough: "
-                "the operator makes the claim) or spec.output.persistentVolumeClaim (claimName: a claim in "
-                "this namespace) to keep summary.json, progress.jsonl, metrics.png, model.safetensors, "
-                "config.yaml and dataset.json; the final summary is in status.summary meanwhile.")
+        reason = no_claim_reason(
+            training, lost="there is nothing left to fetch",
+            kept="summary.json, progress.jsonl, metrics.png, model.safetensors, config.yaml and "
+                 "dataset.json; the final summary is in status.summary meanwhile.")
+        if reason:
+            raise FetchError(reason)
         wanted = builtins.list(files or _api.OUTPUT_FILES)
         check_names(wanted)
         manifest = fetch_pod(training, self._trainer_image(training), wanted)

@@ -39,6 +39,26 @@ def output_claim(training: dict[str, Any]) -> dict[str, Any] | None:
     return output.get("persistentVolumeClaim") or None
 
 
+def no_claim_reason(training: dict[str, Any], *, lost: str, kept: str) -> str | None:
+    """Why ``training`` has no output claim to read (naming spec.output, or the operator's status.output),
+    or None when it has one. ``lost``: what an emptyDir output took with its pods; ``kept``: what a claim
+    would keep."""
+    name = training["metadata"]["name"]
+    spec_output = (training.get("spec") or {}).get("output")
+    chosen = training.get("status") or {}
+    if not spec_output and not chosen.get("output"):
+        return (f"{name}: the operator has not yet chosen where it writes (status.output is unset); try "
+                "again once it has seen the training")
+    if output_claim(training) is not None:
+        return None
+    where = "spec.output" if spec_output else \
+        f"status.output, chosen by the operator: {chosen.get('outputReason')}"
+    return (f"{name} writes its outputs to an emptyDir ({where}), which lived and went with its pods: "
+            f"{lost}. "
+            "Train with spec.output.managedClaim ({} is enough: the operator makes the claim) or "
+            f"spec.output.persistentVolumeClaim (claimName: a claim in this namespace) to keep {kept}")
+
+
 def helper_pod(*, owner: str, component: str, image: str, claim_name: str | None, volume_name: str,
                mount_path: str, read_only: bool, sub_path: str = "", scheduling: dict[str, Any] | None = None,
                labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None,
