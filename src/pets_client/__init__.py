@@ -7,6 +7,8 @@
     status = pets.wait(name)                    # a live bar from a watch; the final status
     pets.fetch(name, "out/")                    # the outputs, with spec.output.persistentVolumeClaim
     pets.upload("images/", claim="pets-data")   # a folder into a claim; train(dataset="images/") too
+    with pets.tensorboard(name) as tb:          # TensorBoard over the output claim, at tb.url
+        tb.wait()
 
 Needs only kubernetes, PyYAML and tqdm (`pip install .[client]`): importing it never imports torch.
 """
@@ -19,6 +21,7 @@ from .errors import (
     InvalidTrainingError,
     LogsError,
     PetsClientError,
+    TensorBoardError,
     TrainingDeletedError,
     TrainingNotFoundError,
     UploadError,
@@ -32,6 +35,7 @@ __all__ = [
     "LogsError",
     "PetsClientError",
     "PetsTrainingClient",
+    "TensorBoardError",
     "TrainingDeletedError",
     "TrainingNotFoundError",
     "UploadError",

@@ -6,6 +6,7 @@
     kubectl pets logs NAME [--rank N] [-f]
     kubectl pets fetch NAME DIR
     kubectl pets plot NAME [--out FILE]
+    kubectl pets tensorboard NAME | --all [--port N] [--image IMAGE] [--timeout S]
     kubectl pets list | delete NAME | suspend NAME | resume NAME
 
 Every command takes -n/--namespace and --kubeconfig (also --context). Exit codes: 0 done (run --watch
@@ -19,7 +20,9 @@ trainer's log as it is, as `kubectl logs` does.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -88,6 +91,16 @@ def parser() -> argparse.ArgumentParser:
     plot.add_argument("name")
     plot.add_argument("--out", help="PNG file (default: NAME-metrics.png)")
 
+    board = sub.add_parser("tensorboard", parents=[common],
+                           help="TensorBoard over a training's output claim, on a local port, until Ctrl-C")
+    board.add_argument("name", nargs="?")
+    board.add_argument("--all", action="store_true",
+                       help="every training of the namespace that keeps a claim, side by side")
+    board.add_argument("--port", type=int, default=6006, help="local port (default 6006; 0: any free one)")
+    board.add_argument("--image", help="the pod's image (default: the default trainer image)")
+    board.add_argument("--timeout", type=float, default=120.0,
+                       help="give up when the pod has not started in this many seconds (default 120)")
+
     sub.add_parser("list", parents=[common], help="the namespace's PetsTrainings")
     for verb, text in (("delete", "delete a training and its pods"),
                        ("suspend", "suspend a training (its pods go)"),
@@ -149,6 +162,24 @@ def _wait(pets: Any, name: str, timeout: float | None) -> int:
     return 1
 
 
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def _tensorboard(pets: Any, args: argparse.Namespace) -> int:
+    """Serve until Ctrl-C (or SIGTERM), the pod's end or an error; leaving the `with` deletes the pod."""
+    if threading.current_thread() is threading.main_thread():  # only the main thread may set handlers
+        signal.signal(signal.SIGTERM, _raise_interrupt)
+    with pets.tensorboard(None if args.all else args.name, port=args.port, image=args.image,
+                          timeout=args.timeout) as board:
+        for why in board.skipped:
+            print(terminal_text(f"left out: {why}"), file=sys.stderr)
+        print(terminal_text(f"TensorBoard of {', '.join(board.served)}: {board.url} (pod {board.pod}; "
+                            "Ctrl-C stops it and deletes the pod)"), flush=True)
+        board.wait()
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     pets = _client(args)
     cmd = args.command
@@ -182,6 +213,8 @@ def run(args: argparse.Namespace) -> int:
                              access_modes=args.access_mode, storage_class=args.storage_class)
         print(result.summary())
         return 0
+    if cmd == "tensorboard":
+        return _tensorboard(pets, args)
     if cmd == "plot":
         print(pets.plot(args.name, args.out or f"{args.name}-metrics.png"))
         return 0
@@ -199,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.command == "run" and not args.data and (args.claim or args.data_path != "/"):
         p.error("--claim and --data-path go with --data DIR")
+    if args.command == "tensorboard" and (args.name is None) == (not args.all):
+        p.error("tensorboard takes a training's NAME or --all, one of the two")
     try:
         return run(args)
     except WaitTimeoutError as exc:

@@ -33,8 +33,9 @@ from .errors import (
     server_error,
     terminal_text,
 )
-from .files import FETCH_POD_START_S, FilesMixin
+from .files import FETCH_POD_START_S
 from .progress import BarState, bar_state, dataset_line, final_line, phase_line
+from .serve import ServeMixin
 
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 WATCH_CHUNK_S = 300  # one watch request at most this long; then it resumes from the last resourceVersion
@@ -196,7 +197,7 @@ class _Reporter:
 # ----------------------------------------------------------------------------- the client
 
 
-class PetsTrainingClient(FilesMixin):
+class PetsTrainingClient(ServeMixin):
     """PetsTrainings in one namespace.
 
     namespace: default the kubeconfig context's namespace (in a pod: its own), else "default".

@@ -65,6 +65,11 @@ class UploadError(PetsClientError):
     match its sha256...). Raised for the arguments before anything is created."""
 
 
+class TensorBoardError(PetsClientError):
+    """TensorBoard cannot serve a training: no claim to read, a pod that did not start or ended, a local
+    port taken."""
+
+
 class LogsError(PetsClientError):
     """No logs to show: no pod of that rank, or its container has not started."""
 
