@@ -93,7 +93,7 @@ def parser() -> argparse.ArgumentParser:
 
     board = sub.add_parser("tensorboard", parents=[common],
                            help="TensorBoard over a training's output claim, on a local port, until Ctrl-C")
-    board.add_argument("name", nargs="?")
+    board.add_argument("name", nargs="?", help="the training (or --all)")
     board.add_argument("--all", action="store_true",
                        help="every training of the namespace that keeps a claim, side by side")
     board.add_argument("--port", type=int, default=6006, help="local port (default 6006; 0: any free one)")
