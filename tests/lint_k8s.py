@@ -5,7 +5,8 @@ What is checked (rendered into one temp directory):
   `charts/pets-training/ci/*.yaml` variant, plus the NetworkPolicy on;
 - what `pets-operator render` makes of `petstraining.yaml` and every PetsTraining in `examples/`, on the
   Job backend and on the PyTorchJob backend (`examples/pytorchjob.yaml`, and the sample as one);
-- the client's `fetch` pod (`pets_client.transfer.fetch_pod`).
+- the client's `fetch` pod (`pets_client.transfer.fetch_pod`) and TensorBoard pod
+  (`pets_client.tensorboard.pod`).
 
 checkov reads a Job's pod template but not a PyTorchJob's (a custom resource), so each replica type's
 template is checked as a Job of its own; the Worker's carries the init container the harness's
@@ -92,7 +93,7 @@ def as_checkable(manifest: dict[str, Any]) -> list[dict[str, Any]]:
 def render_trainings(out: Path) -> None:
     from pets_operator import render
 
-    from pets_client import transfer
+    from pets_client import tensorboard, transfer
     from pets_contract.names import DEFAULT_IMAGE
 
     samples = [REPO / "petstraining.yaml", *sorted((REPO / "examples").glob("*.yaml"))]
@@ -111,6 +112,9 @@ def render_trainings(out: Path) -> None:
     pod = transfer.fetch_pod(training, DEFAULT_IMAGE, ["summary.json"])
     pod["metadata"] |= {"name": "pets-fetch", "namespace": TRAININGS_NAMESPACE}
     (out / "client-fetch-pod.yaml").write_text(yaml.safe_dump(pod))
+    board = tensorboard.pod(tensorboard.served([training], all_=False)[0], image=DEFAULT_IMAGE, several=False)
+    board["metadata"] |= {"name": "pets-tensorboard", "namespace": TRAININGS_NAMESPACE}
+    (out / "client-tensorboard-pod.yaml").write_text(yaml.safe_dump(board))
 
 
 def run_checkov(checkov: str, directory: Path) -> dict[str, Any]:

@@ -110,6 +110,7 @@ def pod(mounts: list[Served], *, image: str, several: bool, scheduling: dict[str
     container["command"] = command(mounts, several=several)
     container["ports"] = [{"name": "http", "containerPort": PORT, "protocol": "TCP"}]
     container["readinessProbe"] = {"tcpSocket": {"port": PORT}, "periodSeconds": 2}
+    container["livenessProbe"] = {"tcpSocket": {"port": PORT}, "initialDelaySeconds": 30, "periodSeconds": 10}
     # TensorBoard holds the scalars it read in memory: more than a copy helper needs
     container["resources"] = {"requests": {"cpu": "100m", "memory": "256Mi"},
                               "limits": {"cpu": "1", "memory": "1Gi"}}
