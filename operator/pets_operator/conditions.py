@@ -20,12 +20,10 @@ def apply_phase(result: Plan, old_phase: str | None, phase: str, reason: str, me
     active = phase in (api.PENDING, api.RUNNING, api.RESTARTING)
     set_condition(conditions, "Progressing", active, reason if active else phase, message, now, generation)
     set_condition(conditions, "Ready", phase == api.RUNNING, reason, message, now, generation)
-    set_condition(conditions, "Suspended", phase == api.SUSPENDED, reason if phase == api.SUSPENDED
-                   else "NotSuspended", message if phase == api.SUSPENDED else "", now, generation)
-    set_condition(conditions, "Succeeded", phase == api.SUCCEEDED, reason if phase == api.SUCCEEDED
-                   else "NotSucceeded", message if phase == api.SUCCEEDED else "", now, generation)
-    set_condition(conditions, "Failed", phase == api.FAILED, reason if phase == api.FAILED
-                   else "NotFailed", message if phase == api.FAILED else "", now, generation)
+    for ctype, in_it in (("Suspended", api.SUSPENDED), ("Succeeded", api.SUCCEEDED), ("Failed", api.FAILED)):
+        on = phase == in_it
+        set_condition(conditions, ctype, on, reason if on else f"Not{ctype}", message if on else "", now,
+                      generation)
     if phase != old_phase:
         if phase in (api.RUNNING, api.SUCCEEDED):
             result.events.append(Event("Normal", phase, message))
