@@ -32,7 +32,7 @@ SUFFIX = secrets.token_hex(3)
 CI_VALUES = sorted(f"ci/{p.name}" for p in (CHART / "ci").glob("*-values.yaml"))
 # Kinds whose CRDs no test cluster here serves (prometheus-operator's): their dry-run is checked
 # to fail for that reason only.
-FOREIGN_KINDS = {"ServiceMonitor"}
+FOREIGN_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
 
 
 def tool(name: str) -> str:
