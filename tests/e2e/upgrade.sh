@@ -20,6 +20,10 @@ shift || true
 require_cluster
 log() { printf '[upgrade] %s\n' "$*" >&2; }
 
+# A shallow clone lacks the release's commit: deepen it from its origin first.
+if [[ $(git rev-parse --is-shallow-repository) == true ]]; then
+  git fetch --quiet --unshallow --tags || die "a shallow clone, and its origin would not deepen it: the upgrade test needs the release's commit"
+fi
 read -r PREVIOUS COMMIT < <(python3 - <<'EOF'
 import re, subprocess
 text = open("CHANGELOG.md").read()
