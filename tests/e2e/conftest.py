@@ -21,16 +21,15 @@ import pytest
 import yaml
 from polling import wait_for
 from trainings import (  # tests/e2e/trainings.py: the helpers the suites share
-    CONTROL_PLANE_ROLE,
     OPERATOR_NAMESPACE,
     RELEASE,
     REPO,
     Trainings,
     cache_dir,
     cluster_kubeconfig,
-    dedicated_control_plane,
     helm_binary,
     kubectl,
+    on_control_plane,
     tenant_namespace,
 )
 
@@ -95,20 +94,6 @@ def smoke_image(kube_api) -> str:  # type: ignore[no-untyped-def]
 # (the helpers they use live in tests/e2e/trainings.py)
 
 
-def _on_control_plane(kube_api: Any) -> list[str]:
-    """Helm flags that put the operator on the control-plane node when the cluster has a dedicated one
-    (make cluster-up NODES=3), as platform teams place system components: a worker lost by a test
-    must not take the operator with it."""
-    from kubernetes import client
-
-    nodes = client.CoreV1Api(kube_api).list_node().items
-    if not any(dedicated_control_plane(n) for n in nodes):
-        return []
-    return ["--set-json", f'nodeSelector={{"{CONTROL_PLANE_ROLE}": ""}}',
-            "--set-json", f'tolerations=[{{"key": "{CONTROL_PLANE_ROLE}", "operator": "Exists", '
-                          '"effect": "NoSchedule"}]']
-
-
 def _guardrails_these_tests_need() -> list[str]:
     """Helm flags: the chart's guardrails (docs/guardrails.md) opened exactly as far as these tests go.
     hostPath datasets: /srv/pets (test_training.py's pod-security row) and the state root's volumes/
@@ -130,7 +115,7 @@ def _install_release(kube_api: Any, env: dict[str, str]) -> None:
     subprocess.run([helm_binary(), "upgrade", "--install", RELEASE, str(REPO / "charts" / "pets-training"),
                     "--namespace", OPERATOR_NAMESPACE, "--create-namespace",
                     "--set", "image.pullPolicy=IfNotPresent", *_guardrails_these_tests_need(),
-                    *_on_control_plane(kube_api),
+                    *on_control_plane(kube_api),
                     "--wait", "--timeout", "5m"],
                    env=env, check=True)
 

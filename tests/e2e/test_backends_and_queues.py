@@ -40,13 +40,6 @@ def kueue() -> None:
     addon("kueue")
 
 
-def create(trainings: Trainings, name: str, spec: dict[str, Any],
-           labels: dict[str, str] | None = None) -> None:
-    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "PetsTraining",
-            "metadata": {"name": name, "labels": labels or {}}, "spec": spec}
-    trainings.custom.create_namespaced_custom_object(GROUP, VERSION, trainings.namespace, PLURAL, body)
-
-
 def pytorchjobs(trainings: Trainings, name: str) -> list[dict[str, Any]]:
     group, version, plural = PYTORCHJOB_API
     return list(trainings.custom.list_namespaced_custom_object(
@@ -85,7 +78,7 @@ def phases_seen(trainings: Trainings, name: str, until: str, seen: list[str], ti
 @pytest.mark.usefixtures("kubeflow")
 def test_pytorchjob_trains_under_the_real_training_operator(trainings: Trainings) -> None:
     name = "pj"
-    create(trainings, name, {**LONGER_SPEC, "backend": "pytorchjob"})
+    trainings.create(name, {**LONGER_SPEC, "backend": "pytorchjob"})
 
     def progressed() -> dict[str, Any] | None:
         status = trainings.status(name)
@@ -121,7 +114,7 @@ def test_pytorchjob_worker_deleted_mid_run_restarts_the_gang_and_resumes(trainin
     name = "pj-resume"
     spec = {**LONGER_SPEC, "backend": "pytorchjob", "epochs": 4,
             "output": {"persistentVolumeClaim": {"claimName": shared_output}}}
-    create(trainings, name, spec)
+    trainings.create(name, spec)
     trainings.wait_epoch(name, 1)
     wait_for(f"{name} status.lastCheckpoint", lambda: trainings.status(name).get("lastCheckpoint"),
              120, POLL_S)
@@ -139,7 +132,7 @@ def test_pytorchjob_worker_deleted_mid_run_restarts_the_gang_and_resumes(trainin
 @pytest.mark.usefixtures("kubeflow")
 def test_pytorchjob_suspend_resume_and_delete(trainings: Trainings) -> None:
     name = "pj-suspend"
-    create(trainings, name, {**LONGER_SPEC, "backend": "pytorchjob", "epochs": 3})
+    trainings.create(name, {**LONGER_SPEC, "backend": "pytorchjob", "epochs": 3})
     trainings.wait_phase(name, "Running")
     trainings.patch_spec(name, {"suspend": True})
     trainings.wait_phase(name, "Suspended", 180)
@@ -234,9 +227,9 @@ def test_kueue_queues_the_second_training_until_the_first_is_done(trainings: Tra
     # The first runs a few minutes: a queued training's status follows Kueue's Workload on the 30 s
     # idle poll, and with two workers a 2-epoch SMALL_SPEC was done (and the second admitted) before
     # its status had shown why it waited.
-    create(trainings, "first", {**LONGER_SPEC, "epochs": 3}, queued(trainings, queue))
+    trainings.create("first", {**LONGER_SPEC, "epochs": 3}, queued(trainings, queue))
     trainings.wait_phase("first", "Running", 300)
-    create(trainings, "second", spec, queued(trainings, queue))
+    trainings.create("second", spec, queued(trainings, queue))
     status = trainings.wait_phase("second", "Queued", 120)
     # Kueue's own words, mirrored: why it waits (its Workload's QuotaReserved message), and which queue.
     seen: dict[str, Any] = {}
@@ -262,11 +255,11 @@ def test_kueue_queues_the_second_training_until_the_first_is_done(trainings: Tra
 def test_kueue_preemption_is_not_a_failure_and_resumes_from_the_checkpoint(
         trainings: Trainings, queue: str, shared_output: str) -> None:
     low_spec = {**LONGER_SPEC, "epochs": 4, "output": {"persistentVolumeClaim": {"claimName": shared_output}}}
-    create(trainings, "low", low_spec, queued(trainings, queue, "low"))
+    trainings.create("low", low_spec, queued(trainings, queue, "low"))
     trainings.wait_epoch("low", 1)
     wait_for("low's checkpoint", lambda: trainings.status("low").get("lastCheckpoint"), 120, POLL_S)
 
-    create(trainings, "high", {**SMALL_SPEC, "epochs": 1}, queued(trainings, queue, "high"))
+    trainings.create("high", {**SMALL_SPEC, "epochs": 1}, queued(trainings, queue, "high"))
     seen: list[str] = []
     status = phases_seen(trainings, "low", "Preempted", seen, 180)
     assert "preempted by Kueue" in status["message"] and status["restarts"] == 0, status
@@ -292,7 +285,7 @@ def test_kueue_admits_a_pytorchjob_training(trainings: Trainings, queue: str, ku
     """Kueue's kubeflow.org/pytorchjob integration (switched on by the harness): the PyTorchJob is
     created suspended with the queue's label, Kueue admits it through runPolicy.suspend."""
     name = "pj-queued"
-    create(trainings, name, {**SMALL_SPEC, "backend": "pytorchjob", "epochs": 1}, queued(trainings, queue))
+    trainings.create(name, {**SMALL_SPEC, "backend": "pytorchjob", "epochs": 1}, queued(trainings, queue))
     (pj,) = wait_for("the PyTorchJob", lambda: pytorchjobs(trainings, name), 60, POLL_S)
     assert pj["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == queue
     status = trainings.wait_phase(name, "Succeeded")

@@ -20,7 +20,6 @@ from typing import Any
 import pytest
 from polling import wait_for
 from trainings import (
-    CONTROL_PLANE_ROLE,
     LONGER_SPEC,
     OPERATOR_NAMESPACE,
     POLL_S,
@@ -29,9 +28,9 @@ from trainings import (
     SMALL_SPEC,
     Trainings,
     cluster_kubeconfig,
-    dedicated_control_plane,
     helm_binary,
     kubectl,
+    on_control_plane,
     tenant_namespace,
 )
 
@@ -58,18 +57,6 @@ def operator_image() -> str:
     return out.strip()
 
 
-def chart_flags(kube_api: Any) -> list[str]:
-    """The e2e suite's placement (the control-plane node) and the release's guardrail left as is."""
-    from kubernetes import client
-
-    if not any(dedicated_control_plane(n) for n in client.CoreV1Api(kube_api).list_node().items):
-        return ["--set", "image.pullPolicy=IfNotPresent"]
-    return ["--set", "image.pullPolicy=IfNotPresent",
-            "--set-json", f'nodeSelector={{"{CONTROL_PLANE_ROLE}": ""}}',
-            "--set-json", f'tolerations=[{{"key": "{CONTROL_PLANE_ROLE}", "operator": "Exists", '
-                          '"effect": "NoSchedule"}]']
-
-
 @pytest.fixture(scope="module")
 def previous_release(kube_api: Any) -> Iterator[None]:
     """The previous release installed with its own CRD, as a platform team had it; uninstalled after."""
@@ -77,8 +64,8 @@ def previous_release(kube_api: Any) -> Iterator[None]:
         pytest.fail("run it through tests/e2e/upgrade.sh (make test-upgrade): it builds the previous release")
     helm("uninstall", RELEASE, "--ignore-not-found", "--wait")
     kubectl("apply", "--server-side", "--force-conflicts", "-f", str(PREVIOUS_CHART / "crds"))
-    helm("install", RELEASE, str(PREVIOUS_CHART), "--create-namespace", *chart_flags(kube_api),
-         "--wait", "--timeout", "5m")
+    helm("install", RELEASE, str(PREVIOUS_CHART), "--create-namespace", "--set",
+         "image.pullPolicy=IfNotPresent", *on_control_plane(kube_api), "--wait", "--timeout", "5m")
     assert operator_image().endswith(f":{PREVIOUS}"), operator_image()
     yield
     helm("uninstall", RELEASE, "--ignore-not-found", "--wait")
@@ -126,14 +113,6 @@ def open_queue(tenant: Trainings, cluster_queue: str) -> None:
                                               {"spec": queue_spec(tenant.namespace, "2", "8Gi")})
 
 
-def create(tenant: Trainings, name: str, spec: dict[str, Any], labels: dict[str, str] | None = None) -> None:
-    from trainings import GROUP, PLURAL, VERSION
-
-    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "PetsTraining",
-            "metadata": {"name": name, "labels": labels or {}}, "spec": spec}
-    tenant.custom.create_namespaced_custom_object(GROUP, VERSION, tenant.namespace, PLURAL, body)
-
-
 def snapshot(tenant: Trainings, name: str) -> dict[str, Any]:
     """What an upgrade must leave alone: the workload, the pods and their restarts, the children's uids."""
     ns, status = tenant.namespace, tenant.status(name)
@@ -164,10 +143,10 @@ def resumed_log(tenant: Trainings, name: str) -> str:
 def test_an_upgrade_keeps_every_training_as_it_was(kube_api: Any, previous_release: None,
                                                    tenant: Trainings, closed_queue: str) -> None:
     # Under the previous release: one of each state.
-    create(tenant, "running", {**LONGER_SPEC, **POD, "epochs": 12})
-    create(tenant, "suspended", {**LONGER_SPEC, **POD, "epochs": 4})
-    create(tenant, "finished", {**SMALL_SPEC, **POD, "epochs": 1, "ttlSecondsAfterFinished": 3600})
-    create(tenant, "queued", {**SMALL_SPEC, **POD, "epochs": 1}, {"kueue.x-k8s.io/queue-name": "later"})
+    tenant.create("running", {**LONGER_SPEC, **POD, "epochs": 12})
+    tenant.create("suspended", {**LONGER_SPEC, **POD, "epochs": 4})
+    tenant.create("finished", {**SMALL_SPEC, **POD, "epochs": 1, "ttlSecondsAfterFinished": 3600})
+    tenant.create("queued", {**SMALL_SPEC, **POD, "epochs": 1}, {"kueue.x-k8s.io/queue-name": "later"})
     wait_for("suspended's first checkpoint", lambda: (tenant.status("suspended").get("lastCheckpoint") or {})
              .get("epoch", 0) >= 1, 600, POLL_S)
     tenant.patch_spec("suspended", {"suspend": True})
@@ -215,7 +194,7 @@ def test_an_upgrade_keeps_every_training_as_it_was(kube_api: Any, previous_relea
 def test_a_rollback_to_the_previous_release_keeps_a_running_training(
         kube_api: Any, previous_release: None, tenant: Trainings) -> None:
     assert operator_image().endswith(f":{__version__}"), "the upgrade test runs first"
-    create(tenant, "rolled-back", {**LONGER_SPEC, **POD, "epochs": 8})
+    tenant.create("rolled-back", {**LONGER_SPEC, **POD, "epochs": 8})
     tenant.wait_epoch("rolled-back", 1, 600)
     before = snapshot(tenant, "rolled-back")
 

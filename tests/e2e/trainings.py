@@ -80,9 +80,9 @@ class Trainings:
         self.core = client.CoreV1Api(api)
         self.batch = client.BatchV1Api(api)
 
-    def create(self, name: str, spec: dict[str, Any]) -> None:
+    def create(self, name: str, spec: dict[str, Any], labels: dict[str, str] | None = None) -> None:
         body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "PetsTraining",
-                "metadata": {"name": name}, "spec": spec}
+                "metadata": {"name": name, "labels": labels or {}}, "spec": spec}
         self.custom.create_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, body)
 
     def get(self, name: str) -> dict[str, Any]:
@@ -143,6 +143,20 @@ CONTROL_PLANE_ROLE = "node-role.kubernetes.io/control-plane"
 def dedicated_control_plane(node: Any) -> bool:
     """Whether a Node is tainted to keep ordinary pods off (they run on the workers)."""
     return any(t.key == CONTROL_PLANE_ROLE for t in node.spec.taints or [])
+
+
+def on_control_plane(kube_api: Any) -> list[str]:
+    """Helm flags that put the operator on the control-plane node when the cluster has a dedicated one
+    (make cluster-up NODES=3), as platform teams place system components: a worker lost by a test
+    must not take the operator with it."""
+    from kubernetes import client
+
+    nodes = client.CoreV1Api(kube_api).list_node().items
+    if not any(dedicated_control_plane(n) for n in nodes):
+        return []
+    return ["--set-json", f'nodeSelector={{"{CONTROL_PLANE_ROLE}": ""}}',
+            "--set-json", f'tolerations=[{{"key": "{CONTROL_PLANE_ROLE}", "operator": "Exists", '
+                          '"effect": "NoSchedule"}]']
 
 
 def pod_logs(namespace: str, pod: str) -> str:
