@@ -156,23 +156,20 @@ case "${1:-}" in
         fi
         how[$i]="slim"
         log "$(node_of "$sock"): $(sed 's/^slim_image_archive: //' "$fifos/why-$i" 2>/dev/null | tail -n 1)"
-        mkfifo "$fifos/$i"
-        outs+=("$fifos/$i")
-        (python3 "$HERE/slim_image_archive.py" "$fifos/present-$i" "$PETS_CACHE/docker-layer-chains" \
-          <"$fifos/$i" | ctr_ images import - >/dev/null) &
       elif ctr_ snapshots ls | awk 'NR > 1 { found = 1 } END { exit !found }'; then
         # No build of this name, but layers of others (the same image under its previous version's tag):
         # slim too, or a new version would stream all 6 GB into every node's ingest at once.
         how[$i]="slim"
         { ctr_ snapshots ls; ctr_ content ls; } >"$fifos/present-$i"
-        mkfifo "$fifos/$i"
-        outs+=("$fifos/$i")
+      else
+        how[$i]="whole"
+      fi
+      mkfifo "$fifos/$i"
+      outs+=("$fifos/$i")
+      if [[ ${how[$i]} == slim ]]; then
         (python3 "$HERE/slim_image_archive.py" "$fifos/present-$i" "$PETS_CACHE/docker-layer-chains" \
           <"$fifos/$i" | ctr_ images import - >/dev/null) &
       else
-        how[$i]="whole"
-        mkfifo "$fifos/$i"
-        outs+=("$fifos/$i")
         ctr_ images import - <"$fifos/$i" >/dev/null &
       fi
       pids[$i]=$!
