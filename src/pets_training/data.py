@@ -30,6 +30,7 @@ from pets_contract.gauges import DATASET_COUNTS
 from pets_contract.names import DATASET_REPORT_FILE
 
 from .contract import PermanentError
+from .position import MicroStep
 from .synthetic import synthetic_class_names, synthetic_image, synthetic_samples
 
 log = logging.getLogger(__name__)
@@ -296,23 +297,34 @@ class PetsImages(Dataset[tuple[torch.Tensor, int]]):
 
 class EpochShuffleSampler(Sampler[int]):
     """Shuffles like ``RandomSampler`` with the order a function of (seed, epoch); yields keys
-    ``epoch * n + index`` so the dataset knows the epoch even in persistent workers."""
+    ``epoch * n + index`` so the dataset knows the epoch even in persistent workers. Given a plan
+    (:meth:`set_plan`, :func:`.position.rank_plan`) it yields that plan's positions of the order, in turn:
+    one rank's share of the epoch from a global position, at any world size."""
 
     def __init__(self, n: int, seed: int):
         self.n = n
         self.seed = seed
         self.epoch = 0
+        self.plan: list[MicroStep] | None = None
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
+    def set_plan(self, plan: list[MicroStep] | None) -> None:
+        self.plan = plan
+
+    def order(self) -> torch.Tensor:
+        """The epoch's permutation of the sample indices."""
+        return torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + self.epoch))
+
     def __iter__(self) -> Iterator[int]:
-        generator = torch.Generator().manual_seed(self.seed + self.epoch)
-        order = torch.randperm(self.n, generator=generator) + self.epoch * self.n
-        return iter(order.tolist())
+        order = self.order()
+        if self.plan is not None:
+            order = torch.cat([order[m.start:m.end] for m in self.plan] or [order[:0]])
+        return iter((order + self.epoch * self.n).tolist())
 
     def __len__(self) -> int:
-        return self.n
+        return self.n if self.plan is None else sum(m.size for m in self.plan)
 
 
 @dataclass
