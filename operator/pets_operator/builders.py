@@ -16,7 +16,7 @@ from typing import Any
 
 from pets_contract import env as contract_env
 from pets_contract import names
-from pets_operator import api, pods
+from pets_operator import api, pods, tracking
 from pets_operator.spec import Spec, snake
 
 CONTAINER = names.TRAINER_CONTAINERS[0]  # "trainer"
@@ -62,6 +62,7 @@ class Target:
     # of it, as for a first attempt or `pets-operator render`).
     deadline_left: int | None = None
     network_policy: NetworkPolicySettings = field(default_factory=NetworkPolicySettings)
+    uid: str = ""  # the PetsTraining's (an MLflow run's tag; "" where unknown, as in `render`)
 
     @property
     def queued(self) -> bool:
@@ -80,7 +81,7 @@ def _digest(value: Any) -> str:
 
 # Defaulted spec fields added after workloads began to carry the digest: left out of it while they hold
 # their defaults, so an operator upgrade does not take every running workload for an edited one.
-ADDED_LATER = ["placement", "checkpoint", "networkPolicy"]
+ADDED_LATER = ["placement", "checkpoint", "networkPolicy", "tracking"]
 
 
 def spec_digest(spec: Spec | Mapping[str, Any]) -> str:
@@ -217,7 +218,7 @@ def trainer_args(spec: Spec) -> list[str]:
     else:
         args += ["--data", _data_dir(spec, source), "--data-layout", spec.dataset.get("layout", "auto")]
     args += ["--summary-path", TERMINATION_LOG, "--metrics-port", str(api.METRICS_PORT)]
-    return args
+    return args + tracking.trainer_args(spec)
 
 
 def _data_dir(spec: Spec, source: str) -> str:
@@ -293,6 +294,7 @@ def _env(spec: Spec, target: Target, *, container_name: str,
         # Without our headless Service (a controller that names the main pod itself), the controller
         # sets MASTER_ADDR, which the launcher falls back to.
         env.insert(2, {"name": contract_env.MAIN_ADDR, "value": main_address(target)})
+    env += tracking.trainer_env(spec, target.namespace, target.name, target.uid)
     # User extras cannot shadow the contract: api's env-not-reserved rule refuses them (server and local).
     env += [dict(extra) for extra in spec.env or []]
     return env

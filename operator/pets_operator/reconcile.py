@@ -109,7 +109,7 @@ def reconcile_once(ctx: Context, snap: Snapshot, logger: Logger) -> float | None
     settings = ctx.settings
     target = builders.Target(name, namespace, attempt, settings.default_image, settings.cluster_domain,
                              builders.queue_labels(body["metadata"].get("labels")),
-                             network_policy=settings.network_policy)
+                             network_policy=settings.network_policy, uid=str(uid or ""))
     state = None
     rank0 = observe.Rank0()
     pod_list: list[dict[str, Any]] | None = None

@@ -149,6 +149,9 @@ def _no_parent_segment_rule(rule_id: str, keys: tuple[str, ...], example: dict[s
 
 # user[:password]@ before a URL's host (CEL and Python alike: RE2 and re agree on it)
 _USERINFO_RE = "^[a-zA-Z][a-zA-Z0-9+.-]*://[^/?#]*@"
+# MLflow's own variables that spec.tracking.mlflow sets (the URI as a flag, the rest from its Secret)
+MLFLOW_ENV = ["MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD",
+              "MLFLOW_TRACKING_TOKEN"]
 _DATASET_CLAIM = ("dataset", "persistentVolumeClaim")
 _OUTPUT_CLAIM = ("output", "persistentVolumeClaim")
 
@@ -374,6 +377,33 @@ RULES: list[Rule] = [
         check=lambda dataset: not _has(dataset, "cache") or _has(dataset, "url"),
         example_spec={"dataset": {"synthetic": {}, "cache": {"size": "1Gi"}}},
         field_path=".cache",
+    ),
+    # spec.tracking.mlflow: the server's address and its credentials each come from one place.
+    Rule(
+        id="mlflow-uri-no-credentials",
+        at="spec.tracking.mlflow",
+        cel=f"!self.uri.matches('{_USERINFO_RE}')",
+        message="spec.tracking.mlflow.uri must not carry credentials (user:password@ before the host): they "
+                "would ride in the pods' arguments and the run's params; put them in a Secret named by "
+                "spec.tracking.mlflow.credentialsSecret",
+        check=lambda mlflow: not re.search(_USERINFO_RE, mlflow["uri"]),
+        example_spec={"tracking": {"mlflow": {"uri": "http://user:secret@mlflow.example:5000"}}},
+        field_path=".uri",
+    ),
+    Rule(
+        id="mlflow-not-in-env",
+        at="spec",
+        cel="!(has(self.tracking) && has(self.tracking.mlflow) && has(self.env)) || "
+            "!self.env.exists(e, e.name in [" + ", ".join(f"'{n}'" for n in MLFLOW_ENV) + "])",
+        message="spec.env must not set " + ", ".join(MLFLOW_ENV) + " when spec.tracking.mlflow is set: "
+                "spec.tracking.mlflow.uri names the server and spec.tracking.mlflow.credentialsSecret the "
+                "Secret with its credentials",
+        check=lambda spec: not (_has(spec, "tracking") and _has(spec["tracking"], "mlflow")
+                                and _has(spec, "env"))
+        or not any(e["name"] in MLFLOW_ENV for e in spec["env"]),
+        example_spec={"tracking": {"mlflow": {"uri": "http://mlflow.example:5000"}},
+                      "env": [{"name": "MLFLOW_TRACKING_TOKEN", "value": "t"}]},
+        field_path=".env",
     ),
     _quantity_rule("dataset-cache-size-quantity", "spec.dataset.cache", "size",
                    {"dataset": {"url": "https://example.com/pets.tar.gz", "cache": {"size": "lots"}}}),

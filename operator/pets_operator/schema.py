@@ -360,6 +360,36 @@ SPEC_SCHEMA: dict[str, Any] = _obj(
                     "condition. Unset: 20 of its own steps, at least 2 minutes.",
                     minimum=10, maximum=2592000),
             }),
+        "tracking": _obj(
+            "Where rank 0 logs the run for the tools ML engineers use (docs/watching.md): TensorBoard event "
+            "files on the output, and an MLflow run when a tracking server is named. A tracking server that "
+            "is down, slow or refusing never fails or slows the training: the TrackingDegraded condition "
+            "says so. Immutable while running.",
+            {
+                "tensorboard": _bool("Write TensorBoard event files under tensorboard/ in the output "
+                                     "(`kubectl pets tensorboard NAME` serves them).", True),
+                "mlflow": _obj(
+                    "An MLflow tracking server to log the run to: the params, the per-epoch metrics, the "
+                    "model and the summary as artifacts, the run's status at the end, and tags naming this "
+                    "training. An attempt after a restart continues the same run; status.tracking names it.",
+                    {
+                        "uri": _str("The tracking server, http(s)://host[:port][/path], without credentials "
+                                    "(credentialsSecret gives them). The training's NetworkPolicy leaves "
+                                    "egress open, so the pods reach it.",
+                                    pattern=r"^https?://[^\s]+$", max_length=1024),
+                        "experiment": _str("The MLflow experiment of the run (made when missing).",
+                                           default="pets-training", pattern=r"\S", max_length=256),
+                        "credentialsSecret": _str(
+                            "A Secret in the training's namespace whose keys MLFLOW_TRACKING_USERNAME and "
+                            "MLFLOW_TRACKING_PASSWORD, or MLFLOW_TRACKING_TOKEN, become the trainer's "
+                            "environment (each key optional: those the Secret has); they go nowhere else, "
+                            "never to the status. Unset: none (a server without authentication).",
+                            pattern=DNS_SUBDOMAIN, min_length=1, max_length=253),
+                    },
+                    required=["uri"],
+                    rules=_validations("spec.tracking.mlflow")),
+            },
+            default={}),
         "suspend": _bool("Suspend the training: its workload is suspended and its pods removed; false "
                          "resumes it, rebuilt from the spec if that was edited meanwhile. In a Kueue "
                          "queue, this deactivates Kueue's Workload instead.", False),

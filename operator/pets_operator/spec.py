@@ -41,6 +41,7 @@ class Spec:
     master_port: int
     max_restarts: int
     suspend: bool
+    tracking: Obj
     weights: str | None = None
     pretrained_cache: Obj | None = None
     output: Obj | None = None  # None: the operator's default output (api.output_of)

@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from pets_contract import gauges
-from pets_operator import api, builders, children, goodput, pods
+from pets_operator import api, builders, children, goodput, pods, tracking_status
 from pets_operator.backends import WorkloadState, parse_timestamp, timestamp
 from pets_operator.conditions import apply_phase
 from pets_operator.deadlines import (
@@ -286,6 +286,7 @@ def _with_workload(r: _Round, ws: WorkloadState) -> None:
     r.phase(phase, reason, message)
     progress_reported(result, observed, now, r.generation)
     stalled(result, spec, now, r.generation)
+    tracking_status.mirror(status, observed.progress, observed.summary, now, r.generation)
     if phase in api.FINISHED_PHASES:
         _ttl(result, spec, status, now)
 

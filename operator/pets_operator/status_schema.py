@@ -137,6 +137,13 @@ STATUS_SCHEMA: dict[str, Any] = _obj("Observed state, written by the operator.",
             key: _seconds("Added up.") for key in ("startupSeconds", "trainSeconds", "evalSeconds",
                                                    "checkpointSeconds", "restoreSeconds", "lostSeconds")}),
     }),
+    "tracking": _obj("The run in the trackers (spec.tracking), from rank 0's summary at an attempt's end and "
+                     "its gauge while it runs; the TrackingDegraded condition says when a server failed.", {
+        "mlflowRunId": _str("The MLflow run's id: every attempt of the training logs to this one run."),
+        "mlflowUrl": _str("The run's page on the MLflow server."),
+        "ok": _flag("false: an MLflow server was down, slow or refusing; the training went on without it."),
+        "warning": _str("The trainer's one line on that failure (URLs redacted)."),
+    }),
     "lastCheckpoint": _obj("The newest checkpoint a restart would resume from (with a claim output).", {
         "epoch": _int("Whole epochs in the newest epoch checkpoint."),
         "step": _int("Global step of the newest checkpoint, an epoch's or a step checkpoint "

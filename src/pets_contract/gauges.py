@@ -16,7 +16,7 @@ TOP = 2**53
 PROGRESS = "progress"  # a field of the status itself (status.<field>)
 TIME = "time"  # a run's time split: status.goodput.attempts[].<field>, and the summary's time_seconds
 DATASET = "dataset"  # the trainer's dataset report: status.dataset.<field>, and the summary's dataset
-TRACKING = "tracking"  # how the run's trackers fare (MLflow): served; no status field reads it yet
+TRACKING = "tracking"  # how the run's trackers fare (MLflow): status.tracking.ok and TrackingDegraded
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,8 @@ GAUGES = (
     _dataset("train_images", "trainImages", "images in the training split"),
     _dataset("eval_images", "evalImages", "images in the evaluation split"),
     Gauge("tracking_failures", "tracking servers this run could not write to (MLflow down, slow or "
-          "refusing; training goes on without them): 0 when every tracker is well", TRACKING, None, int),
+          "refusing; training goes on without them): 0 when every tracker is well", TRACKING, "tracking",
+          int),
 )
 
 BY_KEY = {gauge.key: gauge for gauge in GAUGES}

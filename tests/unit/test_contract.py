@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pets_operator import api, builders, goodput, mirror
+from pets_operator import api, builders, goodput, mirror, tracking_status
 from pets_operator.progress import parse_progress
 from pets_operator.spec import Spec
 from prometheus_client import generate_latest
@@ -117,8 +117,13 @@ def test_every_gauge_the_trainer_serves_is_read_checked_and_mirrored() -> None:
     mirror.mirror_progress(status, read, NOW)
     goodput.read_attempt(status, 0, None, read)
     (attempt,) = status["goodput"]["attempts"]
+    status["conditions"] = []
+    tracking_status.mirror(status, read, None, NOW, None)
     places = {gauges.PROGRESS: status, gauges.DATASET: status["dataset"], gauges.TIME: attempt}
     for gauge in gauges.READ.values():
+        if gauge.group == gauges.TRACKING:  # a count of failures: status.tracking.ok is whether it is 0
+            assert status["tracking"]["ok"] is (read[gauge.name] == 0), gauge
+            continue
         where = places[gauge.group]
         field = str(gauge.field)
         if field.startswith("lastCheckpoint."):

@@ -48,7 +48,7 @@ IMMUTABLE_WHILE_RUNNING = [
     "image", "imagePullPolicy", "imagePullSecrets", "resources", "nodeSelector", "tolerations", "affinity",
     "placement", "checkpoint", "priorityClassName", "serviceAccountName", "env", "backend", "networkPolicy",
     "masterPort",
-    "activeDeadlineSeconds",
+    "activeDeadlineSeconds", "tracking",
 ]
 MUTABLE_WHILE_RUNNING = ["maxRestarts", "ttlSecondsAfterFinished", "scheduling", "suspend"]
 
