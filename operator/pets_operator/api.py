@@ -91,6 +91,7 @@ from pets_operator.rules import (  # noqa: F401
 from pets_operator.schema import (  # noqa: F401
     IMMUTABILITY_POLICY,
     MUTABLE_WHILE_RUNNING,
+    RESIZABLE_WHILE_RUNNING,
     SPEC_SCHEMA,
     immutability_validations,
     immutable_while_running,

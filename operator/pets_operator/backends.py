@@ -102,6 +102,10 @@ class Backend:
     def is_suspended(self, workload: dict[str, Any]) -> bool:
         raise NotImplementedError
 
+    def size(self, workload: dict[str, Any]) -> int | None:
+        """The pods the workload runs (a queue may have admitted fewer than it was built with)."""
+        raise NotImplementedError
+
     def build_service(self, spec: Spec, target: builders.Target) -> dict[str, Any] | None:
         return children.build_service(spec, target) if self.uses_service else None
 
@@ -168,6 +172,10 @@ class JobBackend(Backend):
 
     def is_suspended(self, workload: dict[str, Any]) -> bool:
         return bool((workload.get("spec") or {}).get("suspend"))
+
+    def size(self, workload: dict[str, Any]) -> int | None:
+        spec = workload.get("spec") or {}
+        return int(spec.get("completions") or spec.get("parallelism") or 0) or None
 
 
 class PyTorchJobBackend(Backend):
@@ -243,6 +251,10 @@ class PyTorchJobBackend(Backend):
 
     def is_suspended(self, workload: dict[str, Any]) -> bool:
         return bool(((workload.get("spec") or {}).get("runPolicy") or {}).get("suspend"))
+
+    def size(self, workload: dict[str, Any]) -> int | None:
+        specs = (workload.get("spec") or {}).get("pytorchReplicaSpecs") or {}
+        return sum(int((s or {}).get("replicas") or 0) for s in specs.values()) or None
 
 
 JOB = JobBackend()

@@ -62,6 +62,9 @@ class Target:
     # of it, as for a first attempt or `pets-operator render`).
     deadline_left: int | None = None
     network_policy: NetworkPolicySettings = field(default_factory=NetworkPolicySettings)
+    # The digest of the spec asked for, where the workload is built at another size (resize.next_size):
+    # None: that of the spec it is built from.
+    spec_digest: str | None = None
     uid: str = ""  # the PetsTraining's (an MLflow run's tag; "" where unknown, as in `render`)
 
     @property
@@ -81,7 +84,7 @@ def _digest(value: Any) -> str:
 
 # Defaulted spec fields added after workloads began to carry the digest: left out of it while they hold
 # their defaults, so an operator upgrade does not take every running workload for an edited one.
-ADDED_LATER = ["placement", "checkpoint", "networkPolicy", "tracking"]
+ADDED_LATER = ["placement", "checkpoint", "networkPolicy", "elastic", "tracking"]
 
 
 def spec_digest(spec: Spec | Mapping[str, Any]) -> str:
@@ -104,6 +107,11 @@ def checkpoint_dir(spec: Spec) -> str:
     """One checkpoint directory per shape: a restart resumes where the shape allows, and an edit that
     changes the shape (epochs 5 -> 9) starts afresh instead of refusing the old checkpoint."""
     return f"{api.OUTPUT_DIR}/checkpoints/{_digest({k: spec.to_dict().get(k) for k in CHECKPOINT_SHAPE})}"
+
+
+# The machines the workload's pods were built for (PETS_NUM_MACHINES): a queue that admits fewer pods
+# (Kueue's partial admission) changes the workload's count, not the pods' world size (resize.py).
+ANNOTATION_WORLD_SIZE = f"{api.GROUP}/world-size"
 
 
 def job_name(name: str, attempt: int) -> str:
@@ -404,7 +412,8 @@ def workload_metadata(spec: Spec, target: Target) -> dict[str, Any]:
         "namespace": target.namespace,
         "labels": labels(target.name, "training-job") | dict(target.queue_labels),
         "annotations": {api.ANNOTATION_ATTEMPT: str(target.attempt),
-                        api.ANNOTATION_SPEC_DIGEST: spec_digest(spec)},
+                        api.ANNOTATION_SPEC_DIGEST: target.spec_digest or spec_digest(spec),
+                        ANNOTATION_WORLD_SIZE: str(spec.replicas)},
     }
 
 

@@ -138,6 +138,10 @@ def build_network_policy(spec: Spec, target: Target) -> dict[str, Any] | None:
     }
 
 
+KUEUE_MIN_PARALLELISM = "kueue.x-k8s.io/job-min-parallelism"
+KUEUE_COMPLETIONS_EQUAL_PARALLELISM = "kueue.x-k8s.io/job-completions-equal-parallelism"
+
+
 def build_job(spec: Spec, target: Target) -> dict[str, Any]:
     """Indexed Job: one pod per machine, rank = completion index, all-or-nothing (backoffLimit 0)."""
     job: dict[str, Any] = {
@@ -171,5 +175,12 @@ def build_job(spec: Spec, target: Target) -> dict[str, Any]:
     }
     if (deadline := attempt_deadline(spec, target)) is not None:
         job["spec"]["activeDeadlineSeconds"] = deadline
+    least = int((spec.elastic or {}).get("minReplicas") or spec.replicas)
+    if target.queued and least < spec.replicas:
+        # Kueue's partial admission: it may admit as few as `least` pods, setting parallelism and
+        # completions alike (so the indexes, our ranks, stay 0..n-1); the operator then rebuilds the
+        # workload at the admitted size, since its pods were built for spec.replicas (resize.py).
+        job["metadata"]["annotations"] |= {KUEUE_MIN_PARALLELISM: str(least),
+                                           KUEUE_COMPLETIONS_EQUAL_PARALLELISM: "true"}
     return job
 

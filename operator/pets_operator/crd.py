@@ -43,10 +43,14 @@ def crd() -> dict[str, Any]:
                     "name": api.VERSION,
                     "served": True,
                     "storage": True,
-                    "subresources": {"status": {}},
+                    # scale: kubectl scale (and anything that scales) resizes a running training.
+                    "subresources": {"status": {}, "scale": {
+                        "specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas",
+                        "labelSelectorPath": ".status.selector"}},
                     "additionalPrinterColumns": [
                         {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
-                        {"name": "Replicas", "type": "integer", "jsonPath": ".spec.replicas"},
+                        {"name": "Replicas", "type": "integer", "jsonPath": ".status.replicas"},
+                        {"name": "Desired", "type": "integer", "jsonPath": ".spec.replicas"},
                         {"name": "Epoch", "type": "string", "jsonPath": ".status.progress"},
                         {"name": "Accuracy", "type": "number", "jsonPath": ".status.evalAccuracy"},
                         {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts",

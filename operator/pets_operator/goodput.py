@@ -6,6 +6,8 @@ docs/operator.md ("Preemption and goodput"):
 - wall: from the PetsTraining's creation to its completion (or to `asOf`, while it runs).
 - waiting: the operator's phases Pending, Queued, Suspended, Preempted and Restarting, booked when the
   phase changes (and from the creation to the first phase).
+- resizing: those phases while a resize is under way (status.resize): the old gang's drain and the new
+  one's start, up to its pods running (resize.py). Each run says its world size.
 - startup, train, eval, checkpoint, restore: each run's own split (an attempt, or the part of it
   between a Kueue preemption or a suspension and the next), from rank 0's gauges
   (pets_startup_seconds, pets_train_seconds_total, pets_eval_seconds_total,
@@ -57,7 +59,8 @@ def book_phase(status: dict[str, Any], old_phase: str | None, phase: str, now: d
     since = book.get("phaseSince")
     if since and (old_phase is None or old_phase in WAITING_PHASES):
         waited = max(0.0, (now - parse_timestamp(since)).total_seconds())
-        book["bookedWaitingSeconds"] = round(float(book.get("bookedWaitingSeconds") or 0.0) + waited, 3)
+        key = "bookedResizingSeconds" if status.get("resize") else "bookedWaitingSeconds"
+        book[key] = round(float(book.get(key) or 0.0) + waited, 3)
     book["phaseSince"] = timestamp(now)
 
 
@@ -107,6 +110,8 @@ def read_attempt(status: dict[str, Any], attempt: int, started: str | None,
     """Rank 0's gauges of this run, as read now."""
     book = status.setdefault("goodput", {})
     run = _run(book, attempt, started)
+    if status.get("replicas"):
+        run["worldSize"] = int(status["replicas"])
     for gauge in TIME_GAUGES:
         if (value := _seconds(progress.get(gauge.name))) is not None:
             run[str(gauge.field)] = value
@@ -135,7 +140,7 @@ def account(old: dict[str, Any], status: dict[str, Any], created: str | None, no
     book = status.get("goodput")
     if not book:
         return
-    inputs = ("attempts", "earlier", "bookedWaitingSeconds", "phaseSince")
+    inputs = ("attempts", "earlier", "bookedWaitingSeconds", "bookedResizingSeconds", "phaseSince")
     before = old.get("goodput") or {}
     if all(before.get(key) == book.get(key) for key in inputs) and "ratio" in before and \
             old.get("phase") == status.get("phase"):
@@ -146,14 +151,20 @@ def account(old: dict[str, Any], status: dict[str, Any], created: str | None, no
     start = parse_timestamp(created) if created else end
     wall = max(0.0, (end - start).total_seconds())
     waiting = float(book.get("bookedWaitingSeconds") or 0.0)
+    resizing = float(book.get("bookedResizingSeconds") or 0.0)
     if status.get("phase") in WAITING_PHASES and book.get("phaseSince"):
-        waiting += max(0.0, (end - parse_timestamp(book["phaseSince"])).total_seconds())
+        now_waiting = max(0.0, (end - parse_timestamp(book["phaseSince"])).total_seconds())
+        if status.get("resize"):
+            resizing += now_waiting
+        else:
+            waiting += now_waiting
     entries = [*book.get("attempts", []), book.get("earlier") or {}]
 
     def total(key: str) -> float:
         return sum(float(entry.get(key) or 0.0) for entry in entries)
 
-    parts = {"waitingSeconds": waiting, "startupSeconds": total("startupSeconds"),
+    parts = {"waitingSeconds": waiting, "resizingSeconds": resizing,
+             "startupSeconds": total("startupSeconds"),
              "productiveSeconds": total("trainSeconds") - total("lostSeconds"),
              "lostSeconds": total("lostSeconds"), "evalSeconds": total("evalSeconds"),
              "checkpointSeconds": total("checkpointSeconds"), "restoreSeconds": total("restoreSeconds")}

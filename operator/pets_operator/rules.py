@@ -183,6 +183,13 @@ _DATASET_DIR_CEL = _cel_claim_directory(_DATASET_CLAIM)
 _OUTPUT_DIR_CEL = _cel_claim_directory(_OUTPUT_CLAIM)
 
 
+def _elastic_ordered(elastic: dict[str, Any]) -> bool:
+    """spec.elastic's bounds are in order (or not both set): the rule on spec.replicas is quiet otherwise,
+    so the error names the bounds."""
+    return not _has(elastic, "minReplicas") or not _has(elastic, "maxReplicas") \
+        or elastic["minReplicas"] <= elastic["maxReplicas"]
+
+
 RULES: list[Rule] = [
     Rule(
         id="name",
@@ -278,6 +285,33 @@ RULES: list[Rule] = [
         or spec["processesPerReplica"] <= spec["resources"]["gpu"],
         example_spec={"processesPerReplica": 4, "resources": {"gpu": 2}},
         field_path=".processesPerReplica",
+    ),
+    # A resize (kubectl scale, an edit) is bounded by spec.elastic; the scale subresource writes
+    # spec.replicas, so the CRD's own rule checks it there too.
+    Rule(
+        id="replicas-within-elastic",
+        at="spec",
+        cel="!has(self.elastic) || (has(self.elastic.minReplicas) && has(self.elastic.maxReplicas) && "
+            "self.elastic.minReplicas > self.elastic.maxReplicas) || ((!has(self.elastic.minReplicas) || "
+            "self.replicas >= self.elastic.minReplicas) && "
+            "(!has(self.elastic.maxReplicas) || self.replicas <= self.elastic.maxReplicas))",
+        message="spec.replicas must be within spec.elastic.minReplicas and spec.elastic.maxReplicas: "
+                "scale within them, or change the bounds (with spec.suspend: true while it runs)",
+        check=lambda spec: not _has(spec, "elastic") or not _elastic_ordered(spec["elastic"])
+        or ((not _has(spec["elastic"], "minReplicas") or spec["replicas"] >= spec["elastic"]["minReplicas"])
+            and (not _has(spec["elastic"], "maxReplicas")
+                 or spec["replicas"] <= spec["elastic"]["maxReplicas"])),
+        example_spec={"replicas": 3, "elastic": {"minReplicas": 1, "maxReplicas": 2}},
+        field_path=".replicas",
+    ),
+    Rule(
+        id="elastic-min-not-above-max",
+        at="spec.elastic",
+        cel="!has(self.minReplicas) || !has(self.maxReplicas) || self.minReplicas <= self.maxReplicas",
+        message="spec.elastic.minReplicas must not exceed spec.elastic.maxReplicas",
+        check=_elastic_ordered,
+        example_spec={"replicas": 2, "elastic": {"minReplicas": 3, "maxReplicas": 2}},
+        field_path=".minReplicas",
     ),
     Rule(
         id="output-claim-writable",

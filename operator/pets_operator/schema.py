@@ -117,13 +117,17 @@ def _claim(description: str) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- the spec
 
 SPEC_SCHEMA: dict[str, Any] = _obj(
-    "What to train and where. Every field but maxRestarts, ttlSecondsAfterFinished, scheduling and "
-    "suspend is immutable while the training's workload runs (status.workloadActive) and spec.suspend "
+    "What to train and where. Every field but replicas, maxRestarts, ttlSecondsAfterFinished, scheduling "
+    "and suspend is immutable while the training's workload runs (status.workloadActive) and spec.suspend "
     "is false: suspend it (in the same write or before), edit it, and resume it, and the workload is "
-    "rebuilt from the edited spec.",
+    "rebuilt from the edited spec. replicas may change while it runs (a resize, within spec.elastic).",
     {
-        "replicas": _int("Number of machines (pods) in the gang. Immutable while running.",
-                         default=1, minimum=1, maximum=128),
+        "replicas": _int(
+            "Number of machines (pods) in the gang: the size asked for (status.replicas is the size it runs "
+            "at). May change while it runs (kubectl scale pt NAME --replicas N), within spec.elastic: the "
+            "operator stops the gang with the SIGTERM step checkpoint and starts the next attempt at the "
+            "new size, which resumes from that checkpoint (docs/operator.md, \"Resizing a training\").",
+            default=1, minimum=1, maximum=128),
         "processesPerReplica": _int(
             "Accelerate processes per pod (one per GPU on GPU nodes). Immutable while running.",
             default=1, minimum=1, maximum=16),
@@ -302,6 +306,23 @@ SPEC_SCHEMA: dict[str, Any] = _obj(
                     "those keys in spec.tolerations wins.", default=30, minimum=0, maximum=3600),
             },
             default={}),
+        "elastic": _obj(
+            "Bounds of the training's size (docs/operator.md, \"Resizing a training\"). Immutable while "
+            "running.",
+            {
+                "minReplicas": _int(
+                    "The smallest size spec.replicas may be set to, and the smallest the operator may run "
+                    "the training at when the cluster is short of room for all of spec.replicas (a node "
+                    "lost and the gang not placed again within placement.nodeLostSeconds; a Kueue queue "
+                    "with quota for fewer pods). Unset: spec.replicas (it never runs smaller than asked).",
+                    minimum=1, maximum=128),
+                "maxReplicas": _int(
+                    "The largest size spec.replicas may be set to. Unset: 128. Above 1, the operator's "
+                    "managed output claim is ReadWriteMany even for one replica, so the gang can grow "
+                    "onto other nodes.", minimum=1, maximum=128),
+            },
+            default={},
+            rules=_validations("spec.elastic")),
         "checkpoint": _obj(
             "When the trainer saves mid-epoch, so a preemption costs seconds rather than the epoch "
             "(docs/operator.md, \"Preemption and goodput\"). Immutable while running.",
@@ -401,10 +422,14 @@ SPEC_SCHEMA: dict[str, Any] = _obj(
 # Fields of spec the operator alone reads: they may change at any time. Every other field shapes
 # the workload (its pods), so it cannot change while that workload runs.
 MUTABLE_WHILE_RUNNING = ["maxRestarts", "ttlSecondsAfterFinished", "scheduling", "suspend"]
+# Fields that shape the workload and still may change while it runs: the operator drains the workload
+# with the SIGTERM save and builds the next attempt from the new value (a resize).
+RESIZABLE_WHILE_RUNNING = ["replicas"]
 
 
 def immutable_while_running() -> list[str]:
-    return [key for key in SPEC_SCHEMA["properties"] if key not in MUTABLE_WHILE_RUNNING]
+    return [key for key in SPEC_SCHEMA["properties"]
+            if key not in MUTABLE_WHILE_RUNNING and key not in RESIZABLE_WHILE_RUNNING]
 
 
 IMMUTABILITY_POLICY = f"{PLURAL}.{GROUP}-immutable-while-running"

@@ -56,6 +56,7 @@ class Spec:
     active_deadline_seconds: int | None = None
     ttl_seconds_after_finished: int | None = None
     scheduling: Obj | None = None
+    elastic: Obj | None = None  # None: a stored object from before the field (its default, {})
 
     @classmethod
     def from_dict(cls, spec: Mapping[str, Any]) -> Spec:

@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from pets_contract import gauges
-from pets_operator import api, builders, children, goodput, pods, tracking_status
+from pets_operator import api, builders, children, goodput, pods, resize, tracking_status
 from pets_operator.backends import WorkloadState, parse_timestamp, timestamp
 from pets_operator.conditions import apply_phase
 from pets_operator.deadlines import (
@@ -28,6 +28,7 @@ from pets_operator.output_durability import output_durable
 from pets_operator.plan_types import Event, Observed, Plan, ref
 from pets_operator.queueing import QueueStatus, queue_name, while_queued
 from pets_operator.refusals import CHILD_RETRY_MIN_SECONDS
+from pets_operator.resize import NODE_LOST, PARTIAL_ADMISSION, SCALED
 from pets_operator.restarts import after_failure, force_delete_lost, lost_current
 from pets_operator.spec import Spec
 from pets_operator.stall import progress_reported, stalled
@@ -76,7 +77,8 @@ def plan(
     else:
         goodput.begin(r.status, r.meta.get("creationTimestamp"), now)
         policy = _service_and_network_policy(r)
-        ws = _ranks_decide_success(observed.workload_state(spec.replicas), observed, spec.replicas)
+        size = r.status["replicas"]
+        ws = _ranks_decide_success(observed.workload_state(size), observed, size)
         if observed.workload is None or ws is None:
             _without_workload(r, policy)
         else:
@@ -84,9 +86,12 @@ def plan(
                                           and ws.phase not in api.FINISHED_PHASES)
             if ws.phase not in api.FINISHED_PHASES and _built_from_older_spec(observed.workload, spec):
                 _rebuild(r.result, spec, observed, target, r.old_phase, now, r.generation)
+            elif ws.phase not in api.FINISHED_PHASES and (smaller := _smaller(r, ws)) is not None:
+                _rebuild(r.result, spec, observed, target, r.old_phase, now, r.generation, smaller)
             else:
                 _read_progress(r, ws)
                 _with_workload(r, ws)
+    resize.settle(r.status, r.status.get("phase") or "")
     goodput.account(r.old, r.status, r.meta.get("creationTimestamp"), now)
     return r.result
 
@@ -140,7 +145,8 @@ def _begin(body: dict[str, Any], spec: Spec, observed: Observed, target: builder
     status["backend"] = backend.name
     if observed.backend_reason:
         status["backendReason"] = observed.backend_reason
-    status["replicas"] = spec.replicas
+    status["replicas"] = resize.current_size(spec, observed, old)
+    status["selector"] = resize.selector(target.name)
     status["restarts"] = r.restarts
     status["attempt"] = target.attempt
     status["totalEpochs"] = spec.epochs
@@ -203,7 +209,12 @@ def _create_workload(r: _Round, policy: dict[str, Any] | None, left: float | Non
     status, spec, observed, target, result = r.status, r.spec, r.observed, r.target, r.result
     backend = observed.backend
     built_for = target if left is None else replace(target, deadline_left=max(1, math.ceil(left)))
-    workload = backend.build_workload(spec, built_for)
+    if (size := resize.next_size(spec, status)) != spec.replicas:  # smaller, as the cluster allowed
+        built_for = replace(built_for, spec_digest=builders.spec_digest(spec))
+        workload = backend.build_workload(replace(spec, replicas=size), built_for)
+    else:
+        workload = backend.build_workload(spec, built_for)
+    status["replicas"] = size
     if policy is not None and not r.made_policy and policy not in result.create:
         result.create.append(policy)
         status["children"]["networkPolicy"] = policy["metadata"]["name"]
@@ -322,30 +333,76 @@ def _built_from_older_spec(workload: dict[str, Any], spec: Spec) -> bool:
     return bool(built_from) and built_from != builders.spec_digest(spec)
 
 
+def _smaller(r: _Round, ws: WorkloadState) -> tuple[int, str, str] | None:
+    """The cluster has room for fewer pods than the workload's, and spec.elastic allows going on with
+    them (resize.py): the size, the reason and why."""
+    size = r.status["replicas"]
+    if (admitted := resize.admitted_smaller(r.spec, r.observed)) is not None:
+        return admitted, PARTIAL_ADMISSION, (f"Kueue admitted {admitted} of the {size} pods the workload's "
+                                             f"pods were built for; rebuilt at world size {admitted}")
+    waiting = r.old_phase in (api.PENDING, api.RESTARTING)
+    if r.target.queued or not waiting or r.observed.backend.is_suspended(r.observed.workload or {}):
+        return None
+    if (placed := resize.placed_after_node_loss(r.spec, r.observed, r.status, size, r.now)) is not None:
+        seconds = r.spec.placement.get("nodeLostSeconds", 30)
+        return placed, NODE_LOST, (f"after a node was lost only {placed} of {size} pods were placed within "
+                                   f"spec.placement.nodeLostSeconds={seconds}; going on at {placed} "
+                                   f"(spec.elastic.minReplicas={resize.min_replicas(r.spec)}) until this "
+                                   "attempt ends or spec.replicas changes")
+    return None
+
+
 def _rebuild(result: Plan, spec: Spec, observed: Observed, target: builders.Target,
-             old_phase: str | None, now: datetime, generation: int | None) -> None:
+             old_phase: str | None, now: datetime, generation: int | None,
+             smaller: tuple[int, str, str] | None = None) -> None:
     """No edit is lost: a workload built from an older spec is replaced by one built from this spec, as a
     new attempt that is not a restart (nothing failed). Checkpoints carry over where their shape allows
-    (`builders.checkpoint_dir`)."""
+    (`builders.checkpoint_dir`). `smaller`: the cluster has room for fewer pods (resize.py), and the
+    workload is rebuilt at that size for the same spec."""
     status = result.status
     assert observed.workload is not None
+    old_size = int(observed.backend.size(observed.workload) or spec.replicas)
+    active = bool(status.get("workloadActive"))
+    if smaller is not None:
+        size, reason, why = smaller
+        resize.begin(result, old_size, size, reason, why, now)
+        _rebuild_workload(result, observed, target)
+        apply_phase(result, old_phase, api.QUEUED if target.queued else api.PENDING, "Resizing",
+                    f"resizing {old_size} -> {size}: {why}", now, generation)
+        return
+    if old_size != spec.replicas:
+        if active and not spec.suspend:
+            resize.begin(result, old_size, spec.replicas, SCALED,
+                         resize.scaled_message(old_size, spec.replicas, False), now)
+        else:
+            status.pop("resize", None)
+            result.events.append(Event("Normal", "Resized", f"{old_size} -> {spec.replicas} ({SCALED}): "
+                                       + resize.scaled_message(old_size, spec.replicas, True)))
+    _rebuild_workload(result, observed, target)
+    kind, name = observed.workload["kind"], observed.workload["metadata"]["name"]
+    message = (f"spec changed (generation {generation}) since {kind} {name} was built: "
+               "rebuilding it from the new spec")
+    if active and spec.suspend:  # edited as it was being suspended
+        message += "; its pods stop now, and the rebuilt workload starts on resume"
+    elif active:
+        message += "; its pods restart from the newest checkpoint of this shape (not counted as a restart)"
+    result.events.append(Event("Normal", "Rebuilding", message))
+    phase = (api.SUSPENDED if spec.suspend else api.QUEUED if target.queued
+             else api.RESTARTING if old_phase == api.RESTARTING else api.PENDING)
+    apply_phase(result, old_phase, phase, "Rebuilding", message, now, generation)
+
+
+def _rebuild_workload(result: Plan, observed: Observed, target: builders.Target) -> None:
+    """The workload goes (its pods stop with the SIGTERM save), and the next attempt is made once it is
+    gone."""
+    assert observed.workload is not None
+    status = result.status
     status["attempt"] = target.attempt + 1
     policy = {k: v for k, v in status["children"].items() if k == "networkPolicy"}  # one for all attempts
     status["children"] = observed.backend.children_names(target.name, target.attempt + 1) | policy
     result.delete.append(ref(observed.workload))
-    kind, name = observed.workload["kind"], observed.workload["metadata"]["name"]
-    message = (f"spec changed (generation {generation}) since {kind} {name} was built: "
-               "rebuilding it from the new spec")
-    if status.get("workloadActive") and spec.suspend:  # edited as it was being suspended
-        message += "; its pods stop now, and the rebuilt workload starts on resume"
-    elif status.get("workloadActive"):
-        message += "; its pods restart from the newest checkpoint of this shape (not counted as a restart)"
-    result.events.append(Event("Normal", "Rebuilding", message))
     result.requeue_after = 0.0
-    phase = (api.SUSPENDED if spec.suspend else api.QUEUED if target.queued
-             else api.RESTARTING if old_phase == api.RESTARTING else api.PENDING)
     status["workloadActive"] = False
-    apply_phase(result, old_phase, phase, "Rebuilding", message, now, generation)
 
 
 def _while_active(result: Plan, spec: Spec, observed: Observed, ws: WorkloadState,
@@ -390,7 +447,7 @@ def _while_active(result: Plan, spec: Spec, observed: Observed, ws: WorkloadStat
 
 
 def _from_pods(result: Plan, spec: Spec, observed: Observed) -> tuple[str, str, str]:
-    replicas = spec.replicas
+    replicas = int(result.status.get("replicas") or spec.replicas)  # the size this attempt runs at
     pod_list = observed.pods or []
     running = pods.running_count(pod_list)
     if running >= replicas:

@@ -38,7 +38,19 @@ STATUS_SCHEMA: dict[str, Any] = _obj("Observed state, written by the operator.",
                    "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     "backend": _str("The backend in use: job or pytorchjob."),
     "backendReason": _str("Why that backend: spec.backend, or what auto means on this operator."),
-    "replicas": _int("Pods of the gang."),
+    "replicas": _int("Pods of the current attempt's gang: the size it runs at (spec.replicas is the size "
+                     "asked for; they differ while a resize drains, and where the cluster had room for "
+                     "fewer, within spec.elastic.minReplicas). The scale subresource's status replicas."),
+    "selector": _str("The label selector of the training's trainer pods (the scale subresource's)."),
+    "resize": _obj("The resize under way, from the drain of the old gang until the new one runs "
+                   "(docs/operator.md, \"Resizing a training\").", {
+        "from": _int("The size it ran at."),
+        "to": _int("The size the next attempt runs at."),
+        "reason": _str("Scaled (spec.replicas changed), NodeLost (the gang did not fit again after a node "
+                       "loss) or PartialAdmission (Kueue admitted fewer pods).",
+                       enum=["Scaled", "NodeLost", "PartialAdmission"]),
+        "since": _time("When it began."),
+    }),
     "activeReplicas": _int("Pods running now."),
     "readyReplicas": _int("Pods ready now."),
     "restarts": _int("Gang restarts so far."),
@@ -105,7 +117,9 @@ STATUS_SCHEMA: dict[str, Any] = _obj("Observed state, written by the operator.",
                     "Preemption and goodput). Made again when a phase or an attempt's parts change.", {
         "ratio": _num("productiveSeconds / wallSeconds."),
         "wallSeconds": _seconds("From the creation to the completion, or to asOf."),
-        "waitingSeconds": _seconds("Pending, Queued, Suspended, Preempted and Restarting."),
+        "waitingSeconds": _seconds("Pending, Queued, Suspended, Preempted and Restarting, but for a resize."),
+        "resizingSeconds": _seconds("Those phases while a resize drained the gang and started the next "
+                                    "at its new size (status.resize): the drain and the restart."),
         "startupSeconds": _seconds("The attempts' start-up: the trainer's start to its first step's end."),
         "productiveSeconds": _seconds("The attempts' training time, less lostSeconds."),
         "lostSeconds": _seconds("Training time of steps done again after a restart."),
@@ -117,11 +131,13 @@ STATUS_SCHEMA: dict[str, Any] = _obj("Observed state, written by the operator.",
         "asOf": _time("When the totals were made."),
         "phaseSince": _time("When the current phase began (bookkeeping)."),
         "bookedWaitingSeconds": _seconds("Waiting in phases already left (bookkeeping)."),
+        "bookedResizingSeconds": _seconds("Resizing in phases already left (bookkeeping)."),
         "attempts": {"type": "array", "maxItems": 10, "description": "Each run's parts (an attempt, or the "
                      "part of one between a Kueue preemption or a suspension and the next), from rank 0's "
                      "gauges as last read or its final summary (the newest ten).",
                      "items": _obj("One run.", {
                          "attempt": _int("status.attempt of that attempt."),
+                         "worldSize": _int("Its machines (pods): status.replicas while it ran."),
                          "startedAt": _time("When its rank 0 container started."),
                          "startupSeconds": _seconds("Its start-up."),
                          "trainSeconds": _seconds("Its training time (lost steps included)."),

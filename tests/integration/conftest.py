@@ -93,7 +93,7 @@ def crd(admin: client.ApiClient, kubeconfig: str) -> dict[str, Any]:
 def apply_immutability_policy(admin: client.ApiClient, kubeconfig: str) -> None:
     """The chart's ValidatingAdmissionPolicy (a template, so that a second release can leave it out),
     applied, and waited for: the API server loads a new policy a moment after it is stored. A probe
-    training with status.workloadActive shows when an edit of its replicas is refused (not suspended:
+    training with status.workloadActive shows when an edit of its epochs is refused (not suspended:
     a suspended one takes the edit). No operator runs yet to build its workload."""
     sh(tool("kubectl"), "--kubeconfig", kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", "-",
        stdin=sh(tool("helm"), "template", RELEASE, str(CHART), "--show-only",
@@ -110,9 +110,9 @@ def apply_immutability_policy(admin: client.ApiClient, kubeconfig: str) -> None:
         def refused() -> bool:
             try:
                 custom.patch_namespaced_custom_object(api.GROUP, api.VERSION, "default", api.PLURAL, probe,
-                                                      {"spec": {"replicas": 3}}, dry_run="All")
+                                                      {"spec": {"epochs": 3}}, dry_run="All")
             except ApiException as exc:
-                return exc.status == 422 and "spec.replicas is immutable" in str(exc.body)
+                return exc.status == 422 and "spec.epochs is immutable" in str(exc.body)
             return False
 
         wait_for(f"ValidatingAdmissionPolicy {api.IMMUTABILITY_POLICY} to take effect", refused, 60, 0.5)

@@ -83,7 +83,7 @@ def test_an_edit_is_taken_as_soon_as_suspend_is_asked(admin: client.ApiClient, o
     operator.stop()  # holds open the moments between the suspend and the workload's going
     try:
         with pytest.raises(ApiException) as err:
-            patch_spec(admin, namespace, "draining", {"replicas": 3})
+            patch_spec(admin, namespace, "draining", {"epochs": 4})
         assert err.value.status == 422 and "set spec.suspend: true with the edit" in err.value.body
         patch_spec(admin, namespace, "draining", {"suspend": True})
         assert _workload_active(admin, namespace, "draining")  # the window the edit used to be refused in

@@ -232,8 +232,8 @@ def test_kubectl_get_pt_shows_the_columns(admin: client.ApiClient, crd: dict[str
     create(admin, namespace, training("cols", replicas=2))
     client.CustomObjectsApi(admin).patch_namespaced_custom_object_status(
         api.GROUP, api.VERSION, namespace, api.PLURAL, "cols",
-        {"status": {"phase": "Running", "progress": "2/5", "evalAccuracy": 0.875}})
+        {"status": {"phase": "Running", "progress": "2/5", "evalAccuracy": 0.875, "replicas": 1}})
     out = sh(tool("kubectl"), "--kubeconfig", kubeconfig, "get", "pt", "-n", namespace)
     header, row = out.strip().splitlines()
-    assert header.split() == ["NAME", "PHASE", "REPLICAS", "EPOCH", "ACCURACY", "AGE"]
-    assert row.split()[:5] == ["cols", "Running", "2", "2/5", "0.875"]
+    assert header.split() == ["NAME", "PHASE", "REPLICAS", "DESIRED", "EPOCH", "ACCURACY", "AGE"]
+    assert row.split()[:6] == ["cols", "Running", "1", "2", "2/5", "0.875"]  # runs at 1, asked for 2

@@ -43,19 +43,34 @@ def test_committed_policy_template_matches_generator() -> None:
 # Written out, not derived from api.py: a new spec field must be put on one side or the other here, and
 # a field dropped from either side (the policy silently checking less) fails.
 IMMUTABLE_WHILE_RUNNING = [
-    "replicas", "processesPerReplica", "epochs", "batchSize", "learningRate", "mixedPrecision", "seed",
+    "processesPerReplica", "epochs", "batchSize", "learningRate", "mixedPrecision", "seed",
     "model", "pretrained", "weights", "pretrainedCache", "freezeBackbone", "imageSize", "dataset", "output",
     "image", "imagePullPolicy", "imagePullSecrets", "resources", "nodeSelector", "tolerations", "affinity",
-    "placement", "checkpoint", "priorityClassName", "serviceAccountName", "env", "backend", "networkPolicy",
+    "placement", "elastic",
+    "checkpoint", "priorityClassName", "serviceAccountName", "env", "backend", "networkPolicy",
     "masterPort",
     "activeDeadlineSeconds", "tracking",
 ]
 MUTABLE_WHILE_RUNNING = ["maxRestarts", "ttlSecondsAfterFinished", "scheduling", "suspend"]
+RESIZABLE_WHILE_RUNNING = ["replicas"]  # shapes the workload, and a change rebuilds it: a resize
 
 
 def test_every_spec_field_is_either_mutable_or_immutable_while_running() -> None:
     assert api.immutable_while_running() == IMMUTABLE_WHILE_RUNNING
-    assert sorted(api.SPEC_SCHEMA["properties"]) == sorted(IMMUTABLE_WHILE_RUNNING + MUTABLE_WHILE_RUNNING)
+    assert api.RESIZABLE_WHILE_RUNNING == RESIZABLE_WHILE_RUNNING
+    assert sorted(api.SPEC_SCHEMA["properties"]) == sorted(
+        IMMUTABLE_WHILE_RUNNING + MUTABLE_WHILE_RUNNING + RESIZABLE_WHILE_RUNNING)
+
+
+def test_the_crd_scales_through_spec_replicas_and_shows_both_sizes() -> None:
+    version = crd.crd()["spec"]["versions"][0]
+    assert version["subresources"]["scale"] == {"specReplicasPath": ".spec.replicas",
+                                                "statusReplicasPath": ".status.replicas",
+                                                "labelSelectorPath": ".status.selector"}
+    columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
+    assert columns["Replicas"] == ".status.replicas" and columns["Desired"] == ".spec.replicas"
+    status = api.STATUS_SCHEMA["properties"]
+    assert status["replicas"]["type"] == "integer" and status["selector"]["type"] == "string"
 
 
 def test_the_policy_checks_spec_updates_only_one_validation_per_immutable_field() -> None:
@@ -77,10 +92,10 @@ def test_crd_names_scope_and_subresources() -> None:
     assert spec["names"]["shortNames"] == ["pt"]
     (version,) = spec["versions"]
     assert version["name"] == "v1alpha1" and version["served"] and version["storage"]
-    assert version["subresources"] == {"status": {}}
+    assert set(version["subresources"]) == {"status", "scale"}
     columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
     assert columns["Phase"] == ".status.phase"
-    assert columns["Replicas"] == ".spec.replicas"
+    assert columns["Replicas"] == ".status.replicas"  # the size it runs at; Desired: spec.replicas
     assert columns["Epoch"] == ".status.progress"
     assert columns["Accuracy"] == ".status.evalAccuracy"
     assert columns["Age"] == ".metadata.creationTimestamp"

@@ -51,7 +51,8 @@ def test_an_edit_while_suspended_rebuilds_the_workload_from_the_new_spec() -> No
     assert p.status["children"]["job"] == "pets-r1"
     assert p.status["phase"] == api.PENDING and "rebuilding it from the new spec" in p.status["message"]
     assert p.status["workloadActive"] is False
-    assert [e.reason for e in p.events] == ["Rebuilding"]
+    assert [e.reason for e in p.events] == ["Resized", "Rebuilding"]  # 2 -> 3, on resume
+    assert "resize" not in p.status  # suspended: nothing drains
     # The next round waits for the old one to go, then builds attempt 1 from the spec that is there now.
     stale = job(suspend=True)
     stale["metadata"]["deletionTimestamp"] = "2026-01-02T03:04:00Z"

@@ -1,0 +1,111 @@
+"""A training's size: the one it runs at (status.replicas), the one asked for (spec.replicas), and the
+resizes between them (docs/operator.md, "Resizing a training").
+
+A resize is a new attempt at another size, never a change of a running gang: the operator drains the
+workload (its pods save a step checkpoint on SIGTERM) and builds the next one at the new size, which
+resumes from that checkpoint. Three things start one:
+
+- `Scaled`: spec.replicas changed (an edit, or `kubectl scale` through the scale subresource);
+- `NodeLost`: after a node loss the gang could not be placed again within placement.nodeLostSeconds,
+  and spec.elastic.minReplicas allows the size that was placed;
+- `PartialAdmission`: Kueue admitted the workload at fewer pods than it was built for (its partial
+  admission for Jobs), and the pods' world size must follow.
+
+Only a user grows a training: a run made smaller goes on at that size until its attempt ends (the next
+one, after a failure, a rebuild or a resume, is built at spec.replicas again) or spec.replicas changes.
+Pure functions on the status dict and the observed children; time is passed in.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pets_operator import api, builders, pods
+from pets_operator.backends import parse_timestamp, timestamp
+from pets_operator.plan_types import Event, Observed, Plan
+from pets_operator.spec import Spec
+
+SCALED, NODE_LOST, PARTIAL_ADMISSION = "Scaled", "NodeLost", "PartialAdmission"
+
+
+def min_replicas(spec: Spec) -> int:
+    """The smallest size the operator may run the training at (unset: spec.replicas)."""
+    return int((spec.elastic or {}).get("minReplicas") or spec.replicas)
+
+
+def selector(name: str) -> str:
+    """status.selector: the scale subresource's label selector of the trainer pods."""
+    return ",".join(f"{key}={value}" for key, value in builders.selector(name).items())
+
+
+def next_size(spec: Spec, status: dict[str, Any]) -> int:
+    """The size the next workload is built at: the smaller one a resize by the operator chose, else
+    spec.replicas."""
+    resize = status.get("resize") or {}
+    if resize.get("reason") in (NODE_LOST, PARTIAL_ADMISSION) and int(resize.get("to") or 0) >= 1:
+        return min(int(resize["to"]), spec.replicas)
+    return spec.replicas
+
+
+def current_size(spec: Spec, observed: Observed, status: dict[str, Any]) -> int:
+    """status.replicas: the size of the workload there is, else of the one about to be built."""
+    if observed.workload is not None and (size := observed.backend.size(observed.workload)):
+        return size
+    return next_size(spec, status)
+
+
+def begin(result: Plan, old_size: int, new_size: int, reason: str, why: str, now: datetime) -> None:
+    """A resize starts: one `Resized` Event ("2 -> 1"), and status.resize until the new gang runs, so the
+    drain and the restart are booked as resizing time (goodput)."""
+    result.status["resize"] = {"from": old_size, "to": new_size, "reason": reason, "since": timestamp(now)}
+    result.events.append(Event("Normal", "Resized", f"{old_size} -> {new_size} ({reason}): {why}"))
+
+
+def settle(status: dict[str, Any], phase: str) -> None:
+    """The new gang runs (or the training ended): the resize is over."""
+    if status.get("resize") and (phase == api.RUNNING or phase in api.FINISHED_PHASES):
+        status.pop("resize")
+
+
+def scaled_message(old_size: int, new_size: int, suspended: bool) -> str:
+    if suspended:
+        return f"the workload is rebuilt at {new_size} when the training resumes"
+    return (f"its {old_size} pod(s) stop with a step checkpoint (SIGTERM) and the next attempt resumes "
+            f"from it at world size {new_size}")
+
+
+def placed_after_node_loss(spec: Spec, observed: Observed, status: dict[str, Any], size: int,
+                           now: datetime) -> int | None:
+    """After a node loss, a gang that still has pods unplaced placement.nodeLostSeconds after it began
+    to wait goes on at the size that was placed, where spec.elastic.minReplicas allows it (None: wait)."""
+    failure = status.get("lastFailure") or {}
+    if min_replicas(spec) >= size or failure.get("cause") != "NodeLost":
+        return None
+    since = status.get("pendingSince")
+    pod_list = observed.pods or []
+    if not since or len(pod_list) < size:
+        return None
+    if failure.get("time") and parse_timestamp(since) < parse_timestamp(failure["time"]):
+        return None  # a wait from before the loss
+    waited = (now - parse_timestamp(since)).total_seconds()
+    if waited < int(spec.placement.get("nodeLostSeconds", 30)):
+        return None
+    placed = sum(1 for p in pod_list if pods.scheduled_at(p))
+    if min_replicas(spec) <= placed < size:
+        return placed
+    return None
+
+
+def admitted_smaller(spec: Spec, observed: Observed) -> int | None:
+    """Kueue admitted the workload at fewer pods than its pods were built for (partial admission sets
+    the Job's parallelism and completions, not the pods' world size): the size to rebuild it at."""
+    workload = observed.workload
+    if workload is None or observed.backend.is_suspended(workload):
+        return None
+    built_for = int(((workload.get("metadata") or {}).get("annotations") or {}).get(
+        builders.ANNOTATION_WORLD_SIZE, 0) or 0)
+    size = observed.backend.size(workload)
+    if built_for and size and size < built_for and size >= min_replicas(spec):
+        return size
+    return None
