@@ -65,6 +65,8 @@ class Target:
     # The digest of the spec asked for, where the workload is built at another size (resize.next_size):
     # None: that of the spec it is built from.
     spec_digest: str | None = None
+    # status.checkpointDir (checkpoint_home.py); None: checkpoint_dir(spec), as for `render`.
+    checkpoint_dir: str | None = None
     uid: str = ""  # the PetsTraining's (an MLflow run's tag; "" where unknown, as in `render`)
 
     @property
@@ -97,16 +99,24 @@ def spec_digest(spec: Spec | Mapping[str, Any]) -> str:
                     and not (k in ADDED_LATER and v == api.apply_defaults(props[k], props[k]["default"]))})
 
 
-# The spec fields that shape a checkpoint's state (the trainer's own check is saves._fingerprint,
-# plus the world size, which fixes the LR schedule's length).
+# The spec fields that shape a checkpoint's state (the trainer's own check is saves._fingerprint). Not
+# the world size: a step checkpoint holds the global position in the epoch, so a run resumes from it
+# at any size (a resize).
 CHECKPOINT_SHAPE = ["model", "freezeBackbone", "imageSize", "batchSize", "epochs", "learningRate", "seed",
-                    "dataset", "replicas", "processesPerReplica"]
+                    "dataset", "processesPerReplica"]
+# The shape of operators up to 0.1.0, world size included: the directory of a training they made, kept
+# across an upgrade (checkpoint_home.py).
+CHECKPOINT_SHAPE_0_1 = [*CHECKPOINT_SHAPE[:-1], "replicas", "processesPerReplica"]
 
 
-def checkpoint_dir(spec: Spec) -> str:
-    """One checkpoint directory per shape: a restart resumes where the shape allows, and an edit that
-    changes the shape (epochs 5 -> 9) starts afresh instead of refusing the old checkpoint."""
-    return f"{api.OUTPUT_DIR}/checkpoints/{_digest({k: spec.to_dict().get(k) for k in CHECKPOINT_SHAPE})}"
+def checkpoint_shape(spec: Spec, shape: list[str] = CHECKPOINT_SHAPE) -> str:
+    return _digest({k: spec.to_dict().get(k) for k in shape})
+
+
+def checkpoint_dir(spec: Spec, shape: list[str] = CHECKPOINT_SHAPE) -> str:
+    """One checkpoint directory per shape: a restart or a resize resumes where the shape allows, and an
+    edit that changes the shape (epochs 5 -> 9) starts afresh instead of refusing the old checkpoint."""
+    return f"{api.OUTPUT_DIR}/checkpoints/{checkpoint_shape(spec, shape)}"
 
 
 # The machines the workload's pods were built for (PETS_NUM_MACHINES): a queue that admits fewer pods
@@ -191,8 +201,9 @@ def main_address(target: Target, name: str | None = None) -> str:
     return f"{job}-0.{service_name(target.name)}.{target.namespace}.svc.{target.cluster_domain}"
 
 
-def trainer_args(spec: Spec) -> list[str]:
-    """Trainer flags (`pets-train --help`) for a resolved spec."""
+def trainer_args(spec: Spec, checkpoints: str | None = None) -> list[str]:
+    """Trainer flags (`pets-train --help`) for a resolved spec (`checkpoints`: the training's checkpoint
+    directory, where status.checkpointDir names one)."""
     args = [
         "--epochs", str(spec.epochs),
         "--batch-size", str(spec.batch_size),
@@ -202,7 +213,7 @@ def trainer_args(spec: Spec) -> list[str]:
         "--model", spec.model,
         "--image-size", str(spec.image_size),
         "--output-dir", api.OUTPUT_DIR,
-        "--checkpoint-dir", checkpoint_dir(spec),
+        "--checkpoint-dir", checkpoints or checkpoint_dir(spec),
         "--checkpoint-interval-seconds", str(spec.checkpoint["intervalSeconds"]),
     ]
     # Explicit either way: the trainer's own default (pretrained, as in the tutorial) must not decide.
@@ -317,7 +328,7 @@ def pod_template(spec: Spec, target: Target, *, container_name: str = CONTAINER,
         "name": container_name,
         "image": spec.image or target.default_image,
         "imagePullPolicy": spec.image_pull_policy,
-        "args": trainer_args(spec),
+        "args": trainer_args(spec, target.checkpoint_dir),
         "env": _env(spec, target, container_name=container_name, headless_service=headless_service),
         "ports": [
             {"name": port_name, "containerPort": spec.master_port, "protocol": "TCP"},

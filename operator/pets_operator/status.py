@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from pets_contract import gauges
-from pets_operator import api, builders, children, goodput, pods, resize, tracking_status
+from pets_operator import api, builders, checkpoint_home, children, goodput, pods, resize, tracking_status
 from pets_operator.backends import WorkloadState, parse_timestamp, timestamp
 from pets_operator.conditions import apply_phase
 from pets_operator.deadlines import (
@@ -147,6 +147,7 @@ def _begin(body: dict[str, Any], spec: Spec, observed: Observed, target: builder
         status["backendReason"] = observed.backend_reason
     status["replicas"] = resize.current_size(spec, observed, old)
     status["selector"] = resize.selector(target.name)
+    status["checkpointDir"], status["checkpointShape"] = checkpoint_home.choose(spec, old)
     status["restarts"] = r.restarts
     status["attempt"] = target.attempt
     status["totalEpochs"] = spec.epochs
@@ -208,7 +209,9 @@ def _create_workload(r: _Round, policy: dict[str, Any] | None, left: float | Non
     pods), the managed output claim and the dataset cache (made once; an existing one is kept)."""
     status, spec, observed, target, result = r.status, r.spec, r.observed, r.target, r.result
     backend = observed.backend
-    built_for = target if left is None else replace(target, deadline_left=max(1, math.ceil(left)))
+    built_for = replace(target, checkpoint_dir=status["checkpointDir"])
+    if left is not None:
+        built_for = replace(built_for, deadline_left=max(1, math.ceil(left)))
     if (size := resize.next_size(spec, status)) != spec.replicas:  # smaller, as the cluster allowed
         built_for = replace(built_for, spec_digest=builders.spec_digest(spec))
         workload = backend.build_workload(replace(spec, replicas=size), built_for)

@@ -42,6 +42,9 @@ STATUS_SCHEMA: dict[str, Any] = _obj("Observed state, written by the operator.",
                      "asked for; they differ while a resize drains, and where the cluster had room for "
                      "fewer, within spec.elastic.minReplicas). The scale subresource's status replicas."),
     "selector": _str("The label selector of the training's trainer pods (the scale subresource's)."),
+    "checkpointDir": _str("Where the training's checkpoints are (in its output), kept while the fields "
+                          "that shape a checkpoint stay: a restart or a resize resumes from there."),
+    "checkpointShape": _str("The digest of those fields when checkpointDir was chosen (bookkeeping)."),
     "resize": _obj("The resize under way, from the drain of the old gang until the new one runs "
                    "(docs/operator.md, \"Resizing a training\").", {
         "from": _int("The size it ran at."),

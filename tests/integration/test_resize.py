@@ -30,7 +30,8 @@ def _status(admin: client.ApiClient, ns: str, name: str) -> dict[str, Any]:
 def test_kubectl_scale_resizes_a_running_training(admin: client.ApiClient, operator: Any, namespace: str,
                                                   kubeconfig: str) -> None:
     create_training(admin, namespace, "elastic", replicas=2, elastic={"minReplicas": 1, "maxReplicas": 3})
-    assert the_job(admin, namespace, "elastic").spec.parallelism == 2
+    first = the_job(admin, namespace, "elastic")
+    assert first.spec.parallelism == 2
     run_job(admin, namespace, "elastic", 2)
     wait_for("status.workloadActive", lambda: _status(admin, namespace, "elastic").get("workloadActive"))
 
@@ -51,6 +52,11 @@ def test_kubectl_scale_resizes_a_running_training(admin: client.ApiClient, opera
         (j.metadata.name, j.spec.parallelism) for j in jobs(admin, namespace)] == [("elastic-r1", 1)])
     st = _status(admin, namespace, "elastic")
     assert (st["attempt"], st["restarts"], st["replicas"]) == (1, 0, 1)
+    # The same checkpoint directory at both sizes: the new gang resumes from the old one's SIGTERM save.
+    jobs_made = (first, the_job(admin, namespace, "elastic-r1"))
+    args = [list(j.spec.template.spec.containers[0].args) for j in jobs_made]
+    assert len({a[a.index("--checkpoint-dir") + 1] for a in args}) == 1
+    assert args[0][args[0].index("--checkpoint-dir") + 1] == st["checkpointDir"]
     assert st["resize"]["from"] == 2 and st["resize"]["to"] == 1 and st["resize"]["reason"] == "Scaled"
     events = client.CoreV1Api(admin).list_namespaced_event(namespace, field_selector="reason=Resized").items
     assert [e.message.split(":")[0] for e in events] == ["2 -> 1 (Scaled)"]

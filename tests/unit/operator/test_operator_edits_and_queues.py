@@ -33,8 +33,10 @@ def test_checkpoints_carry_over_only_where_their_shape_allows() -> None:
     assert base.startswith(f"{api.OUTPUT_DIR}/checkpoints/")
     # Same shape: a restart (or an edit of the image, say) resumes from the same directory ...
     assert builders.checkpoint_dir(api.resolve_spec({"image": "other:1", "mixedPrecision": "no"})) == base
-    # ... a new shape (the LR schedule's length, the world size) starts afresh beside it.
-    for edit in ({"epochs": 9}, {"replicas": 3}, {"batchSize": 8}, {"seed": 1}):
+    # ... and so does a resize: a step checkpoint holds the global position, at any world size ...
+    assert builders.checkpoint_dir(api.resolve_spec({"replicas": 3})) == base
+    # ... a new shape (the LR schedule's length, the processes per pod) starts afresh beside it.
+    for edit in ({"epochs": 9}, {"processesPerReplica": 2}, {"batchSize": 8}, {"seed": 1}):
         assert builders.checkpoint_dir(api.resolve_spec(edit)) != base
 
 

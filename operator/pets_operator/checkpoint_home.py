@@ -1,0 +1,35 @@
+"""Where a training's checkpoints live (status.checkpointDir), chosen so that no work is left behind by a
+resize or by an operator upgrade.
+
+The directory is `<output>/checkpoints/<digest of the fields that shape a checkpoint>`
+(builders.CHECKPOINT_SHAPE): an edit that changes the shape (epochs 5 -> 9) starts afresh beside the
+old checkpoints, and one that keeps it resumes. The world size left the shape in 0.2.0 (a step
+checkpoint holds the global position, so a run resumes from it at any size). A training made by an
+operator up to 0.1.0 keeps the directory that operator gave it (its shape with the world size) for as
+long as its shape stays: its checkpoints are there. Pure: (spec, old status) -> (directory, shape).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pets_operator import builders
+from pets_operator.spec import Spec
+
+
+def made_by_0_1(status: dict[str, Any]) -> bool:
+    """The training had a workload before this operator recorded a checkpoint directory for it."""
+    return "checkpointShape" not in status and bool(status.get("attempt") is not None
+                                                    or (status.get("children") or {}).get("job")
+                                                    or (status.get("children") or {}).get("pytorchJob"))
+
+
+def choose(spec: Spec, status: dict[str, Any]) -> tuple[str, str]:
+    """The directory the training's workloads use, and the shape it was chosen for (to be kept in the
+    status): the recorded one while the shape stays, else the one of this shape."""
+    shape = builders.checkpoint_shape(spec)
+    if status.get("checkpointDir") and status.get("checkpointShape") == shape:
+        return str(status["checkpointDir"]), shape
+    if made_by_0_1(status):
+        return builders.checkpoint_dir(spec, builders.CHECKPOINT_SHAPE_0_1), shape
+    return builders.checkpoint_dir(spec), shape
