@@ -69,6 +69,12 @@ class TrainConfig:
     # recipe
     image_size: int = _f(224, "training crop and eval resize, in pixels")
     batch_size: int = _f(64, "training batch size per process")
+    global_batch_size: int | None = _f(
+        None,
+        "samples of one optimizer step, all processes together; recorded when the training first starts "
+        "and kept at any world size that divides it (by gradient accumulation); a multiple of batch_size x "
+        "processes. Default: batch_size x processes at the first start",
+    )
     eval_batch_size: int = _f(128, "evaluation batch size per process")
     epochs: int = _f(5, "epochs in the whole run")
     lr: float = _f(3e-2, "OneCycleLR max_lr; Adam starts at lr/25")
@@ -232,7 +238,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         raise ConfigError(
             f"mixed_precision must be one of {MIXED_PRECISION_CHOICES}, got {cfg.mixed_precision!r}"
         )
-    for name in ("threads", "max_epochs_this_run", "max_train_steps"):
+    for name in ("threads", "max_epochs_this_run", "max_train_steps", "global_batch_size"):
         value = getattr(cfg, name)
         if value is not None and value < 1:
             raise ConfigError(f"{name} must be at least 1, got {value}")

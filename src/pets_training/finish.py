@@ -9,6 +9,7 @@ from typing import Any
 from accelerate import Accelerator
 from torch import nn
 
+from pets_contract import samples
 from pets_contract import summary as summary_keys
 
 from .config import TrainConfig
@@ -27,6 +28,13 @@ def end_run(accelerator: Accelerator, result: dict[str, Any] | None) -> dict[str
     return result
 
 
+def inexact_epochs(history: list[dict[str, Any]], train_samples: int) -> list[int]:
+    """The epochs (from 1) whose sample counts say they did not train each training sample once; an epoch
+    without counts (recorded before they were) is not judged."""
+    return [r["epoch"] for r in history if samples.SAMPLES_TRAINED in r
+            and (r[samples.SAMPLES_TRAINED], r[samples.SAMPLES_DISTINCT]) != (train_samples, train_samples)]
+
+
 def finish_run(
     accelerator: Accelerator,
     module: nn.Module,
@@ -38,6 +46,7 @@ def finish_run(
     time_seconds: dict[str, float],
     resume_step: int = 0,
     skipped_checkpoints: int = 0,
+    global_batch: int = 0,
 ) -> dict[str, Any] | None:
     accelerator.wait_for_everyone()
     if not accelerator.is_main_process:
@@ -68,6 +77,8 @@ def finish_run(
         summary_keys.RESUME_STEP: resume_step,  # where this run resumed (0: fresh): the work lost
         summary_keys.RESUME_SKIPPED_CHECKPOINTS: skipped_checkpoints,  # newer ones it could not use
         "world_size": accelerator.num_processes,
+        samples.GLOBAL_BATCH: global_batch,
+        samples.INEXACT_EPOCHS: inexact_epochs(history, len(data.train))[:20],
         "model": cfg.model,
         "num_classes": data.num_classes,
         summary_keys.DATASET: report_counts(data.report),

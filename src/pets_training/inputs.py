@@ -94,8 +94,15 @@ def _running(pid: int) -> bool:
 Batch = tuple[torch.Tensor, torch.Tensor]
 
 
-def _as_is(batch: Any) -> Batch:
-    return batch  # type: ignore[no-any-return]
+class ToDevice:
+    """A CPU-path batch (uint8 crops, labels) onto the device: the training loader is not accelerate's."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def __call__(self, batch: Any) -> Batch:
+        images, labels = batch
+        return images.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)
 
 
 def train_loader(
@@ -112,7 +119,7 @@ def train_loader(
     sampler = EpochShuffleSampler(len(data.train), cfg.seed)
     loader = DataLoader(data.train, batch_size=cfg.batch_size, sampler=sampler,
                         persistent_workers=workers > 0, **options)
-    return loader, sampler, _as_is
+    return loader, sampler, ToDevice(device)
 
 
 def eval_shard(n: int, rank: int, world: int, batch_size: int) -> tuple[list[int], int, int]:

@@ -14,6 +14,7 @@ from typing import Any
 from pets_contract import gauges
 from pets_contract.gauges import TIME_PARTS
 from pets_contract.names import PLOT_FILE, PROGRESS_FILE, SUMMARY_FILE
+from pets_contract.samples import SAMPLES_DISTINCT, SAMPLES_TRAINED
 from pets_contract.summary import LIMIT as SUMMARY_LIMIT
 
 log = logging.getLogger(__name__)
@@ -61,9 +62,12 @@ def epoch_record(
     images_per_second: float,
     elapsed_seconds: float,
     epoch_seconds: Sequence[float],
+    coverage: tuple[int, int] | None = None,
 ) -> dict[str, Any]:
-    """One progress.jsonl line. ETA = mean epoch time so far x epochs left."""
+    """One progress.jsonl line. ETA = mean epoch time so far x epochs left. ``coverage``: the epoch's
+    (samples trained, distinct samples), pets_contract.samples."""
     mean_epoch = sum(epoch_seconds) / len(epoch_seconds) if epoch_seconds else 0.0
+    counts = {} if coverage is None else {SAMPLES_TRAINED: coverage[0], SAMPLES_DISTINCT: coverage[1]}
     return {
         "epoch": epoch,
         "total_epochs": total_epochs,
@@ -72,6 +76,7 @@ def epoch_record(
         "images_per_second": round(images_per_second, 2),
         "elapsed_seconds": round(elapsed_seconds, 2),
         "eta_seconds": round(mean_epoch * (total_epochs - epoch), 2),
+        **counts,
     }
 
 

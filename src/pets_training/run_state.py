@@ -15,13 +15,14 @@ from torch import nn
 
 from .data import EpochShuffleSampler, PetsData
 from .inputs import Batch, EvalStore, EvalStoreBuild
+from .position import Layout
 from .progress import TimeSplit
 from .stepsave import SaveClock
 
 if TYPE_CHECKING:
-    from accelerate.data_loader import DataLoaderShard
     from accelerate.optimizer import AcceleratedOptimizer
     from accelerate.scheduler import AcceleratedScheduler
+    from torch.utils.data import DataLoader
 
     from .tracking import RunTrackers
 
@@ -52,13 +53,14 @@ class Training:
     normalise: Normalise
     optimizer: AcceleratedOptimizer
     scheduler: AcceleratedScheduler
-    train_loader: DataLoaderShard
+    train_loader: DataLoader[Any]  # not prepared: the sampler yields this rank's share (position.rank_plan)
     train_sampler: EpochShuffleSampler
     make_batch: Callable[[Any], Batch]  # a loader's batch -> (uint8 crops, labels) on the device
     output_dir: Path
     checkpoint_dir: Path
     eval_build: EvalStoreBuild  # started after the first training step, collected at the first evaluation
     trackers: RunTrackers  # TensorBoard and MLflow, through accelerate (rank 0)
+    layout: Layout  # the global batch at this world size; resume sets the checkpoint's
     eval_store: EvalStore | None = None
     attempt: int | None = None  # $PETS_ATTEMPT, the checkpoint fence's token (None: no fence)
     # rank 0's hostname when every machine shares checkpoint_dir (rank 0 alone publishes), else None
@@ -75,6 +77,7 @@ class RunState:
     resumed_loss_sum: float = 0.0
     resumed_seen: float = 0.0
     resumed_seconds: float = 0.0
+    resumed_counts: torch.Tensor | None = None  # how often each sample of the resumed epoch was trained
     history: list[dict[str, Any]] = field(default_factory=list)
     epoch_seconds: list[float] = field(default_factory=list)
     elapsed_before: float = 0.0  # seconds of training in earlier runs (resume)

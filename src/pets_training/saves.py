@@ -3,10 +3,13 @@ epoch's or a step's, and resuming from the newest complete one that fits this ru
 
 from __future__ import annotations
 
+import base64
 import logging
+import math
 import secrets
 import socket
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -24,16 +27,63 @@ from .checkpoint import (
     save_atomically,
 )
 from .config import TrainConfig
+from .contract import PermanentError
+from .position import Layout, layout, samples_done, schedule_position, steps_done
 from .progress import MetricsServer
 from .run_state import RunState, Training
 
 log = logging.getLogger("pets_training")
 
 
+# trainer_state.json's "format": 2 records the global position (samples of the epoch's permutation done) and
+# the global batch, and resumes at any world size; absent, 1 (v0.1.0), whose step position counts steps of
+# its own world size.
+FORMAT = 2
+
+
 def _fingerprint(cfg: TrainConfig, num_classes: int) -> dict[str, Any]:
-    """What must match for a checkpoint to continue this run."""
-    keys = ("model", "unfreeze", "image_size", "batch_size", "epochs", "lr", "seed")
+    """What must match for a checkpoint to continue this run. Not ``epochs``: a run resumed with more (or
+    fewer) epochs continues, its schedule stretched to the new length (docs/operator.md)."""
+    keys = ("model", "unfreeze", "image_size", "batch_size", "lr", "seed")
     return {**{k: getattr(cfg, k) for k in keys}, "num_classes": num_classes}
+
+
+def checkpoint_fits(
+    saved: dict[str, Any], is_step: bool, world_size: int, samples: int, batch_size: int
+) -> str:
+    """Why a checkpoint cannot continue this run exactly ("" when it can). Epoch checkpoints of either format
+    fit any world size; a format-1 step checkpoint fits only its own world size and steps per epoch; a
+    format-2 one any world size of an epoch of as many samples."""
+    version = saved.get("format", 1)
+    if not isinstance(version, int) or version > FORMAT:
+        return f"format {version!r} is not one this trainer reads (1 to {FORMAT}): a newer trainer wrote it"
+    if not is_step:
+        return ""
+    position = saved.get("position", {})
+    if version == 1:
+        steps_per_epoch = math.ceil(samples / (batch_size * world_size))
+        here = {"world_size": world_size, "steps_per_epoch": steps_per_epoch}
+        for key, value in here.items():
+            if position.get(key) != value:
+                return (f"format 1 (v0.1.0: its position counts steps of its own world size) was made with "
+                        f"{key}={position.get(key)}, this run has {key}={value}")
+        return ""
+    if position.get("epoch_samples") != samples:
+        return f"its epoch has {position.get('epoch_samples')} samples, this run's has {samples}"
+    return ""
+
+
+def resumed_position(saved: dict[str, Any], batch_size: int, samples: int) -> tuple[int | None, int]:
+    """(the recorded global batch, samples of the epoch done) of a checkpoint that fits
+    (:func:`checkpoint_fits`). Format 1 recorded no global batch: a step checkpoint's ran at one world size
+    without accumulation (batch_size x its world size), an epoch checkpoint's is unknown (None)."""
+    position = saved.get("position")
+    if saved.get("format", 1) >= 2:
+        return int(saved["global_batch"]), int(position["samples"]) if position else 0
+    if not position:
+        return None, 0
+    global_batch = batch_size * int(position["world_size"])
+    return global_batch, min(int(position["steps"]) * global_batch, samples)
 
 
 def _common_checkpoints(accelerator: Accelerator, directory: Path) -> list[tuple[Position, Path]]:
@@ -73,33 +123,70 @@ def shared_checkpoint_host(accelerator: Accelerator, directory: Path, local_worl
     return host if shared else None
 
 
-def _step_checkpoint_fits(saved: dict[str, Any], t: Training) -> str:
-    """Why a step checkpoint cannot continue this run exactly ("" when it can): its position counts
-    steps of its own world size and steps per epoch."""
-    position = saved.get("position", {})
-    here = {"steps_per_epoch": len(t.train_loader), "world_size": t.accelerator.num_processes}
-    for key, value in here.items():
-        if position.get(key) != value:
-            return f"it was made with {key}={position.get(key)}, this run has {key}={value}"
-    return ""
+def _global_batch(
+    cfg: TrainConfig, recorded: int | None, world_size: int, checkpoint: Path | None
+) -> tuple[int, str]:
+    """The run's global batch and where it comes from: the checkpoint's record, else --global-batch-size,
+    else batch_size x world size (a first start). A flag that contradicts the record is refused."""
+    if recorded is not None:
+        if cfg.global_batch_size not in (None, recorded):
+            raise PermanentError(
+                f"resume: --global-batch-size (global_batch_size) {cfg.global_batch_size} differs from "
+                f"{recorded}, recorded in checkpoint {str(checkpoint)!r} when the training first started; a "
+                "training keeps its global batch: drop the flag or use another --checkpoint-dir"
+            )
+        return recorded, f" (recorded in {checkpoint})"
+    if cfg.global_batch_size is not None:
+        return cfg.global_batch_size, " (--global-batch-size)"
+    return cfg.batch_size * world_size, f" (batch_size {cfg.batch_size} x {world_size} processes)"
+
+
+def start_layout(cfg: TrainConfig, samples: int, world: int, recorded: int | None = None,
+                 checkpoint: Path | None = None) -> Layout:
+    """This run's epoch layout (position.py): its global batch kept at this world size, or ResizeError."""
+    global_batch, where = _global_batch(cfg, recorded, world, checkpoint)
+    lay = layout(samples, cfg.batch_size, global_batch, world, where)
+    log.info("global batch %d%s: %d process(es) x batch_size %d x %d accumulation step(s); %d optimizer "
+             "steps an epoch", global_batch, where, world, cfg.batch_size, lay.accumulation,
+             lay.steps_per_epoch)
+    return lay
+
+
+def set_schedule(scheduler: Any, position: int) -> None:
+    """Put the OneCycle schedule at ``position`` (position.schedule_position): its value is a function of
+    the position alone, whatever stepped it before."""
+    scheduler.last_epoch = position - 1
+    with warnings.catch_warnings():  # a state just loaded: torch warns of a step before optimizer.step
+        warnings.simplefilter("ignore", UserWarning)
+        scheduler.step()
 
 
 def resume(t: Training, cfg: TrainConfig) -> RunState:
-    """Continue from the newest checkpoint every process has (load its state, return its history and, for a
-    step checkpoint, its position in the epoch). A step checkpoint of another world size or steps per
-    epoch cannot continue exactly: the newest epoch checkpoint does instead (a warning says so, and the
-    returned state counts it)."""
+    """Continue from the newest checkpoint every process has that fits (:func:`checkpoint_fits`): load its
+    state, return its history and, for a step checkpoint, its global position in the epoch, which this
+    run continues at its own world size. One that does not fit is skipped with a warning and counted."""
     skipped = 0
+    world, samples = t.accelerator.num_processes, len(t.data.train)
     for (epochs, steps), path in _common_checkpoints(t.accelerator, t.checkpoint_dir):
         saved = read_trainer_state(path)
         check_compatible(saved["fingerprint"], _fingerprint(cfg, t.data.num_classes), path)
-        if steps:
-            why = _step_checkpoint_fits(saved, t)
-            if why:
-                log.warning("resume: skipping step checkpoint %s: %s", path, why)
-                skipped += 1
-                continue
+        why = checkpoint_fits(saved, bool(steps), world, samples, cfg.batch_size)
+        if why:
+            log.warning("resume: skipping %s checkpoint %s (format %s): %s; falling back to the newest epoch "
+                        "checkpoint that fits, else a fresh start", "step" if steps else "epoch", path,
+                        saved.get("format", 1), why)
+            skipped += 1
+            continue
+        if epochs > cfg.epochs:
+            raise PermanentError(f"resume: checkpoint {str(path)!r} has {epochs} epochs done, more than "
+                                 f"epochs {cfg.epochs}: give at least {epochs}")
+        recorded, done = resumed_position(saved, cfg.batch_size, samples)
+        lay = t.layout = start_layout(cfg, samples, world, recorded, path)
+        start_steps = steps_done(lay, done, f" of checkpoint {path}") if steps else 0
+        fresh = t.scheduler.scheduler.state_dict()  # this run's schedule: its epochs (they may have changed)
         t.accelerator.load_state(str(path))
+        t.scheduler.scheduler.load_state_dict(fresh)
+        set_schedule(t.scheduler.scheduler, schedule_position(lay, epochs, done))
         state = RunState(
             start_epoch=epochs,
             history=saved["history"],
@@ -110,15 +197,33 @@ def resume(t: Training, cfg: TrainConfig) -> RunState:
         if not steps:
             log.info("resume: continuing after epoch %d from %s", epochs, path)
             return state
-        state.start_steps = steps
+        state.start_steps = start_steps
         state.resumed_loss_sum = float(saved["epoch_loss_sum"])
         state.resumed_seen = float(saved["epoch_seen"])
         state.resumed_seconds = float(saved["epoch_train_seconds"])
-        log.info("resume: continuing at epoch %d step %d (global step %d) from %s", epochs + 1, steps,
-                 saved["position"]["global_step"], path)
+        state.resumed_counts = decode_counts(saved.get("epoch_sample_counts"), samples)
+        position = saved["position"]
+        log.info("resume: continuing at epoch %d step %d (global step %d) from %s: sample %d of %d, made "
+                 "at world size %s, now %d", epochs + 1, start_steps, position["global_step"], path, done,
+                 samples, position["world_size"], world)
         return state
     log.info("resume: no complete checkpoint in %s; starting fresh", t.checkpoint_dir)
     return RunState(skipped_checkpoints=skipped)
+
+
+def encode_counts(counts: torch.Tensor) -> str:
+    """Per-sample counts (how often each sample of the epoch was trained) as base64 bytes, capped at 255."""
+    return base64.b64encode(counts.clamp(max=255).to(torch.uint8).numpy().tobytes()).decode()
+
+
+def decode_counts(text: str | None, samples: int) -> torch.Tensor | None:
+    """:func:`encode_counts` back, or None when absent (a format-1 checkpoint) or of another epoch size."""
+    if not text:
+        return None
+    raw = base64.b64decode(text)
+    if len(raw) != samples:
+        return None
+    return torch.frombuffer(bytearray(raw), dtype=torch.uint8).to(torch.int32)
 
 
 def save_checkpoint(
@@ -145,6 +250,9 @@ def save_checkpoint(
             "epoch_seconds": state.epoch_seconds,
             "elapsed_seconds": state.elapsed(),
             "attempt": t.attempt,
+            "format": FORMAT,
+            "global_batch": t.layout.global_batch,
+            "epochs": cfg.epochs,
             **extra,
         },
         t.accelerator.is_main_process if shared else t.accelerator.is_local_main_process,
@@ -177,25 +285,34 @@ def save_step_checkpoint(
     epoch: int,
     steps: int,
     sums: tuple[torch.Tensor, torch.Tensor],
+    counts: torch.Tensor,
     epoch_start: float,
     metrics: MetricsServer | None,
 ) -> None:
-    """The step checkpoint after ``steps`` steps of epoch index ``epoch``: the state, plus the position and
-    the epoch's loss sums so far (summed over the processes) so that the resumed epoch reports the same
-    train loss."""
+    """The step checkpoint after ``steps`` optimizer steps of epoch index ``epoch``: the state, plus the
+    global position, the epoch's loss sums so far (summed over the processes) so that the resumed epoch
+    reports the same train loss, and how often each sample of the epoch was trained so far."""
     loss_sum = t.accelerator.reduce(sums[0], "sum")
     seen = t.accelerator.reduce(sums[1], "sum")
+    trained = reduce_counts(t, counts)
     extra = {
         "position": {
             "epoch": epoch,  # epochs done: this one is epoch + 1 of cfg.epochs
-            "steps": steps,
+            "steps": steps,  # optimizer steps of the global batch in this epoch
+            "samples": samples_done(t.layout, steps),  # of the epoch's permutation, every rank together
+            "epoch_samples": t.layout.samples,
             "global_step": state.global_step,
-            "steps_per_epoch": len(t.train_loader),
-            "world_size": t.accelerator.num_processes,
+            "world_size": t.layout.world_size,
+            "accumulation": t.layout.accumulation,
         },
         "epoch_loss_sum": float(loss_sum.item()),
         "epoch_seen": float(seen.item()),
         "epoch_train_seconds": time.perf_counter() - epoch_start,
+        "epoch_sample_counts": encode_counts(trained),
     }
     save_checkpoint(t, cfg, state, epoch, steps, extra, metrics)
 
+
+def reduce_counts(t: Training, counts: torch.Tensor) -> torch.Tensor:
+    """Every process's per-sample counts summed (every process calls this at the same step), on the CPU."""
+    return t.accelerator.reduce(counts.to(t.accelerator.device), "sum").cpu()  # type: ignore[no-any-return]

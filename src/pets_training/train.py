@@ -11,6 +11,7 @@ What a run holds is ``run_state``; its checkpoints (save, resume) are ``saves``;
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -21,7 +22,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
-from accelerate.data_loader import skip_first_batches
 from accelerate.utils import ProjectConfiguration, set_seed
 
 from pets_contract.gauges import DATASET_COUNTS
@@ -41,10 +41,19 @@ from .data import build_data, check_fits_world, report_counts, write_report
 from .finish import end_run, finish_run
 from .inputs import EvalStoreBuild, evaluate, start_worker_server, train_loader
 from .model import cpu_runs_bf16_natively, create_model, resolve_precision, trainable_module
+from .position import loss_weight, rank_plan, samples_done, schedule_position, schedule_total, step_samples
 from .progress import MetricsServer, StepProgress, TimeSplit, append_progress, epoch_record
 from .resources import CpuLimit, CpuPlan, cpu_limit, plan_cpu
 from .run_state import Normalise, RunState, Training
-from .saves import resume, save_checkpoint, save_step_checkpoint, shared_checkpoint_host
+from .saves import (
+    reduce_counts,
+    resume,
+    save_checkpoint,
+    save_step_checkpoint,
+    set_schedule,
+    shared_checkpoint_host,
+    start_layout,
+)
 from .stepsave import SaveClock, StopRequest, decide
 from .store import use_store
 from .tracking import FAILED, KILLED, SHORT_WAIT, RunTrackers, log_with
@@ -96,13 +105,13 @@ def training_function(
     metrics = MetricsServer(cfg.metrics_port) if t.accelerator.is_main_process and cfg.metrics_port else None
     t.trackers.start(cfg, state.global_step, _failure_gauge(metrics))
     state.run_start = time.perf_counter()
-    state.global_step = state.resume_step = state.start_epoch * len(t.train_loader) + state.start_steps
+    state.global_step = state.resume_step = state.start_epoch * t.layout.steps_per_epoch + state.start_steps
     state.clock.start()
     if metrics is not None:
         if state.history:
             metrics.update(state.history[-1])
         metrics.set("step", state.global_step)
-        metrics.set("steps_total", len(t.train_loader) * cfg.epochs)
+        metrics.set("steps_total", t.layout.steps_per_epoch * cfg.epochs)
         metrics.set("checkpoint_epoch", state.start_epoch)  # resumed from it (0: none)
         metrics.set("checkpoint_step", state.global_step)
         metrics.set("checkpoint_seconds_total", 0.0)
@@ -139,7 +148,8 @@ def training_function(
                 return end_run(t.accelerator, None)
         _end_of_loop(split, metrics)
         summary = finish_run(t.accelerator, t.module, cfg, t.data, state.history, t.output_dir,
-                             state.elapsed(), split.rounded(), state.resume_step, state.skipped_checkpoints)
+                             state.elapsed(), split.rounded(), state.resume_step, state.skipped_checkpoints,
+                             t.layout.global_batch)
         if summary is not None:  # rank 0: the files to the MLflow run, and the trackers' outcome
             files = [t.output_dir / name for name in (MODEL_FILE, SUMMARY_FILE, CONFIG_FILE, PROGRESS_FILE,
                                                       PLOT_FILE, DATASET_REPORT_FILE)]
@@ -215,11 +225,13 @@ def setup(cfg: TrainConfig, pod: PodContract, process: ProcessContext) -> Traini
     loader, train_sampler, make_batch = train_loader(data, cfg, workers, accelerator.device)
     eval_build = EvalStoreBuild(data.eval, cfg.eval_batch_size, accelerator.process_index,
                                 accelerator.num_processes, workers, accelerator.device)
+    lay = start_layout(cfg, len(data.train), accelerator.num_processes)
     optimizer = torch.optim.Adam([p for p in module.parameters() if p.requires_grad], lr=cfg.lr / 25)
-    scheduler = torch.optim.lr_scheduler.OneCycleLR(
-        optimizer, max_lr=cfg.lr, epochs=cfg.epochs, steps_per_epoch=len(loader)
-    )
-    module, optimizer, loader, scheduler = accelerator.prepare(module, optimizer, loader, scheduler)
+    # counted in chunks of batch_size samples (position.py): the same at any world size
+    scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=cfg.lr,
+                                                    total_steps=schedule_total(lay, cfg.epochs))
+    # the training loader is not prepared: its sampler shards the epoch itself (position.rank_plan)
+    module, optimizer, scheduler = accelerator.prepare(module, optimizer, scheduler)
     checkpoint_dir = cfg.resolved_checkpoint_dir(pod.output_dir)
     shared_host = None
     if cfg.checkpoints:
@@ -229,7 +241,7 @@ def setup(cfg: TrainConfig, pod: PodContract, process: ProcessContext) -> Traini
         accelerator.project_configuration.save_on_each_node = shared_host is None
     trackers = RunTrackers(accelerator, cfg, output_dir)
     return Training(accelerator, data, module, normalise, optimizer, scheduler, loader, train_sampler,
-                    make_batch, output_dir, checkpoint_dir, eval_build, trackers,
+                    make_batch, output_dir, checkpoint_dir, eval_build, trackers, lay,
                     shared_checkpoint_host=shared_host)
 
 
@@ -296,7 +308,8 @@ def run_epoch(
     epoch_start = time.perf_counter()
     if epoch == state.start_epoch:
         epoch_start -= state.resumed_seconds  # the resumed epoch's time before its step checkpoint
-    train_loss, images_per_second = train_epoch(t, cfg, state, epoch, epoch_start, step_hook, metrics, stop)
+    train_loss, images_per_second, coverage = train_epoch(t, cfg, state, epoch, epoch_start, step_hook,
+                                                          metrics, stop)
     if state.stopped:
         return
     state.split.charge()
@@ -312,7 +325,7 @@ def run_epoch(
     state.epoch_seconds.append(time.perf_counter() - epoch_start)
     elapsed = state.elapsed()
     record = epoch_record(
-        epoch + 1, cfg.epochs, train_loss, accuracy, images_per_second, elapsed, state.epoch_seconds
+        epoch + 1, cfg.epochs, train_loss, accuracy, images_per_second, elapsed, state.epoch_seconds, coverage
     )
     state.history.append(record)
     state.epochs_this_run += 1
@@ -339,15 +352,30 @@ def run_epoch(
 
 
 def train_step(t: Training, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """One optimiser step on one batch (the tutorial's loop body); returns the loss, detached.
-    ``make bench``'s model-only ceiling runs exactly this on a batch kept in memory."""
-    outputs = t.module(t.normalise(images))
-    loss = F.cross_entropy(outputs, labels)
-    t.accelerator.backward(loss)
+    """One optimiser step on one batch, as the tutorial's loop body; returns the mean loss, detached.
+    ``make bench``'s model-only ceiling runs this on a batch kept in memory; the training loop runs its two
+    halves, :func:`forward_backward` per micro-batch and :func:`optimizer_step` per global batch."""
+    loss = forward_backward(t, images, labels, 1.0 / labels.shape[0])
     t.optimizer.step()
     t.scheduler.step()
     t.optimizer.zero_grad()
+    return loss / labels.shape[0]
+
+
+def forward_backward(t: Training, images: torch.Tensor, labels: torch.Tensor, weight: float) -> torch.Tensor:
+    """Forward and backward of one micro-batch, its loss summed over the samples x ``weight``
+    (position.loss_weight); returns the summed loss, detached."""
+    outputs = t.module(t.normalise(images))
+    loss = F.cross_entropy(outputs, labels, reduction="sum")
+    t.accelerator.backward(loss * weight)
     return loss.detach()
+
+
+def optimizer_step(t: Training, schedule: int) -> None:
+    """The step of one global batch, with the schedule at ``schedule`` (position.schedule_position)."""
+    t.optimizer.step()
+    set_schedule(t.scheduler.scheduler, schedule)
+    t.optimizer.zero_grad()
 
 
 def train_epoch(
@@ -359,40 +387,47 @@ def train_epoch(
     step_hook: StepHook | None,
     metrics: MetricsServer | None = None,
     stop: StopRequest | None = None,
-) -> tuple[float, float]:
-    """One pass over the training set; returns the mean loss and images per second of all processes.
-    Sets the ``step`` gauge after every step (rank 0; a float write, no I/O). After every step all
-    processes agree (:func:`.stepsave.decide`) whether to save a step checkpoint (rank 0's clock) and
-    whether to stop (anyone's ``stop``). The epoch a step checkpoint resumes skips the steps it had done
-    (accelerate's ``skip_first_batches``: the same order, since the sampler is seeded by the epoch)."""
-    accelerator = t.accelerator
-    world = accelerator.num_processes
-    # the prepared loader re-sets its sampler's epoch from its own counter, which starts at 0 in a
-    # resumed process: set it (and through it our sampler) to the real epoch
-    t.train_loader.set_epoch(epoch)
+) -> tuple[float, float, tuple[int, int] | None]:
+    """One pass over the training set; returns the mean loss and images per second of all processes, and
+    (samples trained, distinct samples) of the epoch, every process and resumed run together (None: not
+    known). Sets the
+    ``step`` gauge after every optimizer step (rank 0; a float write, no I/O). Each optimizer step is this
+    rank's micro-steps of the global batch (position.rank_plan), the gradient all-reduced on the last. After
+    every step all processes agree (:func:`.stepsave.decide`) whether to save a step checkpoint (rank 0's
+    clock) and whether to stop (anyone's ``stop``). A resumed epoch starts at its global position: the same
+    order, since the sampler is seeded by the epoch, from the next sample, at any world size."""
+    accelerator, lay = t.accelerator, t.layout
+    done = state.start_steps if epoch == state.start_epoch else 0
+    plan = rank_plan(lay, accelerator.process_index, done)
     t.train_sampler.set_epoch(epoch)
+    t.train_sampler.set_plan(plan)
+    order = t.train_sampler.order()
     t.module.train()
     loss_sum = torch.zeros((), device=accelerator.device)
     seen = torch.zeros((), device=accelerator.device)
-    done = state.start_steps if epoch == state.start_epoch else 0
-    loader = t.train_loader
-    if done:
-        state.split.charge()
-        loader = skip_first_batches(t.train_loader, done)  # keeps the loader's epoch (its iteration)
-        state.split.charge("restore")  # the skip's setup (its indices are skipped at the first batch)
-        if metrics is not None:
-            metrics.set("restore_seconds", state.split.seconds["restore"])
-        if accelerator.is_main_process:  # the epoch's sums before the save, counted once
-            loss_sum += state.resumed_loss_sum
-            seen += state.resumed_seen
-    bar = StepProgress(len(t.train_loader), epoch + 1, cfg.epochs, accelerator.is_main_process, cfg.log_every)
+    counts = torch.zeros(lay.samples, dtype=torch.int32)  # how often this rank trained each sample
+    if done and accelerator.is_main_process:  # the epoch's sums before the save, counted once
+        loss_sum += state.resumed_loss_sum
+        seen += state.resumed_seen
+        if state.resumed_counts is not None:
+            counts += state.resumed_counts
+    bar = StepProgress(lay.steps_per_epoch, epoch + 1, cfg.epochs, accelerator.is_main_process, cfg.log_every)
     bar.step = done
-    for batch in loader:
+    step_loss = torch.zeros((), device=accelerator.device)
+    for micro, batch in zip(plan, t.train_loader, strict=True):
         images, labels = t.make_batch(batch)
-        loss = train_step(t, images, labels)
-        done += 1
-        loss_sum += loss * labels.shape[0]
-        seen += labels.shape[0]
+        with contextlib.nullcontext() if micro.last else accelerator.no_sync(t.module):
+            loss = forward_backward(t, images, labels, loss_weight(lay, micro))
+        if not micro.padding:
+            loss_sum += loss
+            seen += labels.shape[0]
+            step_loss += loss / labels.shape[0]
+            counts[order[micro.start:micro.end]] += 1
+        if not micro.last:
+            continue
+        done = micro.step + 1
+        optimizer_step(t, schedule_position(lay, epoch, samples_done(lay, done)))
+        images_in_step = step_samples(lay, micro.step)
         state.global_step += 1
         state.steps_this_run += 1
         if state.steps_this_run == 1:
@@ -409,15 +444,17 @@ def train_epoch(
         if metrics is not None:
             metrics.set("step", state.global_step)
             metrics.set("train_seconds_total", state.split.seconds["train"])
-        bar.update(loss, labels.shape[0] * world)
-        t.trackers.step(state.global_step, loss, labels.shape[0] * world, t.optimizer.param_groups[0]["lr"])
+        step_loss /= lay.accumulation  # this rank's mean over its micro-steps (a padding one counts 0)
+        bar.update(step_loss, images_in_step)
+        t.trackers.step(state.global_step, step_loss, images_in_step, t.optimizer.param_groups[0]["lr"])
         if step_hook is not None:
-            step_hook(state.global_step, labels.shape[0] * world)
+            step_hook(state.global_step, images_in_step)
+        step_loss = torch.zeros((), device=accelerator.device)
         requested = stop is not None and stop.requested
-        save, stopping = decide(state.clock.due(), requested, accelerator.is_main_process, world,
+        save, stopping = decide(state.clock.due(), requested, accelerator.is_main_process, lay.world_size,
                                 accelerator.device)
         if cfg.checkpoints and (save or stopping):
-            save_step_checkpoint(t, cfg, state, epoch, done, (loss_sum, seen), epoch_start, metrics)
+            save_step_checkpoint(t, cfg, state, epoch, done, (loss_sum, seen), counts, epoch_start, metrics)
             state.clock.start()
         if stopping:
             state.stopped = (stop.reason if stop is not None and stop.requested else "") or "asked to stop"
@@ -428,8 +465,12 @@ def train_epoch(
     train_seconds = time.perf_counter() - epoch_start
     total_loss = accelerator.reduce(loss_sum, "sum")
     total_seen = accelerator.reduce(seen, "sum")
+    trained = reduce_counts(t, counts)
     train_loss = float(total_loss.item() / max(total_seen.item(), 1.0))
-    return train_loss, float(total_seen.item()) / train_seconds
+    coverage: tuple[int, int] | None = (int(trained.sum().item()), int((trained > 0).sum().item()))
+    if epoch == state.start_epoch and state.start_steps and state.resumed_counts is None:
+        coverage = None  # resumed from a checkpoint that had no counts (format 1): not known
+    return train_loss, float(total_seen.item()) / train_seconds, coverage
 
 
 def _step_limit_reached(cfg: TrainConfig, state: RunState) -> bool:

@@ -72,7 +72,10 @@ def test_two_process_accelerate_launch_learns_the_easy_set(tmp_path: Path) -> No
         "images_per_second",
         "elapsed_seconds",
         "eta_seconds",
+        "samples_trained",
+        "samples_distinct",
     }
+    assert [(r["samples_trained"], r["samples_distinct"]) for r in progress] == [(256, 256)] * 3
     assert progress[-1]["eta_seconds"] == 0 and progress[0]["eta_seconds"] > 0
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["epoch_2", "epoch_3"]  # keep 2
     weights = load_file(str(out / "model.safetensors"))

@@ -142,8 +142,9 @@ def test_step_checkpoints_are_saved_by_time_mid_epoch(tmp_path: Path) -> None:
     names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
     assert names == ["epoch_1_step_7", "epoch_1_step_8", "epoch_2"], names
     saved = read_trainer_state(tmp_path / "checkpoints" / "epoch_1_step_7")
-    assert saved["position"] == {"epoch": 1, "steps": 7, "global_step": 15, "steps_per_epoch": 8,
-                                 "world_size": 1}
+    assert saved["position"] == {"epoch": 1, "steps": 7, "samples": 28, "epoch_samples": 32,
+                                 "global_step": 15, "world_size": 1, "accumulation": 1}
+    assert (saved["format"], saved["global_batch"], saved["epochs"]) == (2, 4, 2)
     assert [r["epoch"] for r in saved["history"]] == [1]
     assert "checkpoint epoch_0_step_1 saved (global step 1): training blocked" in output
     assert "checkpoint epoch_1_step_8 saved (global step 16)" in output
@@ -235,19 +236,55 @@ def test_sigterm_saves_a_step_checkpoint_and_exits_75(tmp_path: Path) -> None:
     assert f"resume: continuing at epoch 1 step {steps} (global step {steps}) from " in second
 
 
+def _as_format_1(checkpoint: Path, world_size: int) -> None:
+    """Rewrite a checkpoint's trainer_state.json as v0.1.0 wrote it (format 1: no format, global batch or
+    sample counts; a step position in steps of its own world size). The state files are the same."""
+    state_file = checkpoint / STATE_FILE
+    saved = json.loads(state_file.read_text())
+    for key in ("format", "global_batch", "epochs", "epoch_sample_counts"):
+        saved.pop(key, None)
+    saved["fingerprint"]["epochs"] = 2  # v0.1.0's fingerprint held it
+    if "position" in saved:
+        p = saved["position"]
+        saved["position"] = {"epoch": p["epoch"], "steps": p["steps"], "global_step": p["global_step"],
+                             "steps_per_epoch": 8 // world_size, "world_size": world_size}
+    state_file.write_text(json.dumps(saved))
+
+
 @pytest.mark.timeout(300)
-def test_a_step_checkpoint_of_another_world_size_is_skipped_and_counted(tmp_path: Path) -> None:
-    """Its position counts steps of 2 processes: this 1-process run resumes from the epoch checkpoint
-    before it instead, says so in its log, and counts it in the summary (the operator's Event)."""
+def test_a_format_1_step_checkpoint_resumes_at_its_own_world_size(tmp_path: Path) -> None:
+    """A checkpoint of v0.1.0 continues as it did: at its step, the epoch's sample counts unknown."""
     settings = {**TINY, "output_dir": str(tmp_path), "resume": True}
     _train(settings, stop_at=11)  # 8 steps per epoch: epoch_1 and epoch_1_step_3
-    state_file = tmp_path / "checkpoints" / "epoch_1_step_3" / STATE_FILE
-    saved = json.loads(state_file.read_text())
-    saved["position"]["world_size"] = 2
-    state_file.write_text(json.dumps(saved))
+    for name in ("epoch_1", "epoch_1_step_3"):
+        _as_format_1(tmp_path / "checkpoints" / name, 1)
     second = _train(settings)
-    assert "resume: skipping step checkpoint" in second
-    assert "world_size=2, this run has world_size=1" in second
+    assert "resume: continuing at epoch 2 step 3 (global step 11) from " in second
+    assert "sample 12 of 32, made at world size 1, now 1" in second
+    summary = read_json(tmp_path / "summary.json")
+    assert (summary["resume_step"], summary["resume_skipped_checkpoints"]) == (11, 0)
+    assert summary["samples_inexact_epochs"] == [] and summary["global_batch_size"] == 4
+    progress = read_jsonl(tmp_path / "progress.jsonl")
+    assert (progress[0]["samples_trained"], progress[0]["samples_distinct"]) == (32, 32)
+    assert "samples_trained" not in progress[1]  # its first 3 steps were counted by nobody
+
+
+@pytest.mark.timeout(300)
+def test_a_format_1_step_checkpoint_of_another_world_size_is_skipped_and_counted(tmp_path: Path) -> None:
+    """Its position counts steps of 2 processes: this 1-process run resumes from the epoch checkpoint
+    before it instead, says so in one line (the checkpoint, its format, the fallback), and counts it in the
+    summary (the operator's resumeSkippedCheckpoints and Event)."""
+    settings = {**TINY, "output_dir": str(tmp_path), "resume": True}
+    _train(settings, stop_at=11)  # 8 steps per epoch: epoch_1 and epoch_1_step_3
+    _as_format_1(tmp_path / "checkpoints" / "epoch_1_step_3", 2)
+    _as_format_1(tmp_path / "checkpoints" / "epoch_1", 2)
+    second = _train(settings)
+    skipped = [line for line in second.splitlines() if "resume: skipping" in line]
+    assert len(skipped) == 1, second
+    assert f"resume: skipping step checkpoint {tmp_path / 'checkpoints' / 'epoch_1_step_3'} (format 1): " \
+        "format 1 (v0.1.0: its position counts steps of its own world size) was made with world_size=2, " \
+        "this run has world_size=1; falling back to the newest epoch checkpoint that fits, else a fresh " \
+        "start" in skipped[0]
     assert "resume: continuing after epoch 1 from " in second
     summary = read_json(tmp_path / "summary.json")
     assert (summary["resume_step"], summary["resume_skipped_checkpoints"]) == (8, 1)
