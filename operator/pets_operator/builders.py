@@ -455,8 +455,9 @@ def output_claim(spec: Spec, name: str) -> str | None:
 
 
 def gang_access_modes(spec: Spec) -> list[str]:
-    """A claim every pod of the training mounts: ReadWriteMany when there are several (they may run on
-    several nodes), else ReadWriteOnce. docs/operator.md ("Output") says why."""
-    return ["ReadWriteMany"] if spec.replicas > 1 else ["ReadWriteOnce"]
+    """A claim every pod of the training mounts: ReadWriteMany when there are several, or may be after a
+    resize (they may run on several nodes), else ReadWriteOnce. docs/operator.md ("Output") says why."""
+    most = max(spec.replicas, int((spec.elastic or {}).get("maxReplicas") or 1))
+    return ["ReadWriteMany"] if most > 1 else ["ReadWriteOnce"]
 
 

@@ -247,7 +247,8 @@ SPEC_SCHEMA: dict[str, Any] = _obj(
                         "accessModes": {
                             "type": "array", "maxItems": 2,
                             "description": "Access modes of the claim; unset: ReadWriteMany when replicas "
-                                           "> 1 (every pod mounts it, on any node), else ReadWriteOnce.",
+                                           "or elastic.maxReplicas > 1 (every pod mounts it, on any node), "
+                                           "else ReadWriteOnce.",
                             "items": _str("An access mode.", enum=["ReadWriteOnce", "ReadWriteMany"]),
                         },
                         "retentionPolicy": _str(

@@ -174,3 +174,12 @@ def test_replicas_stay_within_elastic(spec: dict[str, Any], ok: bool) -> None:
     else:
         with pytest.raises(api.SpecError, match=r"spec\.replicas.*spec\.elastic\.minReplicas"):
             api.resolve_spec(spec)
+
+
+def test_a_training_that_may_grow_gets_a_claim_every_node_can_mount() -> None:
+    def modes(spec: dict[str, Any]) -> list[str]:
+        return builders.gang_access_modes(api.resolve_spec(spec))
+
+    assert modes({"replicas": 1}) == ["ReadWriteOnce"]  # as before: nothing may grow
+    assert modes({"replicas": 1, "elastic": {"maxReplicas": 2}}) == ["ReadWriteMany"]
+    assert modes({"replicas": 2, "elastic": {"minReplicas": 1}}) == ["ReadWriteMany"]
