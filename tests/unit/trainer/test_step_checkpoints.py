@@ -288,3 +288,21 @@ def test_a_format_1_step_checkpoint_of_another_world_size_is_skipped_and_counted
     assert "resume: continuing after epoch 1 from " in second
     summary = read_json(tmp_path / "summary.json")
     assert (summary["resume_step"], summary["resume_skipped_checkpoints"]) == (8, 1)
+
+
+@pytest.mark.timeout(300)
+def test_a_resume_with_more_epochs_continues_and_one_with_fewer_than_done_is_refused(tmp_path: Path) -> None:
+    """``epochs`` is not in the fingerprint: a finished 1-epoch run resumed with 2 trains one more epoch,
+    its schedule the 2-epoch one at the same sample position; fewer epochs than done is an error."""
+    settings = {**TINY, "output_dir": str(tmp_path), "resume": True, "epochs": 1}
+    _train(settings)
+    longer = _train({**settings, "epochs": 2})
+    assert "resume: continuing after epoch 1 from " in longer
+    summary = read_json(tmp_path / "summary.json")
+    assert (summary["epochs"], summary["resume_step"], summary["samples_inexact_epochs"]) == (2, 8, [])
+    progress = read_jsonl(tmp_path / "progress.jsonl")
+    assert [(r["epoch"], r["total_epochs"]) for r in progress] == [(1, 1), (2, 2)]
+    proc = subprocess.run([PYTHON, "-c", RUNNER, json.dumps(settings), "0"], capture_output=True, text=True,
+                          timeout=170)
+    assert proc.returncode != 0
+    assert "has 2 epochs done, more than epochs 1: give at least 2" in proc.stdout + proc.stderr
