@@ -145,3 +145,69 @@ build_s3() {
     fill_s3 --entrypoint "$S3_BIN_IN_IMAGE" --user 65532:65532 --workdir /tmp
   log "s3: done in $((SECONDS - t0)) s"
 }
+
+# ------------------------------------------------------------------ MLflow tracking server
+# The full `mlflow` from PyPI (mlflow-requirements.txt): `pip download` of wheels for the base's Python
+# (3.11, bookworm's glibc 2.36) into $PETS_CACHE/wheelhouse/mlflow, then `pip install --target` of them
+# into the base's /opt/mlflow, run as `python3 -m mlflow server` with PYTHONPATH there. No Docker.
+MLFLOW_REQUIREMENTS="$HERE/mlflow-requirements.txt"
+MLFLOW_VERSION="$(sed -n 's/^mlflow==//p' "$MLFLOW_REQUIREMENTS")"
+MLFLOW_IMAGE="localhost/pets-training/mlflow:$MLFLOW_VERSION"
+MLFLOW_SITE=/opt/mlflow
+# What the tracking server never imports, left out: the model flavours' and data libraries (pyarrow,
+# scipy, scikit-learn, matplotlib and theirs), 440 of the 826 MB that pip installs (mlflow 3.17.2). It
+# needs pandas and numpy (its search and metric code imports them). tests/e2e/test_tracking.py runs it.
+MLFLOW_UNUSED=(pyarrow scipy scipy.libs sklearn scikit_learn scikit_learn.libs matplotlib contourpy
+  fontTools fonttools kiwisolver skops PIL pillow pillow.libs)
+
+# A Python with pip for the host side: the repo's venv, else the host's.
+mlflow_pip() {
+  local py
+  for py in "$REPO_DIR/.venv/bin/python" python3; do
+    if "$py" -m pip --version >/dev/null 2>&1; then "$py" -m pip --disable-pip-version-check "$@"; return; fi
+  done
+  die "mlflow: no Python with pip to fill the wheelhouse (make install creates .venv)"
+}
+
+# pip's target: the base's CPython 3.11 on glibc 2.36 (image/build.sh's platform_args, for wheels only).
+mlflow_platform() {
+  local glibc args=(--only-binary=:all: --python-version 3.11 --implementation cp --abi cp311)
+  for ((glibc = 36; glibc >= 17; glibc--)); do args+=(--platform "manylinux_2_${glibc}_$(uname -m)"); done
+  echo "${args[@]}" --platform "manylinux2014_$(uname -m)" --platform any
+}
+
+mlflow_wheels() {
+  local dir="$PETS_CACHE/wheelhouse/mlflow" key
+  key="$(cat "$MLFLOW_REQUIREMENTS" <(mlflow_platform) | sha256sum | cut -c1-16)"
+  if [[ -f $dir/.complete && $(cat "$dir/.complete") == "$key" ]]; then echo "$dir"; return 0; fi
+  rm -rf "$dir.new" && mkdir -p "$dir.new"
+  log "mlflow: pip download $MLFLOW_VERSION and its dependencies into $dir"
+  # shellcheck disable=SC2046
+  mlflow_pip download --progress-bar off --dest "$dir.new" $(mlflow_platform) -r "$MLFLOW_REQUIREMENTS" \
+    >"$dir.new/pip.log" 2>&1 || die "mlflow: pip download failed; its log: $dir.new/pip.log"
+  echo "$key" >"$dir.new/.complete"
+  rm -rf "$dir" && mv "$dir.new" "$dir"
+  echo "$dir"
+}
+
+fill_mlflow() {
+  local site="$1$MLFLOW_SITE" name
+  fill_base "$1"
+  # shellcheck disable=SC2046
+  mlflow_pip install --no-index --find-links "$MLFLOW_WHEELS" --target "$site" $(mlflow_platform) \
+    -r "$MLFLOW_REQUIREMENTS" >"$PETS_CACHE/mlflow-pip-install.log" 2>&1 ||
+    die "mlflow: pip install --target failed; its log: $PETS_CACHE/mlflow-pip-install.log"
+  for name in "${MLFLOW_UNUSED[@]}"; do rm -rf "${site:?}/$name" "$site/$name"-*.dist-info; done
+  rm -rf "${site:?}/bin"  # console scripts with the host's interpreter in their #!: the image runs -m
+}
+
+build_mlflow() {
+  local t0=$SECONDS
+  find_base_rootfs
+  MLFLOW_WHEELS="$(mlflow_wheels)"
+  oci_image "$MLFLOW_IMAGE" "$PETS_CACHE/images/mlflow.tar" \
+    "$(sha256sum <"$MLFLOW_REQUIREMENTS" | cut -c1-12) ${MLFLOW_UNUSED[*]} ${BASE_ROOTFS_TAR##*/}" \
+    fill_mlflow --entrypoint /usr/bin/python3 --env "PYTHONPATH=$MLFLOW_SITE" --env HOME=/tmp \
+    --user 65532:65532 --workdir /tmp
+  log "mlflow: done in $((SECONDS - t0)) s"
+}

@@ -5,9 +5,10 @@
 # manifests with only the image, pull policy, args and requests changed (addon_manifests.py); and an
 # S3 server (the Versity S3 gateway, build.sh s3) whose manifests addon_manifests.py generates:
 # http://s3.pets-s3.svc:7070, root credentials in Secret pets-s3/s3-credentials (s3_harness.py puts
-# test data into it from the host).
+# test data into it from the host); and an MLflow tracking server (build.sh mlflow, mlflow_manifests.py):
+# http://mlflow.pets-mlflow.svc:5000, SQLite and artifacts on a claim.
 #
-# usage: addons.sh up|down|status kubeflow|kueue|s3     (also: cluster.sh addon-up|addon-down NAME)
+# usage: addons.sh up|down|status kubeflow|kueue|s3|mlflow   (also: cluster.sh addon-up|addon-down NAME)
 #
 #   up    build (cached), import the image, apply the manifests server-side, wait until the
 #         Deployment is Ready and (controllers) its webhooks answer a server-side dry-run create.
@@ -34,7 +35,7 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 LOG_TAG=addons
 # shellcheck source=lib.sh
 source "$HERE/lib.sh"
-# (for VERSITYGW_VERSION and S3_IMAGE; its functions need build.sh's and are not called here)
+# (for VERSITYGW_VERSION, S3_IMAGE and MLFLOW_IMAGE; its functions need build.sh's and are not called here)
 # shellcheck source=addons-build.sh
 source "$HERE/addons-build.sh"
 
@@ -156,6 +157,14 @@ render_s3() {
   mv "$out.tmp" "$out"
 }
 
+# ------------------------------------------------------------------ MLflow tracking server
+# Generated (mlflow_manifests.py): Namespace pets-mlflow, its claim, Deployment and Service mlflow.
+render_mlflow() {
+  local out="$1"
+  "$(python_yaml)" "$HERE/mlflow_manifests.py" --image "$MLFLOW_IMAGE" >"$out.tmp"
+  mv "$out.tmp" "$out"
+}
+
 # ------------------------------------------------------------------ common
 # addon_vars NAME: NS, DEPLOY, SELECTOR (its pods), IMAGE, ARCHIVE, PROBE of the add-on (PROBE: an
 # object its webhooks must admit; empty for an add-on without webhooks).
@@ -173,7 +182,11 @@ addon_vars() {
       NS=pets-s3 DEPLOY=s3 IMAGE="$S3_IMAGE" PROBE=""
       SELECTOR=app.kubernetes.io/name=s3
       ARCHIVE="$PETS_CACHE/images/s3.tar" ;;
-    *) die "unknown add-on '$1' (expected kubeflow, kueue or s3)" ;;
+    mlflow)
+      NS=pets-mlflow DEPLOY=mlflow IMAGE="$MLFLOW_IMAGE" PROBE=""
+      SELECTOR=app.kubernetes.io/name=mlflow
+      ARCHIVE="$PETS_CACHE/images/mlflow.tar" ;;
+    *) die "unknown add-on '$1' (expected kubeflow, kueue, s3 or mlflow)" ;;
   esac
 }
 
@@ -288,8 +301,8 @@ status() {
 
 action="${1:-}" name="${2:-}"
 case "$action:$name" in
-  up:kubeflow | up:kueue | up:s3) up "$name" ;;
-  down:kubeflow | down:kueue | down:s3) down "$name" ;;
-  status:kubeflow | status:kueue | status:s3) status "$name" ;;
-  *) die "usage: $0 up|down|status kubeflow|kueue|s3 (got '$action' '$name')" ;;
+  up:kubeflow | up:kueue | up:s3 | up:mlflow) up "$name" ;;
+  down:kubeflow | down:kueue | down:s3 | down:mlflow) down "$name" ;;
+  status:kubeflow | status:kueue | status:s3 | status:mlflow) status "$name" ;;
+  *) die "usage: $0 up|down|status kubeflow|kueue|s3|mlflow (got '$action' '$name')" ;;
 esac
