@@ -86,10 +86,12 @@ def carry_out(ctx: Context, cl: Cluster, body: dict[str, Any], result: plan_type
     # first, so a crash in between never leaves a running workload short of a pod it would replace.
     for pod in result.force_delete:
         logger.warning(f"force-deleting pod {pod['name']}: its node is lost")
-        cl.force_delete_pod(pod["name"], pod.get("uid") or None)
+        if not cl.force_delete_pod(pod["name"], pod.get("uid") or None):
+            ctx.gone_now("Pod", cl.namespace, pod["name"])
     for ref in result.delete:
         logger.info(f"deleting {ref['kind']} {ref['name']} (previous attempt)")
-        cl.delete(ref)
+        if not cl.delete(ref):
+            ctx.gone_now(ref["kind"], ref["namespace"], ref["name"])
     if result.suspend is not None and result.suspend_workload:
         cl.set_suspend(backends.get(new_status["backend"]), result.suspend_workload, result.suspend)
     if result.queue_active is not None and result.queue_workload:

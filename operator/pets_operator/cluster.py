@@ -141,13 +141,19 @@ class Cluster:
             return self._dict(self.core.read_namespaced_persistent_volume_claim(name, self.namespace))
         return None
 
-    def force_delete_pod(self, name: str, uid: str | None = None) -> None:
+    def force_delete_pod(self, name: str, uid: str | None = None) -> bool:
         """Delete a pod at once (grace period 0): for a pod on a lost node, whose kubelet will never
-        confirm its end. Only that very pod (`uid`); gone already, or replaced, is fine."""
+        confirm its end. Only that very pod (`uid`); replaced is fine. False: no such pod (gone already)."""
         body = client.V1DeleteOptions(grace_period_seconds=0,
                                       preconditions=client.V1Preconditions(uid=uid) if uid else None)
-        with unless(404, 409):
+        try:
             self.core.delete_namespaced_pod(name, self.namespace, grace_period_seconds=0, body=body)
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            if exc.status != 409:
+                raise
+        return True
 
     def pod_warnings(self, pod_names: list[str]) -> dict[str, list[dict[str, Any]]]:
         """Warning Events of these pods (mount failures are reported nowhere else)."""
@@ -209,9 +215,10 @@ class Cluster:
         metrics.CHILDREN_CREATED.labels(kind=manifest["kind"]).inc()
         return cast(dict[str, Any], created)
 
-    def delete(self, ref: dict[str, Any]) -> None:
+    def delete(self, ref: dict[str, Any]) -> bool:
+        """Delete a child (foreground). False: the API server has no such object (gone already)."""
         body = client.V1DeleteOptions(propagation_policy="Foreground")
-        with unless(404):
+        try:
             backend = backends.for_kind(ref["apiVersion"], ref["kind"])
             if backend is not None:
                 self.custom.delete_namespaced_custom_object(backend.group, backend.version, ref["namespace"],
@@ -222,6 +229,11 @@ class Cluster:
                 self.networking.delete_namespaced_network_policy(ref["name"], ref["namespace"], body=body)
             else:
                 raise ValueError(f"no API known for {ref['apiVersion']} {ref['kind']}")
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            return False
+        return True
 
     def set_suspend(self, backend: backends.Backend, name: str, value: bool) -> None:
         self.custom.patch_namespaced_custom_object(backend.group, backend.version, self.namespace,

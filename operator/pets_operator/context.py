@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from kubernetes import client
@@ -18,10 +19,13 @@ from pets_operator import (
     observe,
     workqueue,
 )
+from pets_operator.backends import parse_timestamp
 from pets_operator.observe import Key
 from pets_operator.scraper import Scraper, Target
 from pets_operator.settings import Settings
 
+SECOND = timedelta(seconds=1)
+GONE_KEPT = timedelta(hours=1)  # how long a child the API server said was gone is remembered
 CHANGE_WINDOW = 1.0  # seconds a change waits for the ones that follow it (see Context.trigger)
 # kopf's in-memory indices, by id: the trainings, and the Jobs, pods and Services labelled as ours
 TRAININGS_INDEX, JOBS_INDEX, PODS_INDEX, SERVICES_INDEX = (
@@ -57,6 +61,11 @@ class Context:
     failures: dict[Key, int] = field(default_factory=dict)  # consecutive transient errors, for backoff
     status_written: dict[Key, float] = field(default_factory=dict)  # monotonic time of the last status write
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    # Children the API server said it does not have (a delete answered 404) that an index still shows,
+    # with when: kopf's indices drop an object only on its DELETED event, and a replica that was standby
+    # (its watches paused by peering) while the object went never sees one; its re-listing on taking over
+    # adds and updates, but removes nothing (make chaos found a gang restart waiting on such a Job).
+    gone: dict[tuple[str, str, str], datetime] = field(default_factory=dict)
 
     def trigger(self, key: Hashable, priority: int = workqueue.CHANGED) -> None:
         """Wake a training: a new one at once; a change after CHANGE_WINDOW, so the burst of pod
@@ -68,6 +77,20 @@ class Context:
             self.queue.add(key, priority)
         else:
             self.queue.add_after(key, CHANGE_WINDOW, priority)
+
+    def gone_now(self, kind: str, namespace: str, name: str) -> None:
+        """The API server has no such child now: the indices' copy, and any made before now, is stale."""
+        now = datetime.now(UTC)
+        for old in [k for k, when in self.gone.items() if now - when > GONE_KEPT]:
+            del self.gone[old]
+        self.gone[(kind, namespace, name)] = now
+
+    def _stale(self, kind: str, obj: Mapping[str, Any]) -> bool:
+        meta = obj.get("metadata") or {}
+        when = self.gone.get((kind, str(meta.get("namespace")), str(meta.get("name"))))
+        created = meta.get("creationTimestamp")
+        # creationTimestamp has whole seconds: one made in the second of the 404 is a new one.
+        return when is not None and (not created or parse_timestamp(str(created)) < when - SECOND)
 
     def forget(self, key: Key) -> None:
         """The training is gone: drop what is kept for it."""
@@ -91,7 +114,8 @@ class Context:
         children: dict[str, list[dict[str, Any]]] = {}
         created = self.created.get(key, {})
         for kind, index in (("Job", JOBS_INDEX), ("Pod", PODS_INDEX), ("Service", SERVICES_INDEX)):
-            by_name = {o["metadata"]["name"]: o for o in self._indexed(index, key)}
+            by_name = {o["metadata"]["name"]: o for o in self._indexed(index, key)
+                       if not self._stale(kind, o)}
             for (ckind, name), obj in list(created.items()):
                 if ckind != kind:
                     continue

@@ -5,7 +5,7 @@ once, by their policies, and kept in its status."""
 from __future__ import annotations
 
 import dataclasses
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import kopf
@@ -21,6 +21,7 @@ from pets_operator import (
     status,
 )
 from pets_operator.act import POLL_IDLE, Logger, carry_out
+from pets_operator.backends import parse_timestamp
 from pets_operator.cluster import (
     Cluster,
     has_default_storage_class,
@@ -32,6 +33,8 @@ from pets_operator.plan_types import Observed
 from pets_operator.refusals import plan_backend_unavailable, plan_invalid
 from pets_operator.spec import Spec
 
+# A workload deleting for longer than this is deleted again: its end may have been missed (Context.gone).
+DELETING_RECHECK = timedelta(seconds=30)
 LEGACY_FINALIZER = f"{api.GROUP}/operator"  # kopf's, from when each training had a daemon
 
 
@@ -92,8 +95,10 @@ def reconcile_once(ctx: Context, snap: Snapshot, logger: Logger) -> float | None
             current = w
         else:
             stale.append(w)
-    # Workloads already being deleted need no second delete, but still block the next attempt.
-    deleting = {w["metadata"]["name"] for w in stale if w["metadata"].get("deletionTimestamp")}
+    # Workloads already being deleted need no second delete, but still block the next attempt; one still
+    # deleting after DELETING_RECHECK is asked again, so that an index that missed its end learns it (404).
+    deleting = {w["metadata"]["name"] for w in stale if w["metadata"].get("deletionTimestamp")
+                and now - parse_timestamp(w["metadata"]["deletionTimestamp"]) < DELETING_RECHECK}
 
     service = next((s for s in snap.services if s["metadata"]["name"] == builders.service_name(name)), None) \
         if backend.uses_service else None

@@ -177,8 +177,9 @@ class FakeCluster:
         self.statuses.append(st)
         return {"metadata": {"name": self.name, "namespace": self.namespace}, "status": st}
 
-    def delete(self, ref: dict[str, Any]) -> None:
+    def delete(self, ref: dict[str, Any]) -> bool:
         self.deleted.append(f"{ref['kind']}/{ref['name']}")
+        return True
 
 
 @pytest.fixture()
