@@ -781,6 +781,8 @@ case "$action" in
   netpol-down) netpol_down "${2:?netpol-down needs a node name}"; exit ;;
   node-lose) lose_node "${2:?node-lose needs a node name}"; exit ;;
   node-start) start_node "${2:?node-start needs a node name}"; exit ;;
+  # The control plane's processes of the local cluster (its environment is read from their command lines).
+  crash) exec "$HERE/control-plane.sh" crash "${2:?crash needs etcd, kube-apiserver or kube-controller-manager}" ;;
 esac
 flavour="${2:-local}"
 case "$action:$flavour" in
@@ -790,5 +792,5 @@ case "$action:$flavour" in
   up:kind) up_kind; PETS_CLUSTER=kind up_addons ;;
   down:kind) down_kind ;;
   status:kind) "$(kind_bin)" get nodes --name "$KIND_NAME" ;;
-  *) die "usage: $0 up|down|status [local|kind] | node-lose|node-start NODE | netpol-up|netpol-down NODE | addon-up|addon-down kubeflow|kueue|s3|mlflow (got '${action}' '${flavour}')" ;;
+  *) die "usage: $0 up|down|status [local|kind] | node-lose|node-start NODE | crash COMPONENT | netpol-up|netpol-down NODE | addon-up|addon-down kubeflow|kueue|s3|mlflow (got '${action}' '${flavour}')" ;;
 esac

@@ -3,7 +3,7 @@
 # A real Kubernetes control plane for tests: etcd + kube-apiserver + kube-controller-manager,
 # started from the binaries tests/cluster/build.sh caches. No node: pods are never run here.
 #
-# usage: control-plane.sh up|down|status|pki
+# usage: control-plane.sh up|down|status|pki | crash etcd|kube-apiserver|kube-controller-manager
 #
 # Environment (all optional):
 #   PETS_STATE            state directory (data, certs, logs, pids, kubeconfig)   [/tmp/pets-training-cluster]
@@ -207,10 +207,33 @@ status() {
   return "$rc"
 }
 
+# crash NAME: a component's crash and restart, as a supervisor would do it: SIGKILL (no shutdown, no
+# flush), then the same command line again, its data kept (`up` starts etcd on an empty directory;
+# this does not). Returns once it serves again. `make chaos` (tests/e2e/faults.py) calls it.
+crash() {
+  local name="$1" check pid argv=()
+  case "$name" in
+    etcd) check=etcd_healthy ;;
+    kube-apiserver) check=apiserver_ready ;;
+    kube-controller-manager) check=true ;;
+    *) die "crash: $name is not one of ${COMPONENTS[*]}" ;;
+  esac
+  pid_alive "$name" || die "crash: $name is not running (no live pid in $PETS_STATE/pids/$name.pid)"
+  pid="$(cat "$PETS_STATE/pids/$name.pid")"
+  mapfile -d '' -t argv <"/proc/$pid/cmdline"
+  kill -KILL "$pid"
+  while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
+  local t0=$SECONDS
+  start_daemon "$name" "$LOGS/$name.log" "${argv[@]}"
+  wait_ready "$name" 120 "$check"
+  log "$name SIGKILLed (pid $pid), started again with its data, serving after $((SECONDS - t0)) s"
+}
+
 case "${1:-}" in
   pki) mkdir -p "$PETS_STATE"; make_pki ;;  # the certificates alone (tests/cluster/test_pki.py)
   up) up ;;
   down) down ;;
   status) status ;;
-  *) die "usage: $0 up|down|status|pki (got '${1:-}')" ;;
+  crash) crash "${2:?crash needs a component: ${COMPONENTS[*]}}" ;;
+  *) die "usage: $0 up|down|status|pki|crash NAME (got '${1:-}')" ;;
 esac

@@ -8,18 +8,16 @@ processes, containerd, kubelet and kube-proxy, and tells the API server nothing.
 
 from __future__ import annotations
 
-import os
-import subprocess
 import time
 from collections.abc import Iterator
 from typing import Any
 
+import faults
 import pytest
 from polling import wait_for
 from trainings import (
     LONGER_SPEC,
     POLL_S,
-    REPO,
     SMALL_SPEC,
     Trainings,
     dedicated_control_plane,
@@ -59,28 +57,18 @@ def node_of_rank(pods: list[Any], rank: int) -> str:
     return str(pod_of_rank(pods, rank).spec.node_name)
 
 
-def cluster_sh(*args: str) -> None:
-    subprocess.run([str(REPO / "tests" / "cluster" / "cluster.sh"), *args], check=True)
-
-
 @pytest.fixture
 def lose_node() -> Iterator[Any]:
     """lose_node(NODE): the node lost now; brought back when the test ends, whatever happened."""
     lost: list[str] = []
 
     def lose(node: str) -> None:
-        if os.environ.get("PETS_CLUSTER") == "kind":
-            subprocess.run(["docker", "kill", node], check=True)  # a kind node is a container
-        else:
-            cluster_sh("node-lose", node)
+        faults.lose_node(node)
         lost.append(node)
 
     yield lose
     for node in lost:
-        if os.environ.get("PETS_CLUSTER") == "kind":
-            subprocess.run(["docker", "start", node], check=False)
-        else:
-            cluster_sh("node-start", node)
+        faults.restore_node(node)
 
 
 def rank0_step(namespace: str, pod: str, last_read: int) -> int:

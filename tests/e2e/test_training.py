@@ -8,13 +8,13 @@ watches it through the real API server while real pods train across two machine 
 from __future__ import annotations
 
 import os
-import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from faults import active_peer, kill_operator, operator_replicas
 from polling import wait_for
 from trainings import (  # tests/e2e/trainings.py (pytest puts this dir on sys.path)
     GROUP,
@@ -22,14 +22,10 @@ from trainings import (  # tests/e2e/trainings.py (pytest puts this dir on sys.p
     OPERATOR_NAMESPACE,
     PLURAL,
     POLL_S,
-    RELEASE,
-    REPO,
     SMALL_SPEC,
     TRAIN_TIMEOUT_S,
     VERSION,
     Trainings,
-    cluster_kubeconfig,
-    helm_binary,
     kubectl,
     pod_logs,
     pod_of_rank,
@@ -148,32 +144,6 @@ def test_operator_deleted_mid_run_keeps_one_job_and_resumes_status(trainings: Tr
     assert len(trainings.jobs(name)) == 1
 
 
-def active_peer(custom: Any) -> tuple[str, list[str]]:
-    """The operator pod that acts (the live peer with the highest priority), and every live peer."""
-    from datetime import UTC, datetime, timedelta
-
-    peering = custom.get_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings", "pets-training")
-    now = datetime.now(UTC)
-    live = {pod: peer for pod, peer in (peering.get("status") or {}).items()
-            if datetime.fromisoformat(peer["lastseen"]).replace(tzinfo=UTC) + timedelta(
-                seconds=peer["lifetime"]) > now}
-    return max(live, key=lambda pod: live[pod]["priority"], default=""), sorted(live)
-
-
-def operator_pid(pod: str) -> int:
-    """The host pid of the operator process of `pod` (kopf's peering identity is its POD_ID). The local
-    cluster's containers, and kind's nodes, run on this machine's kernel."""
-    for proc in Path("/proc").iterdir():
-        try:
-            environ = (proc / "environ").read_bytes().split(b"\0")
-            cmdline = (proc / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if f"POD_ID={pod}".encode() in environ and b"pets-operator" in cmdline:
-            return int(proc.name)
-    pytest.fail(f"no pets-operator process with POD_ID={pod} here (run as root beside the cluster)")
-
-
 # Alone, after the others: the operator stops acting for a while.
 @pytest.mark.cluster_wide
 def test_a_standby_operator_takes_over_when_the_active_one_is_killed(trainings: Trainings,
@@ -181,26 +151,20 @@ def test_a_standby_operator_takes_over_when_the_active_one_is_killed(trainings: 
     """The chart's replicaCount: 2 (kopf peering): the acting replica is SIGKILLed, so it never leaves the
     peering object; its container restarts under the same identity. An operator acts again at once, the
     training keeps its one Job and Succeeds."""
-    import signal
     import time
     from datetime import UTC, datetime
 
     from kubernetes import client
 
-    env = {**os.environ, "KUBECONFIG": str(cluster_kubeconfig())}
-    scale = [helm_binary(), "upgrade", RELEASE, str(REPO / "charts" / "pets-training"), "--namespace",
-             OPERATOR_NAMESPACE, "--reuse-values", "--wait", "--timeout", "5m"]
-    subprocess.run([*scale, "--set", "replicaCount=2"], env=env, check=True)
-    try:
+    with operator_replicas(2):
         custom = client.CustomObjectsApi(kube_api)
-        wait_for("two live operator peers", lambda: len(active_peer(custom)[1]) == 2, 120, POLL_S)
         name = "failover"
         trainings.create(name, {**LONGER_SPEC, "epochs": 6})
         trainings.wait_epoch(name, 1)
         active, _ = active_peer(custom)
         killed_at = datetime.now(UTC)
         started = time.monotonic()
-        os.kill(operator_pid(active), signal.SIGKILL)
+        kill_operator(active)
 
         def written_after_the_kill() -> bool:
             as_of = (trainings.status(name).get("goodput") or {}).get("asOf")
@@ -214,8 +178,6 @@ def test_a_standby_operator_takes_over_when_the_active_one_is_killed(trainings: 
         # Bounded by kopf's peering lifetime (60 s), should the killed record outlive its container, plus
         # one progress poll (10 s) and the API's latency.
         assert took < 90, f"no operator acted for {took:.0f} s"
-    finally:
-        subprocess.run([*scale, "--set", "replicaCount=1"], env=env, check=True)
 
 
 def test_invalid_training_is_rejected_at_apply(trainings: Trainings) -> None:
