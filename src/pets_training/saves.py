@@ -304,6 +304,9 @@ def save_step_checkpoint(
             "global_step": state.global_step,
             "world_size": t.layout.world_size,
             "accumulation": t.layout.accumulation,
+            # v0.1.0 reads these two: after a rollback it resumes here when they match its own run's
+            # (accumulation 1: its steps are ours), else it skips this checkpoint
+            "steps_per_epoch": t.layout.steps_per_epoch,
         },
         "epoch_loss_sum": float(loss_sum.item()),
         "epoch_seen": float(seen.item()),

@@ -143,7 +143,7 @@ def test_step_checkpoints_are_saved_by_time_mid_epoch(tmp_path: Path) -> None:
     assert names == ["epoch_1_step_7", "epoch_1_step_8", "epoch_2"], names
     saved = read_trainer_state(tmp_path / "checkpoints" / "epoch_1_step_7")
     assert saved["position"] == {"epoch": 1, "steps": 7, "samples": 28, "epoch_samples": 32,
-                                 "global_step": 15, "world_size": 1, "accumulation": 1}
+                                 "global_step": 15, "world_size": 1, "accumulation": 1, "steps_per_epoch": 8}
     assert (saved["format"], saved["global_batch"], saved["epochs"]) == (2, 4, 2)
     assert [r["epoch"] for r in saved["history"]] == [1]
     assert "checkpoint epoch_0_step_1 saved (global step 1): training blocked" in output
