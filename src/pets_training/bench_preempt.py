@@ -9,6 +9,9 @@ batch 32, 3 epochs: 160 steps per epoch) runs in three scenarios, each in a fres
 2. ``step-kill``: a step checkpoint every ``--interval`` seconds, ended by SIGKILL (a node lost, no notice).
 3. ``step-term``: the same, ended by SIGTERM (an eviction or a preemption with notice): the trainer finishes
    its step, saves a step checkpoint and exits 75 (checked).
+4. ``resize-term``: a resize, as the operator drives one: 2 processes (``pets-launch`` with
+   ``PETS_PROCS_PER_MACHINE=2``) ended by SIGTERM, resumed on 1 process (gradient accumulation 2) from the
+   next sample. Its lost seconds are the seconds lost per resize.
 
 Each scenario starts the trainer (``python -m pets_training``, one process) with ``--metrics-port``, polls
 ``pets_step`` on it until the preemption point (``--preempt-at``, in epochs from the start: 1.7 is 70 % into
@@ -73,12 +76,14 @@ class Scenario:
     label: str  # the table's column head
     step_checkpoints: bool  # False: --checkpoint-interval-seconds 0 (epoch checkpoints only)
     signal: int
+    processes: int = 1  # of the first run; the resumed run has 1 (more: a resize)
 
 
 SCENARIOS = (
     Scenario("epoch-kill", "epoch ckpts only, killed", False, signal.SIGKILL),
     Scenario("step-kill", "step ckpts, killed", True, signal.SIGKILL),
     Scenario("step-term", "step ckpts, SIGTERM", True, signal.SIGTERM),
+    Scenario("resize-term", "resized 2 -> 1, SIGTERM", True, signal.SIGTERM, processes=2),
 )
 
 # saves.save_checkpoint's log line
@@ -214,8 +219,9 @@ def table(results: Sequence[dict[str, Any]]) -> list[str]:
 
 def final_line(results: Sequence[dict[str, Any]]) -> str:
     lost = {r["key"]: r["lost_seconds"] for r in results}
+    resize = f"; per resize 2 -> 1 {lost['resize-term']:.2f} s" if "resize-term" in lost else ""
     return (f"lost per preemption: epoch-only {lost['epoch-kill']:.2f} s, step checkpoints (no notice) "
-            f"{lost['step-kill']:.2f} s, SIGTERM save {lost['step-term']:.2f} s")  # fmt: skip
+            f"{lost['step-kill']:.2f} s, SIGTERM save {lost['step-term']:.2f} s{resize}")  # fmt: skip
 
 
 # ---------------------------------------------------------------- the driver (processes)
@@ -236,18 +242,19 @@ def _tail(path: Path, chars: int = 3000) -> str:
     return path.read_text(errors="replace")[-chars:] if path.exists() else ""
 
 
-def _child_env() -> dict[str, str]:
+def _child_env(processes: int = 1) -> dict[str, str]:
     # the launcher's and the operator's variables would change what the trainer does
-    return {k: v for k, v in os.environ.items() if k not in (env.EXIT_CODE_FILE, env.ATTEMPT)}
+    kept = {k: v for k, v in os.environ.items() if k not in (env.EXIT_CODE_FILE, env.ATTEMPT)}
+    return {**kept, env.PROCS_PER_MACHINE: str(processes)} if processes > 1 else kept
 
 
 def _preempt_run(
     cmd: list[str], log_path: Path, port: int, epochs: int, preempt_at: float, sig: int, timeout: float,
-    poll: float,
+    poll: float, processes: int = 1,
 ) -> dict[str, Any]:
     """Start the trainer, poll its gauges until the preemption point, signal it, wait for its exit."""
     with open(log_path, "w") as log_file:
-        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=_child_env())
+        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=_child_env(processes))
         try:
             deadline = time.monotonic() + timeout
             last: dict[str, float] = {}
@@ -290,13 +297,16 @@ def run_scenario(
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     interval = args.interval if scenario.step_checkpoints else 0.0
-    cmd = [sys.executable, "-m", "pets_training", *common, "--output-dir", str(out),
-           "--checkpoint-interval-seconds", f"{interval:g}"]  # fmt: skip
+    flags = [*common, "--output-dir", str(out), "--checkpoint-interval-seconds", f"{interval:g}"]
+    cmd = [sys.executable, "-m", "pets_training", *flags]
+    # several processes: the pod's launcher, which forwards SIGTERM to every rank and exits 75 when all did
+    first_cmd = cmd if scenario.processes == 1 else [str(Path(sys.executable).parent / "pets-launch"), *flags]
     port = _free_port()
     started = time.monotonic()
     first = _preempt_run(
-        [*cmd, "--metrics-port", str(port), "--summary-path", str(out / "termination-log.json")],
+        [*first_cmd, "--metrics-port", str(port), "--summary-path", str(out / "termination-log.json")],
         out / "first.log", port, args.epochs, args.preempt_at, scenario.signal, args.timeout, args.poll,
+        scenario.processes,
     )
     first_wall = time.monotonic() - started
     expected = STOPPED_EXIT_CODE if scenario.signal == signal.SIGTERM else -scenario.signal
@@ -344,6 +354,7 @@ def run_scenario(
     return {
         "key": scenario.key,
         "label": scenario.label,
+        "processes": [scenario.processes, 1],
         "interval_seconds": interval,
         "signal": signal.Signals(scenario.signal).name,
         "exit_code": first["exit_code"],

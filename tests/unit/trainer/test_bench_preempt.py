@@ -138,26 +138,31 @@ def test_the_table_puts_the_scenarios_side_by_side_and_the_last_line_sums_them_u
     assert len({len(line) for line in lines}) == 1
     assert final_line(results) == ("lost per preemption: epoch-only 11.45 s, step checkpoints (no notice) "
                                    "2.50 s, SIGTERM save 1.75 s")  # fmt: skip
+    resized = _result("resize-term", "resized 2 -> 1, SIGTERM", 2.25)
+    assert final_line([*results, resized]).endswith("SIGTERM save 1.75 s; per resize 2 -> 1 2.25 s")
 
 
-@pytest.mark.timeout(240)
-def test_a_tiny_bench_preempts_three_runs_resumes_them_and_reports(tmp_path: Path) -> None:
+@pytest.mark.timeout(420)
+def test_a_tiny_bench_preempts_four_runs_resumes_them_and_reports(tmp_path: Path) -> None:
     # resnet10t at 32 px, 2 x 100 images -> 160 for training, batch 4: 40 steps per epoch, 2 epochs;
-    # preempted at 1.5 epochs (step 60), halfway into the second epoch
+    # preempted at 1.5 epochs (step 60), halfway into the second epoch. The resize: 2 processes, a global
+    # batch of 8, 20 steps per epoch (step 30), resumed on 1 process
     output, _ = run(
         [PYTHON, "-m", "pets_training.bench_preempt", "--model", "resnet10t", "--image-size", "32",
          "--classes", "2", "--images-per-class", "100", "--batch-size", "4", "--epochs", "2",
          "--interval", "0.1", "--preempt-at", "1.5", "--poll", "0.02", "--output", str(tmp_path),
          "--trainer-args=--mixed-precision no --num-workers 0 --threads 1 --eval-batch-size 16"],
-        timeout=220,
+        timeout=400,
     )  # fmt: skip
     lines = output.strip().splitlines()
     assert lines[-1].startswith("lost per preemption: epoch-only ") and lines[-1].endswith(" s"), output
     result = read_json(tmp_path / "bench-preempt.json")
     runs = {r["key"]: r for r in result["scenarios"]}
-    assert list(runs) == ["epoch-kill", "step-kill", "step-term"]
+    assert list(runs) == ["epoch-kill", "step-kill", "step-term", "resize-term"]
     for r in runs.values():
-        assert r["steps_total"] == 80 and r["target_step"] == 60 and r["last_read_step"] >= 60
+        steps = 80 if r["key"] != "resize-term" else 40
+        assert r["steps_total"] == steps and r["target_step"] == steps * 3 // 4, r
+        assert r["last_read_step"] >= r["target_step"]
         assert r["seconds_per_step"] > 0 and r["restore_seconds"] > 0
         assert r["stopping_seconds"] <= r["exit_seconds"]
         parts = r["lost_work_seconds"] + r["stopping_seconds"] + r["restore_seconds"]
@@ -177,5 +182,9 @@ def test_a_tiny_bench_preempts_three_runs_resumes_them_and_reports(tmp_path: Pat
     term = runs["step-term"]
     assert term["exit_code"] == 75 and term["lost_steps"] == 0 and term["lost_work_seconds"] == 0
     assert term["resume_step"] >= term["last_read_step"] and term["sigterm_save"] is not None
+    # the resize: the same, from 2 processes to 1
+    resize = runs["resize-term"]
+    assert resize["exit_code"] == 75 and resize["lost_steps"] == 0 and resize["processes"] == [2, 1]
+    assert resize["resume_step"] >= resize["last_read_step"]
     assert result["lost_seconds"] == {k: round(r["lost_seconds"], 3) for k, r in runs.items()}
     assert any(line.startswith("LOST PER PREEMPTION s") for line in lines)
