@@ -99,16 +99,22 @@ class Sample:
 
 
 def progress_regressions(samples: Mapping[str, list[Sample]]) -> list[str]:
-    """Each time a training's status.step went down within one attempt: progress shown backwards without
-    a resume (a new attempt may start below the last step read: it resumes from its checkpoint)."""
+    """Each time a training's status.step went down but across a resume. The status names the next
+    attempt before that attempt reports (its step is still the last one read of the one before), so
+    within an attempt the step may go down once, to where it resumed, before it first goes up."""
     found = []
     for name, seen in samples.items():
+        resumed = {seen[0].attempt} if seen else set()
         for before, after in zip(seen, seen[1:], strict=False):
-            if after.attempt == before.attempt and after.step < before.step:
-                found.append(f"{name}: step {before.step} -> {after.step} within attempt {after.attempt} "
-                             f"(at {before.at:.0f} s and {after.at:.0f} s)")
             if after.attempt < before.attempt:
                 found.append(f"{name}: attempt {before.attempt} -> {after.attempt} (at {after.at:.0f} s)")
+            elif after.step > before.step:
+                resumed.add(after.attempt)  # this attempt's own progress: no going back from here
+            elif after.step < before.step:
+                if after.attempt in resumed:
+                    found.append(f"{name}: step {before.step} -> {after.step} within attempt {after.attempt} "
+                                 f"(at {before.at:.0f} s and {after.at:.0f} s)")
+                resumed.add(after.attempt)
     return found
 
 

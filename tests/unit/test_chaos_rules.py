@@ -38,9 +38,11 @@ def test_a_run_that_kept_every_promise_has_nothing_broken_and_adds_up_its_figure
     log = [chaos.Injected(30, chaos.OPERATOR, "op-1"), chaos.Injected(50, chaos.NODE, "w1", ("a", "b")),
            chaos.Injected(70, chaos.POD, "a-0", ("a",)), chaos.Injected(80, chaos.ETCD, "etcd")]
     statuses = {"a": done(2), "b": done(1), "c": done(0)}
-    jobs = {("a", "0"): {"u1"}, ("a", "1"): {"u2"}, ("a", "2"): {"u3"}, ("b", "0"): {"u4"}, ("b", "1"): {"u5"},
-            ("c", "0"): {"u6"}}
-    samples = {"a": [chaos.Sample(1, 0, 5), chaos.Sample(2, 0, 9), chaos.Sample(3, 1, 7), chaos.Sample(4, 1, 8)]}
+    jobs = {("a", "0"): {"u1"}, ("a", "1"): {"u2"}, ("a", "2"): {"u3"}, ("b", "0"): {"u4"},
+            ("b", "1"): {"u5"}, ("c", "0"): {"u6"}}
+    # attempt 1 is named while its step is still attempt 0's last (9), then resumes at 7
+    samples = {"a": [chaos.Sample(t, attempt, step) for t, (attempt, step) in enumerate(
+        [(0, 5), (0, 9), (1, 9), (1, 7), (1, 8), (2, 7)])]}
     out = chaos.judge(statuses, {"a": {"maxRestarts": 3}}, log, {"a": 3}, jobs, samples)
     assert out.broken == []
     assert out.figures["faults"][chaos.NODE] == 1 and out.figures["faults"][chaos.OPERATOR] == 1
@@ -52,7 +54,9 @@ def test_each_broken_promise_is_named() -> None:
     log = [chaos.Injected(50, chaos.POD, "a-0", ("a",)), chaos.Injected(60, chaos.OPERATOR, "op")]
     statuses = {"a": done(1), "b": done(1), "c": done(0, phase="Failed")}
     jobs = {("a", "0"): {"u1"}, ("a", "1"): {"u2", "u3"}, ("b", "1"): {"u4"}, ("c", "0"): {"u5"}}
-    samples = {"a": [chaos.Sample(1, 0, 5), chaos.Sample(2, 0, 4)]}
+    samples = {"a": [chaos.Sample(1, 0, 5), chaos.Sample(2, 0, 4)],
+               "b": [chaos.Sample(t, attempt, step) for t, (attempt, step) in enumerate(
+                   [(0, 3), (1, 3), (1, 2), (1, 4), (1, 3)])]}
     out = chaos.judge(statuses, {"a": {"maxRestarts": 1}}, log, {"a": 3}, jobs, samples)
     text = "\n".join(out.broken)
     assert "b: restarts 1, disruptions 1; the faults that hit it owe 0" in text  # the operator's kill cost it
@@ -60,4 +64,5 @@ def test_each_broken_promise_is_named() -> None:
     assert "c: Failed" in text
     assert "a: spec.maxRestarts was edited to 3 mid-run, and is 1" in text
     assert "a: step 5 -> 4 within attempt 0" in text
-    assert out.figures["broken"] == len(out.broken) == 6
+    assert "b: step 4 -> 3 within attempt 1" in text and "b: step 3 -> 2" not in text
+    assert out.figures["broken"] == len(out.broken) == 7
