@@ -67,6 +67,8 @@ class Target:
     spec_digest: str | None = None
     # status.checkpointDir (checkpoint_home.py); None: checkpoint_dir(spec), as for `render`.
     checkpoint_dir: str | None = None
+    # status.globalBatch: the trainer's --global-batch-size (None: its own default, as for `render`).
+    global_batch: int | None = None
     uid: str = ""  # the PetsTraining's (an MLflow run's tag; "" where unknown, as in `render`)
 
     @property
@@ -201,7 +203,7 @@ def main_address(target: Target, name: str | None = None) -> str:
     return f"{job}-0.{service_name(target.name)}.{target.namespace}.svc.{target.cluster_domain}"
 
 
-def trainer_args(spec: Spec, checkpoints: str | None = None) -> list[str]:
+def trainer_args(spec: Spec, checkpoints: str | None = None, global_batch: int | None = None) -> list[str]:
     """Trainer flags (`pets-train --help`) for a resolved spec (`checkpoints`: the training's checkpoint
     directory, where status.checkpointDir names one)."""
     args = [
@@ -237,6 +239,8 @@ def trainer_args(spec: Spec, checkpoints: str | None = None) -> list[str]:
     else:
         args += ["--data", _data_dir(spec, source), "--data-layout", spec.dataset.get("layout", "auto")]
     args += ["--summary-path", TERMINATION_LOG, "--metrics-port", str(api.METRICS_PORT)]
+    if global_batch is not None:  # kept at every size of a resize (checkpoint_home.global_batch)
+        args += ["--global-batch-size", str(global_batch)]
     return args + tracking.trainer_args(spec)
 
 
@@ -328,7 +332,7 @@ def pod_template(spec: Spec, target: Target, *, container_name: str = CONTAINER,
         "name": container_name,
         "image": spec.image or target.default_image,
         "imagePullPolicy": spec.image_pull_policy,
-        "args": trainer_args(spec, target.checkpoint_dir),
+        "args": trainer_args(spec, target.checkpoint_dir, target.global_batch),
         "env": _env(spec, target, container_name=container_name, headless_service=headless_service),
         "ports": [
             {"name": port_name, "containerPort": spec.master_port, "protocol": "TCP"},

@@ -24,12 +24,18 @@ def made_by_0_1(status: dict[str, Any]) -> bool:
                                                     or (status.get("children") or {}).get("pytorchJob"))
 
 
-def choose(spec: Spec, status: dict[str, Any]) -> tuple[str, str]:
-    """The directory the training's workloads use, and the shape it was chosen for (to be kept in the
-    status): the recorded one while the shape stays, else the one of this shape."""
+def global_batch(spec: Spec) -> int:
+    """Samples of one optimizer step at the largest size the training may take."""
+    most = int((spec.elastic or {}).get("maxReplicas") or spec.replicas)
+    return spec.batch_size * spec.processes_per_replica * most
+
+
+def choose(spec: Spec, status: dict[str, Any]) -> tuple[str, str, int | None]:
+    """The directory the training's workloads use, the shape it was chosen for and the global batch (to
+    be kept in the status): the recorded ones while the shape stays, else those of this shape."""
     shape = builders.checkpoint_shape(spec)
     if status.get("checkpointDir") and status.get("checkpointShape") == shape:
-        return str(status["checkpointDir"]), shape
+        return str(status["checkpointDir"]), shape, status.get("globalBatch")
     if made_by_0_1(status):
-        return builders.checkpoint_dir(spec, builders.CHECKPOINT_SHAPE_0_1), shape
-    return builders.checkpoint_dir(spec), shape
+        return builders.checkpoint_dir(spec, builders.CHECKPOINT_SHAPE_0_1), shape, None
+    return builders.checkpoint_dir(spec), shape, global_batch(spec)

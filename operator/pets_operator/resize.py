@@ -55,6 +55,38 @@ def current_size(spec: Spec, observed: Observed, status: dict[str, Any]) -> int:
     return next_size(spec, status)
 
 
+def keeps(spec: Spec, status: dict[str, Any], size: int) -> bool:
+    """The trainer can keep the training's global batch at `size` pods (status.globalBatch a multiple of
+    their micro-batches); unknown (a 0.1.0 training): its trainer says so itself."""
+    batch = status.get("globalBatch")
+    return not batch or int(batch) % (spec.batch_size * spec.processes_per_replica * size) == 0
+
+
+def fitting(spec: Spec, status: dict[str, Any], most: int) -> int | None:
+    """The largest size up to `most`, and at least spec.elastic.minReplicas, that keeps the global batch."""
+    return next((n for n in range(most, min_replicas(spec) - 1, -1) if keeps(spec, status, n)), None)
+
+
+def refused(result: Plan, spec: Spec, observed: Observed, old: dict[str, Any]) -> bool:
+    """spec.replicas changed while the workload runs to a size that cannot keep the global batch: it runs
+    on at its size, with one ResizeRefused Warning per refused size (the API's rule refuses such sizes
+    where elastic.maxReplicas is set; without it only the global batch, fixed at the first size, says)."""
+    status = result.status
+    if observed.workload is None or observed.backend.is_suspended(observed.workload) or \
+            keeps(spec, status, spec.replicas):
+        status.pop("resizeRefused", None)
+        return False
+    status["resizeRefused"] = spec.replicas
+    if old.get("resizeRefused") != spec.replicas:
+        size = observed.backend.size(observed.workload)
+        can = [n for n in range(1, 129) if keeps(spec, status, n)]
+        result.events.append(Event("Warning", "ResizeRefused", (
+            f"spec.replicas={spec.replicas} cannot keep the training's global batch {status['globalBatch']} "
+            f"(batchSize {spec.batch_size} x processesPerReplica {spec.processes_per_replica} x a size that "
+            f"divides it): sizes that keep it: {', '.join(map(str, can))}; it runs on at {size}")))
+    return True
+
+
 def begin(result: Plan, old_size: int, new_size: int, reason: str, why: str, now: datetime) -> None:
     """A resize starts: one `Resized` Event ("2 -> 1"), and status.resize until the new gang runs, so the
     drain and the restart are booked as resizing time (goodput)."""
@@ -91,13 +123,13 @@ def placed_after_node_loss(spec: Spec, observed: Observed, status: dict[str, Any
     waited = (now - parse_timestamp(since)).total_seconds()
     if waited < int(spec.placement.get("nodeLostSeconds", 30)):
         return None
-    placed = sum(1 for p in pod_list if pods.scheduled_at(p))
-    if min_replicas(spec) <= placed < size:
-        return placed
-    return None
+    placed = sum(1 for p in pod_list if pods.scheduled_at(p) or (p.get("spec") or {}).get("nodeName"))
+    if placed >= size or (fits := fitting(spec, status, placed)) is None:
+        return None
+    return fits
 
 
-def admitted_smaller(spec: Spec, observed: Observed) -> int | None:
+def admitted_smaller(spec: Spec, observed: Observed, status: dict[str, Any]) -> int | None:
     """Kueue admitted the workload at fewer pods than its pods were built for (partial admission sets
     the Job's parallelism and completions, not the pods' world size): the size to rebuild it at."""
     workload = observed.workload
@@ -106,6 +138,6 @@ def admitted_smaller(spec: Spec, observed: Observed) -> int | None:
     built_for = int(((workload.get("metadata") or {}).get("annotations") or {}).get(
         builders.ANNOTATION_WORLD_SIZE, 0) or 0)
     size = observed.backend.size(workload)
-    if built_for and size and size < built_for and size >= min_replicas(spec):
-        return size
+    if built_for and size and size < built_for:
+        return fitting(spec, status, size)  # Kueue admits the smaller one whole
     return None

@@ -301,7 +301,22 @@ RULES: list[Rule] = [
         or ((not _has(spec["elastic"], "minReplicas") or spec["replicas"] >= spec["elastic"]["minReplicas"])
             and (not _has(spec["elastic"], "maxReplicas")
                  or spec["replicas"] <= spec["elastic"]["maxReplicas"])),
-        example_spec={"replicas": 3, "elastic": {"minReplicas": 1, "maxReplicas": 2}},
+        example_spec={"replicas": 1, "elastic": {"minReplicas": 2, "maxReplicas": 2}},
+        field_path=".replicas",
+    ),
+    # The trainer keeps the global batch (batchSize x maxReplicas x processesPerReplica) at every size by
+    # gradient accumulation, which needs the size to divide it.
+    Rule(
+        id="replicas-divide-max",
+        at="spec",
+        cel="!has(self.elastic) || !has(self.elastic.maxReplicas) || "
+            "self.replicas > self.elastic.maxReplicas || self.elastic.maxReplicas % self.replicas == 0",
+        message="spec.replicas must divide spec.elastic.maxReplicas: the global batch, batchSize x "
+                "maxReplicas x processesPerReplica, is kept at every size by gradient accumulation",
+        check=lambda spec: not _has(spec, "elastic") or not _has(spec["elastic"], "maxReplicas")
+        or spec["replicas"] > spec["elastic"]["maxReplicas"]
+        or spec["elastic"]["maxReplicas"] % spec["replicas"] == 0,
+        example_spec={"replicas": 3, "elastic": {"maxReplicas": 4}},
         field_path=".replicas",
     ),
     Rule(

@@ -84,7 +84,8 @@ def plan(
         else:
             r.status["workloadActive"] = (not observed.backend.is_suspended(observed.workload)
                                           and ws.phase not in api.FINISHED_PHASES)
-            if ws.phase not in api.FINISHED_PHASES and _built_from_older_spec(observed.workload, spec):
+            edited = ws.phase not in api.FINISHED_PHASES and _built_from_older_spec(observed.workload, spec)
+            if edited and not resize.refused(r.result, spec, observed, r.old):
                 _rebuild(r.result, spec, observed, target, r.old_phase, now, r.generation)
             elif ws.phase not in api.FINISHED_PHASES and (smaller := _smaller(r, ws)) is not None:
                 _rebuild(r.result, spec, observed, target, r.old_phase, now, r.generation, smaller)
@@ -147,7 +148,11 @@ def _begin(body: dict[str, Any], spec: Spec, observed: Observed, target: builder
         status["backendReason"] = observed.backend_reason
     status["replicas"] = resize.current_size(spec, observed, old)
     status["selector"] = resize.selector(target.name)
-    status["checkpointDir"], status["checkpointShape"] = checkpoint_home.choose(spec, old)
+    status["checkpointDir"], status["checkpointShape"], global_batch = checkpoint_home.choose(spec, old)
+    if global_batch:
+        status["globalBatch"] = global_batch
+    else:
+        status.pop("globalBatch", None)
     status["restarts"] = r.restarts
     status["attempt"] = target.attempt
     status["totalEpochs"] = spec.epochs
@@ -209,7 +214,8 @@ def _create_workload(r: _Round, policy: dict[str, Any] | None, left: float | Non
     pods), the managed output claim and the dataset cache (made once; an existing one is kept)."""
     status, spec, observed, target, result = r.status, r.spec, r.observed, r.target, r.result
     backend = observed.backend
-    built_for = replace(target, checkpoint_dir=status["checkpointDir"])
+    built_for = replace(target, checkpoint_dir=status["checkpointDir"],
+                        global_batch=status.get("globalBatch"))
     if left is not None:
         built_for = replace(built_for, deadline_left=max(1, math.ceil(left)))
     if (size := resize.next_size(spec, status)) != spec.replicas:  # smaller, as the cluster allowed
@@ -340,7 +346,7 @@ def _smaller(r: _Round, ws: WorkloadState) -> tuple[int, str, str] | None:
     """The cluster has room for fewer pods than the workload's, and spec.elastic allows going on with
     them (resize.py): the size, the reason and why."""
     size = r.status["replicas"]
-    if (admitted := resize.admitted_smaller(r.spec, r.observed)) is not None:
+    if (admitted := resize.admitted_smaller(r.spec, r.observed, r.status)) is not None:
         return admitted, PARTIAL_ADMISSION, (f"Kueue admitted {admitted} of the {size} pods the workload's "
                                              f"pods were built for; rebuilt at world size {admitted}")
     waiting = r.old_phase in (api.PENDING, api.RESTARTING)

@@ -45,6 +45,12 @@ STATUS_SCHEMA: dict[str, Any] = _obj("Observed state, written by the operator.",
     "checkpointDir": _str("Where the training's checkpoints are (in its output), kept while the fields "
                           "that shape a checkpoint stay: a restart or a resize resumes from there."),
     "checkpointShape": _str("The digest of those fields when checkpointDir was chosen (bookkeeping)."),
+    "globalBatch": _int("Samples of one optimizer step, all pods together, fixed when the checkpoint "
+                        "directory is chosen: spec.batchSize x processesPerReplica x elastic.maxReplicas "
+                        "(else replicas). The trainer keeps it at every size by gradient accumulation, so "
+                        "a resize is only to a size that divides it."),
+    "resizeRefused": _int("A spec.replicas the training cannot run at (it cannot keep globalBatch): it runs "
+                          "on at its size, and a ResizeRefused Warning Event says why."),
     "resize": _obj("The resize under way, from the drain of the old gang until the new one runs "
                    "(docs/operator.md, \"Resizing a training\").", {
         "from": _int("The size it ran at."),

@@ -139,12 +139,13 @@ def _patch(admin: client.ApiClient, ns: str, name: str, spec: dict[str, Any]) ->
         api.GROUP, api.VERSION, ns, api.PLURAL, name, {"spec": spec})
 
 
-@pytest.mark.parametrize("field", ["replicas", "epochs", "dataset", "image", "backend", "resources"])
+@pytest.mark.parametrize("field", ["processesPerReplica", "epochs", "dataset", "image", "backend",
+                                   "resources"])
 @pytest.mark.usefixtures("operator_paused")
 def test_fields_are_immutable_while_the_workload_runs(admin: client.ApiClient, crd: dict[str, Any],
                                                       namespace: str, field: str) -> None:
     create(admin, namespace, training("running", replicas=2))
-    change = {"replicas": 3, "epochs": 9, "dataset": {"synthetic": {"imagesPerClass": 3}},
+    change = {"processesPerReplica": 2, "epochs": 9, "dataset": {"synthetic": {"imagesPerClass": 3}},
               "image": "other:1", "backend": "job", "resources": {"cpu": "2"}}[field]
     # Keyed on the workload, not the phase: a Pending training whose Job exists is running already.
     _set_status(admin, namespace, "running", phase=api.PENDING, workloadActive=True)
@@ -152,7 +153,9 @@ def test_fields_are_immutable_while_the_workload_runs(admin: client.ApiClient, c
         _patch(admin, namespace, "running", {field: change})
     assert err.value.status == 422 and f"spec.{field} is immutable while the training's workload runs" \
         in err.value.body
-    # Suspend, maxRestarts, the TTL and the scheduling bounds stay editable while it runs ...
+    # Suspend, maxRestarts, the TTL and the scheduling bounds stay editable while it runs, and replicas
+    # (a resize: the operator drains the gang and starts it at the new size) ...
+    assert _patch(admin, namespace, "running", {"replicas": 3})["spec"]["replicas"] == 3
     _patch(admin, namespace, "running", {"suspend": True, "maxRestarts": 5, "ttlSecondsAfterFinished": 60,
                                          "scheduling": {"stallTimeoutSeconds": 600}})
     # ... and everything is editable once the workload is suspended (the operator rebuilds it on resume).

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -64,8 +65,9 @@ def lost_node(admin: client.ApiClient) -> Iterator[str]:
     core.delete_node(name)
 
 
-def bound_pod(admin: client.ApiClient, ns: str, job: client.V1Job, index: int, node: str) -> str:
-    """One pod of the Job as its controller makes it (labels, owner), bound to `node` and Running."""
+def bound_pod(admin: client.ApiClient, ns: str, job: client.V1Job, index: int, node: str | None) -> str:
+    """One pod of the Job as its controller makes it (labels, owner), bound to `node` and Running, or
+    (None) not placed: Pending, Unschedulable."""
     core = client.CoreV1Api(admin)
     name = f"{job.metadata.name}-{index}-{secrets.token_hex(3)}"
     template = client.ApiClient().sanitize_for_serialization(job.spec.template)
@@ -75,8 +77,13 @@ def bound_pod(admin: client.ApiClient, ns: str, job: client.V1Job, index: int, n
         "metadata": {**template["metadata"], "name": name, "ownerReferences": [{
             "apiVersion": "batch/v1", "kind": "Job", "name": job.metadata.name, "uid": job.metadata.uid,
             "controller": True, "blockOwnerDeletion": True}]},
-        "spec": {**template["spec"], "nodeName": node}})
-    core.patch_namespaced_pod_status(name, ns, {"status": {"phase": "Running"}})
+        "spec": {**template["spec"], **({"nodeName": node} if node else {})}})
+    placed = {"type": "PodScheduled", "status": "True" if node else "False",
+              "lastTransitionTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+              **({} if node else {"reason": "Unschedulable",
+                                  "message": "0/2 nodes are available: 2 Insufficient cpu."})}
+    core.patch_namespaced_pod_status(name, ns, {"status": {"phase": "Running" if node else "Pending",
+                                                           "conditions": [placed]}})
     return name
 
 

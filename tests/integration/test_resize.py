@@ -14,6 +14,7 @@ from kubernetes import client
 from pets_operator import api
 from polling import wait_for
 from test_operator_lifecycle import create_training, get_training, jobs, run_job, the_job
+from test_placement_and_node_loss import bound_pod, lost_node, pod_gone  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.integration
 
@@ -29,7 +30,7 @@ def _status(admin: client.ApiClient, ns: str, name: str) -> dict[str, Any]:
 
 def test_kubectl_scale_resizes_a_running_training(admin: client.ApiClient, operator: Any, namespace: str,
                                                   kubeconfig: str) -> None:
-    create_training(admin, namespace, "elastic", replicas=2, elastic={"minReplicas": 1, "maxReplicas": 3})
+    create_training(admin, namespace, "elastic", replicas=2, elastic={"minReplicas": 1, "maxReplicas": 2})
     first = the_job(admin, namespace, "elastic")
     assert first.spec.parallelism == 2
     run_job(admin, namespace, "elastic", 2)
@@ -45,12 +46,14 @@ def test_kubectl_scale_resizes_a_running_training(admin: client.ApiClient, opera
     # Out of spec.elastic: refused by the CRD's rule, naming the field, through the subresource too.
     out = kubectl(kubeconfig, "scale", "pt", "elastic", "-n", namespace, "--replicas", "4")
     assert out.returncode != 0 and "spec.replicas must be within spec.elastic.minReplicas" in out.stderr
+    assert _status(admin, namespace, "elastic")["globalBatch"] == 2 * 64  # batchSize x maxReplicas
     # Within it: taken while the workload runs; the gang is drained and attempt 1 built at the new size.
     out = kubectl(kubeconfig, "scale", "pt", "elastic", "-n", namespace, "--replicas", "1")
     assert out.returncode == 0, out.stderr
     wait_for("the 2-pod Job to go and a 1-pod one to replace it", lambda: [
         (j.metadata.name, j.spec.parallelism) for j in jobs(admin, namespace)] == [("elastic-r1", 1)])
-    st = _status(admin, namespace, "elastic")
+    st = wait_for("status.replicas at the new size", lambda: (
+        s if (s := _status(admin, namespace, "elastic")).get("replicas") == 1 else None))
     assert (st["attempt"], st["restarts"], st["replicas"]) == (1, 0, 1)
     # The same checkpoint directory at both sizes: the new gang resumes from the old one's SIGTERM save.
     jobs_made = (first, the_job(admin, namespace, "elastic-r1"))
@@ -69,3 +72,59 @@ def test_kubectl_scale_resizes_a_running_training(admin: client.ApiClient, opera
     header, row = got.stdout.strip().splitlines()
     assert header.split()[:4] == ["NAME", "PHASE", "REPLICAS", "DESIRED"]
     assert row.split()[2:4] == ["1", "1"]
+
+
+def test_after_a_node_loss_it_goes_on_at_the_size_that_was_placed(
+        admin: client.ApiClient, operator: Any, namespace: str, lost_node: str) -> None:  # noqa: F811
+    create_training(admin, namespace, "shrinks", replicas=2, maxRestarts=0, elastic={"minReplicas": 1},
+                    placement={"nodeLostSeconds": 1})
+    job = the_job(admin, namespace, "shrinks")
+    rank0, rank1 = (bound_pod(admin, namespace, job, i, lost_node) for i in (0, 1))
+    run_job(admin, namespace, "shrinks", 2)
+    wait_for("the training to run", lambda: _status(admin, namespace, "shrinks").get("phase") == api.RUNNING)
+    client.CoreV1Api(admin).delete_namespaced_pod(rank1, namespace)  # the taint manager's eviction
+    wait_for("the old pods to be force-deleted",
+             lambda: pod_gone(admin, namespace, rank0) and pod_gone(admin, namespace, rank1))
+    # The gang restarts; only one of its two pods is placed (the node is gone): after nodeLostSeconds the
+    # operator goes on with one.
+    restarted = the_job(admin, namespace, "shrinks-r1")
+    assert restarted.spec.parallelism == 2
+    bound_pod(admin, namespace, restarted, 0, lost_node + "-peer")
+    bound_pod(admin, namespace, restarted, 1, None)
+    smaller = wait_for("the gang rebuilt at 1", lambda: next(
+        (j for j in jobs(admin, namespace) if j.metadata.name == "shrinks-r2"), None), 60)
+    assert smaller.spec.parallelism == smaller.spec.completions == 1
+    st = wait_for("status.resize", lambda: (s if (s := _status(admin, namespace, "shrinks")).get(
+        "resize", {}).get("to") == 1 else None))
+    assert st["resize"]["reason"] == "NodeLost" and (st["resize"]["from"], st["resize"]["to"]) == (2, 1)
+    assert st["restarts"] == 1 and st["lastFailure"]["cause"] == "NodeLost"
+    pt = get_training(admin, namespace, "shrinks") or {}
+    assert pt["spec"]["replicas"] == 2  # the size asked for stays: the next attempt tries it again
+    events = client.CoreV1Api(admin).list_namespaced_event(namespace, field_selector="reason=Resized").items
+    assert [e.message.split(":")[0] for e in events] == ["2 -> 1 (NodeLost)"]
+
+
+def test_kueue_admitting_fewer_pods_rebuilds_the_workload_at_that_size(
+        admin: client.ApiClient, operator: Any, namespace: str) -> None:
+    body = {"apiVersion": api.API_VERSION, "kind": api.KIND,
+            "metadata": {"name": "partial", "labels": {api.KUEUE_QUEUE_LABEL: "team-a"}},
+            "spec": {"backend": "job", "replicas": 2, "elastic": {"minReplicas": 1}}}
+    client.CustomObjectsApi(admin).create_namespaced_custom_object(api.GROUP, api.VERSION, namespace,
+                                                                   api.PLURAL, body)
+    queued = the_job(admin, namespace, "partial")
+    assert queued.spec.suspend is True
+    assert queued.metadata.annotations["kueue.x-k8s.io/job-min-parallelism"] == "1"
+    assert queued.metadata.annotations["kueue.x-k8s.io/job-completions-equal-parallelism"] == "true"
+    # Kueue, with quota for one pod, admits it at one (RunWithPodSetsInfo): parallelism, completions and
+    # suspend in one write. The pods' world size is still 2: the operator rebuilds the workload at 1.
+    client.BatchV1Api(admin).patch_namespaced_job("partial", namespace, {"spec": {
+        "parallelism": 1, "completions": 1, "suspend": False}}, field_manager="kueue-stand-in")
+    rebuilt = wait_for("the workload rebuilt at the admitted size", lambda: next(
+        (j for j in jobs(admin, namespace) if j.metadata.name == "partial-r1"), None), 60)
+    assert rebuilt.spec.parallelism == 1 and rebuilt.spec.suspend is True  # queued again, admitted whole
+    assert rebuilt.metadata.annotations["training.pets.dev/world-size"] == "1"
+    env = {e.name: e.value for e in rebuilt.spec.template.spec.containers[0].env}
+    assert env["PETS_NUM_MACHINES"] == "1"
+    st = wait_for("status.resize", lambda: (s if (s := _status(admin, namespace, "partial")).get(
+        "resize", {}).get("to") == 1 else None))
+    assert st["resize"]["reason"] == "PartialAdmission" and st["resize"]["to"] == 1

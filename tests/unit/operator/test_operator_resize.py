@@ -183,3 +183,37 @@ def test_a_training_that_may_grow_gets_a_claim_every_node_can_mount() -> None:
     assert modes({"replicas": 1}) == ["ReadWriteOnce"]  # as before: nothing may grow
     assert modes({"replicas": 1, "elastic": {"maxReplicas": 2}}) == ["ReadWriteMany"]
     assert modes({"replicas": 2, "elastic": {"minReplicas": 1}}) == ["ReadWriteMany"]
+
+
+def test_the_global_batch_is_fixed_at_the_largest_size_and_passed_to_the_trainer() -> None:
+    made = plan({}, {"replicas": 2, "batchSize": 16, "elastic": {"minReplicas": 1, "maxReplicas": 4}}, None)
+    assert made.status["globalBatch"] == 16 * 4
+    (job,) = [c for c in made.create if c["kind"] == "Job"]
+    args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--global-batch-size") + 1] == "64"
+    plain = plan({}, {"replicas": 2, "batchSize": 16}, None)
+    assert plain.status["globalBatch"] == 32  # what the trainer would take at its first start anyway
+
+
+def test_a_size_that_cannot_keep_the_global_batch_is_refused_and_the_gang_runs_on() -> None:
+    old = sized_job(2, active=2, ready=2)
+    old["metadata"]["annotations"][api.ANNOTATION_SPEC_DIGEST] = builders.spec_digest(
+        api.resolve_spec({"replicas": 2}))
+    st = {**RUNNING, "globalBatch": 128, "checkpointDir": "/output/checkpoints/x",
+          "checkpointShape": builders.checkpoint_shape(api.resolve_spec({"replicas": 3}))}
+    p = plan(st, {"replicas": 3}, old)
+    assert p.delete == [] and p.status["attempt"] == 0 and p.status["resizeRefused"] == 3
+    (refused,) = [e for e in p.events if e.reason == "ResizeRefused"]
+    assert refused.type == "Warning"
+    assert refused.message.startswith("spec.replicas=3 cannot keep the training's global batch 128")
+    assert "sizes that keep it: 1, 2; it runs on at 2" in refused.message
+    again = plan(p.status, {"replicas": 3}, old)
+    assert "ResizeRefused" not in [e.reason for e in again.events]  # said once
+
+
+def test_a_node_loss_shrinks_to_the_largest_size_that_keeps_the_global_batch() -> None:
+    spec = api.resolve_spec({"replicas": 4, "elastic": {"minReplicas": 1, "maxReplicas": 4}})
+    status_ = {"globalBatch": 4 * 64}
+    assert [resize.fitting(spec, status_, n) for n in (4, 3, 2, 1)] == [4, 2, 2, 1]
+    at_least_3 = api.resolve_spec({"replicas": 4, "elastic": {"minReplicas": 3}})
+    assert resize.fitting(at_least_3, status_, 3) is None  # 3 cannot keep it, and 2 is below the bound
