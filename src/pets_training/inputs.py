@@ -20,6 +20,7 @@ import logging
 import math
 import multiprocessing
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -64,8 +65,11 @@ def worker_options(workers: int, pin: bool) -> dict[str, Any]:
 
 
 def exit_with(trainer: int, _worker_id: int) -> None:
-    """In each worker: exit once the training process is gone. A worker is the forkserver's child, so
-    torch's own watchdog (is my parent alive?) keeps it, and it the forkserver, alive after a SIGKILL."""
+    """In each worker: exit once the training process is gone, and not before. A worker is the forkserver's
+    child, so torch's own watchdog (is my parent alive?) keeps it, and it the forkserver, alive after a
+    SIGKILL. SIGTERM is ignored: torchrun sends it to each rank's process group, workers included, and the
+    rank, finishing its step and saving, still reads batches whose tensors the worker hands over."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
     def watch() -> None:
         while _running(trainer):

@@ -125,3 +125,23 @@ def test_workers_and_their_forkserver_exit_when_the_training_process_is_killed(t
     for pid in left:  # do not leak them even when the test fails
         os.kill(pid, 9)
     assert not left
+
+
+def test_a_worker_outlives_a_sigterm_to_its_process_group() -> None:
+    """torchrun sends SIGTERM to each rank's process group, its DataLoader workers included, while the rank
+    finishes its step and saves; a worker that died then would fail the batch the rank is reading."""
+    import signal
+
+    from torch.utils.data import DataLoader
+
+    from pets_training.inputs import worker_options
+
+    start_worker_server()
+    loader = DataLoader(list(range(64)), batch_size=4, persistent_workers=True, **worker_options(1, False))
+    batches = iter(loader)
+    assert next(batches).tolist() == [0, 1, 2, 3]
+    worker = batches._workers[0]  # type: ignore[attr-defined]
+    os.kill(worker.pid, signal.SIGTERM)
+    worker.join(timeout=1.0)
+    assert worker.is_alive(), "the DataLoader worker died of SIGTERM"
+    assert [int(x) for batch in batches for x in batch] == list(range(4, 64))

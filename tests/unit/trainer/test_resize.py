@@ -7,10 +7,16 @@ BatchNorm running statistics (each rank's own; DDP broadcasts rank 0's)."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
+
+from pets_training.checkpoint import list_positions
 
 from .helpers import BIN, PYTHON, free_port, read_json, read_jsonl, run
 
@@ -107,3 +113,40 @@ def test_a_training_resized_2_1_2_mid_epoch_trains_each_sample_once_to_the_same_
     for unresized_loss, resized_loss in losses:
         assert resized_loss == pytest.approx(unresized_loss, rel=1e-3, abs=1e-4)
     assert abs(accuracy[0] - accuracy[1]) <= 1 / 33 + 1e-9  # 33 eval images: at most one differs
+
+
+@pytest.mark.timeout(300)
+def test_sigterm_to_a_two_process_pod_with_loader_workers_saves_a_step_checkpoint_and_exits_75(
+    tmp_path: Path,
+) -> None:
+    """The drain of a resize where a pod runs several processes: torchrun sends SIGTERM to each rank's
+    process group, its DataLoader workers included. They ignore it (test_inputs.py checks that a worker
+    outlives one), so each rank gets the batch it is reading, finishes its step, and the ranks save one step
+    checkpoint together and exit 75. The bench's resize, whose ranks mostly wait for batches, failed so
+    before; here the signal may also find them between batches."""
+    settings = {**SETTINGS, "synthetic_images_per_class": 200, "num_workers": 1, "resume": False,
+                "output_dir": str(tmp_path), "summary_path": str(tmp_path / "termination-log")}
+    flags = [f"--{key.replace('_', '-')}" if value is True else f"--no-{key.replace('_', '-')}"
+             if value is False else f"--{key.replace('_', '-')}={value}" for key, value in settings.items()]
+    env = {k: v for k, v in os.environ.items() if k != "PETS_EXIT_CODE_FILE"}
+    env.update(PETS_PROCS_PER_MACHINE="2", PETS_MAIN_PORT=str(free_port()))
+    log_path = tmp_path / "launch.log"
+    with open(log_path, "w") as log_file:
+        proc = subprocess.Popen([str(BIN / "pets-launch"), *flags], env=env, stdout=log_file,
+                                stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 200
+            while "first training step done" not in log_path.read_text():
+                assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()[-3000:]
+                time.sleep(0.05)
+            proc.send_signal(signal.SIGTERM)
+            code = proc.wait(timeout=90)
+        finally:
+            proc.kill()
+    output = log_path.read_text()
+    assert code == 75, output[-4000:]
+    assert "training failed" not in output, output[-4000:]
+    stopped = read_json(tmp_path / "termination-log")
+    assert stopped["status"] == "stopped" and stopped["exit_code"] == 75
+    names = [path.name for _, path in list_positions(tmp_path / "checkpoints")]
+    assert names[-1] == stopped["checkpoint"], (names, stopped)  # a step one, or the epoch's if it came late
