@@ -23,6 +23,7 @@ from pets_operator.backends import parse_timestamp
 from pets_operator.observe import Key
 from pets_operator.scraper import Scraper, Target
 from pets_operator.settings import Settings
+from pets_operator.standby import Standby
 
 SECOND = timedelta(seconds=1)
 GONE_KEPT = timedelta(hours=1)  # how long a child the API server said was gone is remembered
@@ -61,6 +62,7 @@ class Context:
     failures: dict[Key, int] = field(default_factory=dict)  # consecutive transient errors, for backoff
     status_written: dict[Key, float] = field(default_factory=dict)  # monotonic time of the last status write
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    standby: Standby | None = None  # whether kopf's peering lets this replica act (None: always)
     # Children the API server said it does not have (a delete answered 404) that an index still shows,
     # with when: kopf's indices drop an object only on its DELETED event, and a replica that was standby
     # (its watches paused by peering) while the object went never sees one; its re-listing on taking over

@@ -31,6 +31,7 @@ from pets_operator import (
     backends,
     metrics,
     observe,
+    standby,
     workqueue,
 )
 from pets_operator.act import POLL_IDLE
@@ -163,6 +164,10 @@ async def _worker(ctx: Context) -> None:
         key = cast(Key, await ctx.queue.get())
         metrics.QUEUE_DEPTH.set(len(ctx.queue))
         try:
+            if ctx.standby is not None and not await asyncio.to_thread(ctx.standby.acting):
+                # Another replica acts (kopf paused our watches): not from our frozen indices. Ask again.
+                ctx.queue.add_after(key, standby.RECHECK_SECONDS)
+                continue
             await _reconcile_key(ctx, key)
         except Exception:  # noqa: BLE001 - one training's bug must not stop the worker
             logging.getLogger(__name__).exception(f"[{key[0]}/{key[1]}] reconciliation failed")

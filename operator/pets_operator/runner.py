@@ -12,7 +12,7 @@ import kopf
 import yaml
 from kubernetes import client, config
 
-from pets_operator import handlers
+from pets_operator import handlers, standby
 from pets_operator.context import Context
 from pets_operator.settings import Settings
 
@@ -81,10 +81,14 @@ def operator_coroutine(
     ready_flag: asyncio.Event | threading.Event | None = None,
 ) -> Awaitable[None]:
     """kopf's operator coroutine, configured from `options` (used by `run` and by the tests)."""
-    registry, _ = build(options, cfg)
+    registry, ctx = build(options, cfg)
+    own = standby.identity()
+    ctx.standby = standby.Standby(ctx.api_client, options.peering_name, options.namespaces, own,
+                                  options.priority)
     liveness = f"http://0.0.0.0:{options.liveness_port}/healthz" if options.liveness_port else None
     return kopf.operator(
         registry=registry,
+        identity=own,  # type: ignore[arg-type]  # kopf's Identity is a NewType of str, not exported
         standalone=options.peering_name is None,
         peering_name=options.peering_name,
         priority=options.priority,
