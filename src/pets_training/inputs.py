@@ -20,7 +20,6 @@ import logging
 import math
 import multiprocessing
 import os
-import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -67,9 +66,10 @@ def worker_options(workers: int, pin: bool) -> dict[str, Any]:
 def exit_with(trainer: int, _worker_id: int) -> None:
     """In each worker: exit once the training process is gone, and not before. A worker is the forkserver's
     child, so torch's own watchdog (is my parent alive?) keeps it, and it the forkserver, alive after a
-    SIGKILL. SIGTERM is ignored: torchrun sends it to each rank's process group, workers included, and the
-    rank, finishing its step and saving, still reads batches whose tensors the worker hands over."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    SIGKILL. It leaves the rank's process group: torchrun sends SIGTERM to that group (os.killpg), and the
+    rank, finishing its step and saving, still reads batches whose tensors the worker hands over. (Ignoring
+    SIGTERM instead would hang the rank's exit: multiprocessing terminates daemonic workers, then joins.)"""
+    os.setpgid(0, 0)
 
     def watch() -> None:
         while _running(trainer):
