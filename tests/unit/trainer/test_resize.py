@@ -120,8 +120,8 @@ def test_sigterm_to_a_two_process_pod_with_loader_workers_saves_a_step_checkpoin
     tmp_path: Path,
 ) -> None:
     """The drain of a resize where a pod runs several processes: torchrun sends SIGTERM to each rank's
-    process group, its DataLoader workers included. They ignore it (test_inputs.py checks that a worker
-    outlives one), so each rank gets the batch it is reading, finishes its step, and the ranks save one step
+    process group, which its DataLoader workers have left (test_inputs.py checks that a worker outlives
+    one), so each rank gets the batch it is reading, finishes its step, and the ranks save one step
     checkpoint together and exit 75. The bench's resize, whose ranks mostly wait for batches, failed so
     before; here the signal may also find them between batches."""
     settings = {**SETTINGS, "synthetic_images_per_class": 200, "num_workers": 1, "resume": False,
