@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # The kinds of fault, in the order the figures list them.
-OPERATOR = "operator"  # SIGKILL of the acting operator replica (its container restarts, the other takes over)
+OPERATOR = "operator"  # the acting replica's pod deleted with no grace (SIGKILL); the other takes over
 APISERVER = "kube-apiserver"  # SIGKILL, restarted with the same flags
 ETCD = "etcd"  # SIGKILL, restarted on its data
 POD = "pod"  # a trainer pod deleted (SIGTERM: the step checkpoint, then exit 75)

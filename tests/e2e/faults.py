@@ -53,6 +53,13 @@ def kill_operator(pod: str) -> None:
     os.kill(pid, signal.SIGKILL)
 
 
+def delete_operator_pod(core: Any, pod: str) -> None:
+    """The operator's pod deleted with no grace (its process SIGKILLed, its peering record left to expire,
+    as a lost node does), and replaced by its Deployment: a new pod, so no restart back-off builds up
+    over many such kills (killing the process again and again would leave it in CrashLoopBackOff)."""
+    core.delete_namespaced_pod(pod, OPERATOR_NAMESPACE, grace_period_seconds=0)
+
+
 @contextlib.contextmanager
 def operator_replicas(count: int) -> Iterator[None]:
     """The chart's replicaCount set to `count` (helm upgrade), back to 1 afterwards; waits until that

@@ -1,7 +1,7 @@
 """make chaos: a batch of trainings runs while the cluster fails around it, on a seeded schedule
-(tests/e2e/chaos.py): the acting operator SIGKILLed every 20-40 s (two replicas), kube-apiserver and etcd
-each SIGKILLed and restarted once, a trainer pod deleted, a worker node lost and restored, and
-spec.maxRestarts of two running trainings edited.
+(tests/e2e/chaos.py): the acting operator's pod deleted with no grace (SIGKILL) every 20-40 s (two
+replicas), kube-apiserver and etcd each SIGKILLed and restarted once, a trainer pod deleted, a worker
+node lost and restored, and spec.maxRestarts of two running trainings edited.
 
 At the end every training Succeeded; each attempt had exactly one Job; restarts and disruptions are
 exactly what the faults that hit each training owe it; no edit was lost; status.step never went back but
@@ -179,7 +179,7 @@ class Injector:
         if pod is None:
             self.skipped.append(f"{self.now():.0f} s operator: no acting replica for 90 s")
             return
-        faults.kill_operator(pod)
+        faults.delete_operator_pod(self.t.core, pod)
         self.record(chaos.OPERATOR, pod)
 
     def control_plane(self, component: str) -> None:
@@ -188,19 +188,30 @@ class Injector:
         self.record(component, component, detail=f"serving again after {time.monotonic() - started:.0f} s")
 
     def pod(self) -> None:
-        candidates: list[tuple[str, str]] = []
-        for name, status in sorted(self.statuses().items()):
-            total, step = status.get("stepsTotal") or 0, status.get("step") or 0
-            if status.get("phase") == "Running" and total and step < POD_FAULT_BEFORE * total:
-                running = [p for p in self.current_pods(name, status) if p.status.phase == "Running"]
-                if running and len(running) == len(self.current_pods(name, status)):
-                    candidates.extend((name, p.metadata.name) for p in running)
-        if not candidates:
-            self.skipped.append(f"{self.now():.0f} s pod: no training running far from its end")
+        def candidates() -> list[tuple[str, str]]:
+            found: list[tuple[str, str]] = []
+            for name, status in sorted(self.statuses().items()):
+                total, step = status.get("stepsTotal") or 0, status.get("step") or 0
+                if status.get("phase") != "Running" or (total and step >= POD_FAULT_BEFORE * total):
+                    continue
+                current = self.current_pods(name, status)
+                if current and all(p.status.phase == "Running" for p in current):
+                    found.extend((name, p.metadata.name) for p in current)
+            return found
+        chosen = self.soon(candidates)
+        if not chosen:
+            self.skipped.append(f"{self.now():.0f} s pod: no training running far from its end for 60 s")
             return
-        name, pod = self.rng.choice(candidates)
+        name, pod = self.rng.choice(chosen)
         patient(lambda: self.t.core.delete_namespaced_pod(pod, self.t.namespace), "delete the pod")
         self.record(chaos.POD, pod, (name,))
+
+    def soon(self, find: Callable[[], list[T]], within_s: float = 60.0) -> list[T]:
+        """What `find` finds now, or within `within_s` (a batch under load starts slowly)."""
+        deadline = time.monotonic() + within_s
+        while not (found := find()) and time.monotonic() < deadline:
+            time.sleep(2.0)
+        return found
 
     def lose_node(self) -> str:
         node = self.rng.choice(self.workers)
@@ -212,12 +223,14 @@ class Injector:
         return node
 
     def edit(self) -> None:
-        running = [name for name, status in sorted(self.statuses().items())
-                   if status.get("phase") == "Running" and name not in self.edits]
-        if not running:
-            self.skipped.append(f"{self.now():.0f} s edit: no running training left to edit")
+        def running() -> list[str]:
+            return [name for name, status in sorted(self.statuses().items())
+                    if status.get("phase") == "Running" and name not in self.edits]
+        chosen = self.soon(running)
+        if not chosen:
+            self.skipped.append(f"{self.now():.0f} s edit: no running training left to edit for 60 s")
             return
-        name = self.rng.choice(running)
+        name = self.rng.choice(chosen)
         value = SPEC["maxRestarts"] + 1 + len(self.edits)
         patient(lambda: self.t.patch_spec(name, {"maxRestarts": value}), "the edit")
         self.edits[name] = value
@@ -308,5 +321,6 @@ def test_every_training_survives_the_chaos(trainings: Trainings, kube_api: Any, 
     print("[chaos] figures: " + json.dumps(outcome.figures), flush=True)
     print(f"[chaos] report: {REPORT}", flush=True)
     assert not outcome.broken, "\n".join(outcome.broken)
-    assert outcome.figures["faults"][chaos.NODE] == 1 and outcome.figures["faults"][chaos.POD] == 1, \
+    injected = outcome.figures["faults"]
+    assert (injected[chaos.NODE], injected[chaos.POD], injected[chaos.EDIT]) == (1, 1, 2), \
         f"a fault was not injected (nothing to hit): {injector.skipped}"
