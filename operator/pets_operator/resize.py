@@ -43,7 +43,8 @@ def next_size(spec: Spec, status: dict[str, Any]) -> int:
     """The size the next workload is built at: the smaller one a resize by the operator chose, else
     spec.replicas."""
     resize = status.get("resize") or {}
-    if resize.get("reason") in (NODE_LOST, PARTIAL_ADMISSION) and int(resize.get("to") or 0) >= 1:
+    if resize.get("reason") in (NODE_LOST, PARTIAL_ADMISSION) and int(resize.get("to") or 0) >= 1 \
+            and resize.get("asked", spec.replicas) == spec.replicas:  # not scaled since: then that size
         return min(int(resize["to"]), spec.replicas)
     return spec.replicas
 
@@ -87,10 +88,12 @@ def refused(result: Plan, spec: Spec, observed: Observed, old: dict[str, Any]) -
     return True
 
 
-def begin(result: Plan, old_size: int, new_size: int, reason: str, why: str, now: datetime) -> None:
+def begin(result: Plan, old_size: int, new_size: int, asked: int, reason: str, why: str,
+          now: datetime) -> None:
     """A resize starts: one `Resized` Event ("2 -> 1"), and status.resize until the new gang runs, so the
-    drain and the restart are booked as resizing time (goodput)."""
-    result.status["resize"] = {"from": old_size, "to": new_size, "reason": reason, "since": timestamp(now)}
+    drain and the restart are booked as resizing time (goodput). `asked`: spec.replicas then."""
+    result.status["resize"] = {"from": old_size, "to": new_size, "asked": asked, "reason": reason,
+                               "since": timestamp(now)}
     result.events.append(Event("Normal", "Resized", f"{old_size} -> {new_size} ({reason}): {why}"))
 
 

@@ -374,14 +374,14 @@ def _rebuild(result: Plan, spec: Spec, observed: Observed, target: builders.Targ
     active = bool(status.get("workloadActive"))
     if smaller is not None:
         size, reason, why = smaller
-        resize.begin(result, old_size, size, reason, why, now)
+        resize.begin(result, old_size, size, spec.replicas, reason, why, now)
         _rebuild_workload(result, observed, target)
         apply_phase(result, old_phase, api.QUEUED if target.queued else api.PENDING, "Resizing",
                     f"resizing {old_size} -> {size}: {why}", now, generation)
         return
     if old_size != spec.replicas:
         if active and not spec.suspend:
-            resize.begin(result, old_size, spec.replicas, SCALED,
+            resize.begin(result, old_size, spec.replicas, spec.replicas, SCALED,
                          resize.scaled_message(old_size, spec.replicas, False), now)
         else:
             status.pop("resize", None)

@@ -55,6 +55,8 @@ STATUS_SCHEMA: dict[str, Any] = _obj("Observed state, written by the operator.",
                    "(docs/operator.md, \"Resizing a training\").", {
         "from": _int("The size it ran at."),
         "to": _int("The size the next attempt runs at."),
+        "asked": _int("spec.replicas when it began: a later change is a new size asked for, which the next "
+                      "attempt takes."),
         "reason": _str("Scaled (spec.replicas changed), NodeLost (the gang did not fit again after a node "
                        "loss) or PartialAdmission (Kueue admitted fewer pods).",
                        enum=["Scaled", "NodeLost", "PartialAdmission"]),

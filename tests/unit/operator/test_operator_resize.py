@@ -55,7 +55,8 @@ def test_a_running_training_scaled_down_drains_and_restarts_at_the_new_size() ->
     resized = [e for e in p.events if e.reason == "Resized"]
     assert len(resized) == 1 and resized[0].message.startswith("2 -> 1 (Scaled): ")
     assert "SIGTERM" in resized[0].message
-    assert p.status["resize"] == {"from": 2, "to": 1, "reason": "Scaled", "since": "2026-01-02T03:04:05Z"}
+    assert p.status["resize"] == {"from": 2, "to": 1, "asked": 1, "reason": "Scaled",
+                                  "since": "2026-01-02T03:04:05Z"}
     assert p.status["replicas"] == 2  # what runs until it is gone
     # Once it is gone, attempt 1 is built at the new size.
     later = NOW + timedelta(seconds=20)
@@ -117,6 +118,10 @@ def test_after_a_node_loss_a_gang_that_does_not_fit_goes_on_at_the_size_placed()
     assert event.message.startswith("2 -> 1 (NodeLost): ") and "nodeLostSeconds=30" in event.message
     assert p.status["restarts"] == 1  # not a failure
     assert resize.next_size(api.resolve_spec({"replicas": 2, "elastic": {"minReplicas": 1}}), p.status) == 1
+    # Scaled by its user during the drain: the next attempt is built at what was asked since.
+    assert resize.next_size(api.resolve_spec({"replicas": 1, "elastic": {"minReplicas": 1}}), p.status) == 1
+    grown = api.resolve_spec({"replicas": 4, "elastic": {"minReplicas": 1, "maxReplicas": 4}})
+    assert resize.next_size(grown, p.status) == 4
 
 
 @pytest.mark.parametrize(("elastic", "placed", "waited"), [
