@@ -56,7 +56,7 @@ def test_a_training_resized_2_1_2_mid_epoch_trains_every_sample_once(trainings: 
     # The SIGTERM save: each run resumed where the one before stopped, nothing done again.
     assert all(not r.get("lostSteps") for r in runs), runs
     assert status["goodput"]["resizingSeconds"] > 0, status["goodput"]
-    events = [e.message for e in trainings.core.list_namespaced_event(trainings.namespace).items
+    events = [str(e.message) for e in trainings.core.list_namespaced_event(trainings.namespace).items
               if e.reason == "Resized" and e.involved_object.name == name]
     assert sorted(m.split(":")[0] for m in events) == ["1 -> 2 (Scaled)", "2 -> 1 (Scaled)"], events
 
@@ -102,6 +102,6 @@ def test_kueue_with_room_for_one_pod_admits_a_two_replica_training_at_one(traini
     status = trainings.wait_phase(name, "Succeeded")
     assert (status["replicas"], trainings.get(name)["spec"]["replicas"]) == (1, 2), status
     assert status["summary"]["world_size"] == 1 and status["restarts"] == 0, status
-    events = [e.message for e in trainings.core.list_namespaced_event(trainings.namespace).items
+    events = [str(e.message) for e in trainings.core.list_namespaced_event(trainings.namespace).items
               if e.reason == "Resized" and e.involved_object.name == name]
     assert [m.split(":")[0] for m in events] == ["2 -> 1 (PartialAdmission)"], events
