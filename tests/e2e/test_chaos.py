@@ -17,6 +17,7 @@ import heapq
 import json
 import os
 import random
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -30,12 +31,14 @@ from polling import wait_for
 from trainings import (
     GROUP,
     LONGER_SPEC,
+    OPERATOR_NAMESPACE,
     PLURAL,
     REPO,
     TRAIN_TIMEOUT_S,
     VERSION,
     Trainings,
     addon,
+    cluster_kubeconfig,
     dedicated_control_plane,
 )
 
@@ -44,6 +47,7 @@ pytestmark = [pytest.mark.chaos]
 MODE_NAME = os.environ.get("PETS_CHAOS_MODE", "short")
 SEED = int(os.environ.get("PETS_CHAOS_SEED", "1"))
 REPORT = REPO / "output" / "chaos.json"
+LOGS = REPO / "output" / "chaos-logs"  # each operator pod's log, followed while the run lasts
 KUEUE_API = ("kueue.x-k8s.io", "v1beta2")
 LABEL_ATTEMPT = f"{GROUP}/attempt"
 # Small pods, so most of the batch runs at once on the two workers; step checkpoints every 10 s bound the
@@ -75,7 +79,8 @@ def patient(call: Callable[[], T], what: str, timeout_s: float = 120.0) -> T:
 
 class Watcher(threading.Thread):
     """Reads every training's (attempt, step) and every Job of the namespace once a second, for the whole
-    run: the sightings the verdict is made from."""
+    run: the sightings the verdict is made from. It also follows the log of every operator pod there is
+    (a deleted pod's log goes with it) into output/chaos-logs/, to read after a broken promise."""
 
     def __init__(self, trainings: Trainings, started: float) -> None:
         super().__init__(daemon=True)
@@ -83,6 +88,25 @@ class Watcher(threading.Thread):
         self.samples: dict[str, list[chaos.Sample]] = {}
         self.jobs: set[tuple[str, str, str]] = set()
         self.halt = threading.Event()
+        self.followed: dict[str, subprocess.Popen[bytes]] = {}
+        LOGS.mkdir(parents=True, exist_ok=True)
+
+    def follow_operator_logs(self) -> None:
+        pods = self.trainings.core.list_namespaced_pod(OPERATOR_NAMESPACE).items
+        env = {**os.environ, "KUBECONFIG": str(cluster_kubeconfig())}
+        for pod in pods:
+            name = pod.metadata.name
+            if name not in self.followed and pod.status.phase == "Running":
+                with open(LOGS / f"{name}.log", "ab") as out:
+                    self.followed[name] = subprocess.Popen(
+                        ["kubectl", "logs", "-f", "--all-containers", "-n", OPERATOR_NAMESPACE, name],
+                        stdout=out, stderr=subprocess.STDOUT, env=env)
+
+    def stop(self) -> None:
+        self.halt.set()
+        self.join()
+        for follower in self.followed.values():
+            follower.terminate()
 
     def run(self) -> None:
         t = self.trainings
@@ -90,6 +114,7 @@ class Watcher(threading.Thread):
             try:
                 items = t.custom.list_namespaced_custom_object(GROUP, VERSION, t.namespace, PLURAL)["items"]
                 jobs = t.batch.list_namespaced_job(t.namespace, label_selector=f"{GROUP}/training").items
+                self.follow_operator_logs()
             except Exception:  # the API server is away: nothing to see this second
                 continue
             now = time.monotonic() - self.started
@@ -299,15 +324,17 @@ def test_every_training_survives_the_chaos(trainings: Trainings, kube_api: Any, 
                     heapq.heappush(queue, (injector.now() + mode.node_down_s, "restore"))
                 elif kind == chaos.EDIT:
                     injector.edit()
+            if lost_node:
+                faults.restore_node(lost_node)
+                lost_node = ""
+
+            def ended() -> bool:
+                return all(s.get("phase") in ("Succeeded", "Failed") for s in injector.statuses().values())
+            wait_for("every chaos training to end", ended, TRAIN_TIMEOUT_S, 5.0)
         finally:
             if lost_node:
                 faults.restore_node(lost_node)
-
-        def ended() -> bool:
-            return all(s.get("phase") in ("Succeeded", "Failed") for s in injector.statuses().values())
-        wait_for("every chaos training to end", ended, TRAIN_TIMEOUT_S, 5.0)
-        watcher.halt.set()
-        watcher.join()
+            watcher.stop()
         statuses = injector.statuses()
         specs = {name: trainings.get(name)["spec"] for name in statuses}
         jobs = chaos.jobs_per_attempt(watcher.jobs)
