@@ -106,3 +106,34 @@ def assert_same_progress(first: Path, second: Path) -> None:
     """Two runs' progress.jsonl: epoch for epoch the same train loss and eval accuracy."""
     for a, b in zip(read_jsonl(first / "progress.jsonl"), read_jsonl(second / "progress.jsonl"), strict=True):
         assert (a["train_loss"], a["eval_accuracy"]) == (b["train_loss"], b["eval_accuracy"])
+
+
+def trainer_flags(settings: dict[str, object]) -> list[str]:
+    """Trainer settings as its flags: ``{"resume": True, "pretrained": False}`` -> ``--resume
+    --no-pretrained``."""
+    out = []
+    for key, value in settings.items():
+        flag = "--" + key.replace("_", "-")
+        out += [flag] if value is True else [f"--no-{flag[2:]}"] if value is False else [flag, str(value)]
+    return out
+
+
+def sigterm_after_first_step(
+    cmd: list[str], env: dict[str, str], log_path: Path, timeout: float
+) -> tuple[int, str]:
+    """Start ``cmd`` (its output to ``log_path``), send it SIGTERM once it logged its first training step,
+    and wait for its exit: (exit code, its log)."""
+    import signal
+
+    with open(log_path, "w") as log_file:
+        proc = subprocess.Popen(cmd, env=env, stdout=log_file, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + timeout
+            while "first training step done" not in log_path.read_text():
+                assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()[-3000:]
+                time.sleep(0.05)
+            proc.send_signal(signal.SIGTERM)
+            code = proc.wait(timeout=90)
+        finally:
+            proc.kill()
+    return code, log_path.read_text()

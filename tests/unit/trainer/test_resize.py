@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -18,7 +15,16 @@ from safetensors.torch import load_file
 
 from pets_training.checkpoint import list_positions
 
-from .helpers import BIN, PYTHON, free_port, read_json, read_jsonl, run
+from .helpers import (
+    BIN,
+    PYTHON,
+    free_port,
+    read_json,
+    read_jsonl,
+    run,
+    sigterm_after_first_step,
+    trainer_flags,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -126,24 +132,10 @@ def test_sigterm_to_a_two_process_pod_with_loader_workers_saves_a_step_checkpoin
     before; here the signal may also find them between batches."""
     settings = {**SETTINGS, "synthetic_images_per_class": 200, "num_workers": 1, "resume": False,
                 "output_dir": str(tmp_path), "summary_path": str(tmp_path / "termination-log")}
-    flags = [f"--{key.replace('_', '-')}" if value is True else f"--no-{key.replace('_', '-')}"
-             if value is False else f"--{key.replace('_', '-')}={value}" for key, value in settings.items()]
     env = {k: v for k, v in os.environ.items() if k != "PETS_EXIT_CODE_FILE"}
     env.update(PETS_PROCS_PER_MACHINE="2", PETS_MAIN_PORT=str(free_port()))
-    log_path = tmp_path / "launch.log"
-    with open(log_path, "w") as log_file:
-        proc = subprocess.Popen([str(BIN / "pets-launch"), *flags], env=env, stdout=log_file,
-                                stderr=subprocess.STDOUT)
-        try:
-            deadline = time.monotonic() + 200
-            while "first training step done" not in log_path.read_text():
-                assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()[-3000:]
-                time.sleep(0.05)
-            proc.send_signal(signal.SIGTERM)
-            code = proc.wait(timeout=90)
-        finally:
-            proc.kill()
-    output = log_path.read_text()
+    code, output = sigterm_after_first_step([str(BIN / "pets-launch"), *trainer_flags(settings)], env,
+                                            tmp_path / "launch.log", 200)
     assert code == 75, output[-4000:]
     assert "training failed" not in output, output[-4000:]
     stopped = read_json(tmp_path / "termination-log")

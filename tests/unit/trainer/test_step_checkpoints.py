@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -29,7 +27,7 @@ from pets_training.config import ConfigError, resolve
 from pets_training.contract import STOPPED_EXIT_CODE
 from pets_training.stepsave import SaveClock, StopRequest, agree, decide
 
-from .helpers import BIN, PYTHON, read_json, read_jsonl, run
+from .helpers import BIN, PYTHON, read_json, read_jsonl, run, sigterm_after_first_step, trainer_flags
 
 pytestmark = pytest.mark.unit
 
@@ -188,14 +186,6 @@ def test_a_run_stopped_mid_epoch_resumes_to_the_same_weights_bit_for_bit(tmp_pat
     assert "first training step done" in full
 
 
-def _flags(settings: dict[str, object]) -> list[str]:
-    out = []
-    for key, value in settings.items():
-        flag = "--" + key.replace("_", "-")
-        out += [flag] if value is True else [f"--no-{flag[2:]}"] if value is False else [flag, str(value)]
-    return out
-
-
 @pytest.mark.timeout(200)
 def test_sigterm_saves_a_step_checkpoint_and_exits_75(tmp_path: Path) -> None:
     """The pod's entrypoint (one process: it trains in itself) gets SIGTERM mid-epoch: it finishes the
@@ -203,21 +193,9 @@ def test_sigterm_saves_a_step_checkpoint_and_exits_75(tmp_path: Path) -> None:
     # 2 x 200 images -> 320 for training, batch 4: 80 steps per epoch, no step checkpoints by time
     settings = {**TINY, "synthetic_images_per_class": 200, "epochs": 3, "output_dir": str(tmp_path),
                 "summary_path": str(tmp_path / "termination-log")}
-    log_path = tmp_path / "first.log"
     env = {k: v for k, v in os.environ.items() if k != "PETS_EXIT_CODE_FILE"}
-    with open(log_path, "w") as log_file:
-        proc = subprocess.Popen([str(BIN / "pets-launch"), *_flags(settings)], env=env, stdout=log_file,
-                                stderr=subprocess.STDOUT)
-        try:
-            deadline = time.monotonic() + 120
-            while "first training step done" not in log_path.read_text():
-                assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()[-3000:]
-                time.sleep(0.05)
-            proc.send_signal(signal.SIGTERM)
-            code = proc.wait(timeout=60)
-        finally:
-            proc.kill()
-    output = log_path.read_text()
+    code, output = sigterm_after_first_step([str(BIN / "pets-launch"), *trainer_flags(settings)], env,
+                                            tmp_path / "first.log", 120)
     assert code == STOPPED_EXIT_CODE == 75, output[-3000:]
     assert "stopped (SIGTERM received): exit 75" in output
     positions = [p for p, _ in list_positions(tmp_path / "checkpoints")]
@@ -231,8 +209,8 @@ def test_sigterm_saves_a_step_checkpoint_and_exits_75(tmp_path: Path) -> None:
     assert list(parts) == ["startup", "train", "eval", "checkpoint", "restore"]
     assert parts["startup"] > 0 and parts["checkpoint"] > 0 and parts["eval"] == 0, parts
 
-    second, _ = run([str(BIN / "pets-launch"), *_flags(settings), "--max-train-steps", "1"], timeout=120,
-                    env={"PETS_EXIT_CODE_FILE": ""})
+    second, _ = run([str(BIN / "pets-launch"), *trainer_flags(settings), "--max-train-steps", "1"],
+                    timeout=120, env={"PETS_EXIT_CODE_FILE": ""})
     assert f"resume: continuing at epoch 1 step {steps} (global step {steps}) from " in second
 
 
