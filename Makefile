@@ -13,7 +13,7 @@ NODES ?= 1
 export PETS_NODES := $(NODES)
 # NetworkPolicy enforced on every node of the local cluster (tests/cluster/netpol.sh); POLICY=0: not.
 POLICY ?= 1
-# make chaos: CHAOS=full (8 trainings, 7 minutes of faults) or short (CI's: 3 trainings); SEED draws the schedule.
+# make chaos: CHAOS=full (8 trainings, 7 minutes of faults) or short (3 trainings); SEED draws the schedule.
 CHAOS ?= full
 SEED ?= 1
 export PETS_NETPOL := $(POLICY)
@@ -137,7 +137,7 @@ e2e: install ## on the running cluster: images, helm install, train, faults
 	tests/e2e/run.sh $(CLUSTER)
 
 .PHONY: chaos
-chaos: install ## on the running cluster (NODES=3): 8 trainings while the operator, API server, etcd, a pod and a node fail (CHAOS=short: CI's; SEED=N) -> output/chaos.json
+chaos: install ## on the running cluster (NODES=3): 8 trainings while the operator, API server, etcd, a pod and a node fail (CHAOS=short: 3 trainings; SEED=N) -> output/chaos.json
 	PETS_CHAOS_MODE=$(CHAOS) PETS_CHAOS_SEED=$(SEED) tests/e2e/chaos.sh $(CLUSTER)
 
 .PHONY: test-upgrade

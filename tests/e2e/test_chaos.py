@@ -8,7 +8,7 @@ exactly what the faults that hit each training owe it; no edit was lost; status.
 across a resume. The figures (faults by kind, trainings ok, extra attempts, work lost) are printed and
 written to output/chaos.json.
 
-    PETS_CHAOS_MODE=short|full (CI: short; make chaos: full)   PETS_CHAOS_SEED=<int> (default 1)
+    PETS_CHAOS_MODE=short|full (make chaos: full; short: 3 trainings)   PETS_CHAOS_SEED=<int> (default 1)
 """
 
 from __future__ import annotations
