@@ -80,8 +80,7 @@ def carry_out(ctx: Context, cl: Cluster, body: dict[str, Any], result: plan_type
         result = refused
     new_status = result.status
     if new_status != old_status:
-        ctx.written[cl.key] = kept(cl.patch_status(plan_types.merge_patch(old_status, new_status),
-                                                   (body.get("metadata") or {}).get("resourceVersion")))
+        ctx.written[cl.key] = kept(cl.patch_status(plan_types.merge_patch(old_status, new_status)))
         ctx.status_written[cl.key] = time.monotonic()
     # Pods on lost nodes go after the status write too: the attempt they fail is recorded (restarted)
     # first, so a crash in between never leaves a running workload short of a pod it would replace.

@@ -259,16 +259,10 @@ class Cluster:
         self.custom.patch_namespaced_custom_object(KUEUE_GROUP, KUEUE_VERSION, self.namespace, "workloads",
                                                    name, {"spec": {"active": value}})
 
-    def patch_status(self, new_status: dict[str, Any], resource_version: str | None = None) -> dict[str, Any]:
-        """Write the status; returns the PetsTraining as stored now. With the resourceVersion the round
-        planned from, the API server refuses (409) a write planned from a body that changed since: a
-        replica that has just stopped acting, or an edit that came in meanwhile; the next round plans
-        again from the new body."""
-        body: dict[str, Any] = {"status": new_status}
-        if resource_version:
-            body["metadata"] = {"resourceVersion": resource_version}
+    def patch_status(self, new_status: dict[str, Any]) -> dict[str, Any]:
+        """Write the status; returns the PetsTraining as stored now."""
         return cast(dict[str, Any], self.custom.patch_namespaced_custom_object_status(
-            api.GROUP, api.VERSION, self.namespace, api.PLURAL, self.name, body))
+            api.GROUP, api.VERSION, self.namespace, api.PLURAL, self.name, {"status": new_status}))
 
     def remove_finalizer(self, finalizer: str, finalizers: list[str], resource_version: str) -> None:
         """Take one finalizer off the PetsTraining; the resourceVersion guards against a concurrent edit

@@ -171,7 +171,7 @@ class FakeCluster:
         self.created.append(f"{manifest['kind']}/{manifest['metadata']['name']}")
         return manifest
 
-    def patch_status(self, patch: dict[str, Any], resource_version: str | None = None) -> dict[str, Any]:
+    def patch_status(self, patch: dict[str, Any]) -> dict[str, Any]:
         """As the API server does: the merge patch applied to the stored status (kept in `statuses`)."""
         st = self.stored = apply_merge_patch(self.stored, patch)
         self.statuses.append(st)
