@@ -147,12 +147,15 @@ def _begin(body: dict[str, Any], spec: Spec, observed: Observed, target: builder
     if observed.backend_reason:
         status["backendReason"] = observed.backend_reason
     status["replicas"] = resize.current_size(spec, observed, old)
-    status["selector"] = resize.selector(target.name)
-    status["checkpointDir"], status["checkpointShape"], global_batch = checkpoint_home.choose(spec, old)
-    if global_batch:
-        status["globalBatch"] = global_batch
-    else:
-        status.pop("globalBatch", None)
+    # A training that finished under an older operator keeps its status as it was (make test-upgrade).
+    finished_before = old.get("phase") in api.FINISHED_PHASES and "checkpointShape" not in old
+    if not finished_before:
+        status["selector"] = resize.selector(target.name)
+        status["checkpointDir"], status["checkpointShape"], global_batch = checkpoint_home.choose(spec, old)
+        if global_batch:
+            status["globalBatch"] = global_batch
+        else:
+            status.pop("globalBatch", None)
     status["restarts"] = r.restarts
     status["attempt"] = target.attempt
     status["totalEpochs"] = spec.epochs
