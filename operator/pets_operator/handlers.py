@@ -164,7 +164,7 @@ async def _worker(ctx: Context) -> None:
         key = cast(Key, await ctx.queue.get())
         metrics.QUEUE_DEPTH.set(len(ctx.queue))
         try:
-            if ctx.standby is not None and not await asyncio.to_thread(ctx.standby.acting):
+            if not await _acting(ctx):
                 # Another replica acts (kopf paused our watches): not from our frozen indices. Ask again.
                 ctx.queue.add_after(key, standby.RECHECK_SECONDS)
                 continue
@@ -175,6 +175,15 @@ async def _worker(ctx: Context) -> None:
             ctx.queue.add_after(key, _backoff(ctx, key))
         finally:
             ctx.queue.done(key)
+
+
+async def _acting(ctx: Context) -> bool:
+    """Whether this replica may act (standby.py): the peering objects are read in a thread when the
+    answer is due again, not on every round."""
+    guard = ctx.standby
+    if guard is None:
+        return True
+    return await asyncio.to_thread(guard.acting) if guard.due() else guard.acting()
 
 
 def _backoff(ctx: Context, key: Key) -> float:

@@ -59,10 +59,14 @@ class Standby:
         self.checked_at = float("-inf")
         self.paused_by: list[str] = []
 
+    def due(self) -> bool:
+        """Whether `acting` would read the peering objects (the event loop runs it in a thread then)."""
+        return self.peering_name is not None and self.clock() - self.checked_at >= RECHECK_SECONDS
+
     def acting(self) -> bool:
         if self.peering_name is None or self.api is None:
             return True
-        if self.clock() - self.checked_at >= RECHECK_SECONDS:
+        if self.due():
             try:
                 now = datetime.now(UTC)
                 self.paused_by = sorted({peer for peers in self._peerings()
