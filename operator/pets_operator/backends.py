@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
-from pets_contract import exits, names
+from pets_contract import names
 from pets_operator import api, builders, children
 from pets_operator.spec import Spec
 
@@ -147,10 +147,8 @@ class JobBackend(Backend):
         if "Failed" in conds or "FailureTarget" in conds:
             c = conds.get("Failed") or conds["FailureTarget"]
             reason = c.get("reason") or "JobFailed"
-            if reason == self.permanent_reason and (
-                    "DisruptionTarget" in str(c.get("message"))
-                    or f"exit code {exits.STOPPED} " in str(c.get("message"))):
-                reason = self.disrupted_reason  # children.build_job's later rules, not the trainer's 78
+            if reason == self.permanent_reason and "DisruptionTarget" in str(c.get("message")):
+                reason = self.disrupted_reason  # children.build_job's second rule, not the exit code
             return WorkloadState(api.FAILED, reason, c.get("message") or f"Job failed ({reason})",
                                  active, ready, start, _norm_ts(c.get("lastTransitionTime")))
         if self.is_suspended(workload) or "Suspended" in conds:

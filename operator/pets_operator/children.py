@@ -158,9 +158,7 @@ def build_job(spec: Spec, target: Target) -> dict[str, Any]:
             # with reason PodFailurePolicy and the operator fails the training at once. A pod the
             # cluster disrupted (evicted, preempted, node lost) fails the Job too, but by the second
             # rule, which the Job's condition names: the evicted pod may be gone before the operator
-            # looks, and the Job keeps the cause (a restart not counted against maxRestarts). So does the
-            # last rule for a trainer that stopped on SIGTERM after its step checkpoint (exit 75): its
-            # pod was deleted, and is gone by the time the operator looks (make chaos, 2026-11-27).
+            # looks, and the Job keeps the cause (a restart not counted against maxRestarts).
             "podFailurePolicy": {"rules": [
                 {"action": "FailJob",
                  "onExitCodes": {"containerName": CONTAINER, "operator": "In",
@@ -170,8 +168,6 @@ def build_job(spec: Spec, target: Target) -> dict[str, Any]:
                                     "values": [exits.PERMANENT]}}]
                   if spec.dataset_source == "url" else []),
                 {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
-                {"action": "FailJob",
-                 "onExitCodes": {"containerName": CONTAINER, "operator": "In", "values": [exits.STOPPED]}},
             ]},
             "suspend": created_suspended(spec, target),
             "template": pod_template(spec, target),

@@ -226,14 +226,6 @@ def test_a_disruption_the_job_recorded_restarts_without_counting_even_when_the_p
     p = run(body({"phase": api.RUNNING}, maxRestarts=0), failed, pods=[stopped])
     assert (p.status["restarts"], p.status["disruptions"]) == (1, 1)
     assert p.status["lastFailure"]["cause"] == "Disrupted", p.status["lastFailure"]
-    # A rank whose pod was deleted stopped on SIGTERM after its step checkpoint (exit 75, the last rule),
-    # and its pod is gone: not the training's failure either (make chaos: a deleted pod was counted).
-    deleted = ("Container trainer for pod ns/pets-0-x failed with exit code 75 matching FailJob rule "
-               "at index 2")
-    stopped_job = job(conditions=[{"type": "Failed", "reason": "PodFailurePolicy", "message": deleted}])
-    assert backends.JOB.state(stopped_job, 1).reason == "PodDisrupted"
-    p = run(body({"phase": api.RUNNING}, maxRestarts=0), stopped_job, pods=[])
-    assert (p.status["phase"], p.status["restarts"], p.status["disruptions"]) == (api.RESTARTING, 1, 1)
     # The trainer's permanent exit code is still the first rule: it ends the training at once.
     permanent = ("Container trainer for pod ns/pets-1-x failed with exit code 78 matching FailJob rule "
                  "at index 0")
