@@ -256,7 +256,8 @@ def test_kueue_preemption_is_not_a_failure_and_resumes_from_the_checkpoint(
         trainings: Trainings, queue: str, shared_output: str) -> None:
     # Ten epochs: Kueue's preemption (about 10 s from high's creation on this machine) must land mid-run.
     # With four, a faster trainer finished before it, and the second run had nothing left to resume.
-    low_spec = {**LONGER_SPEC, "epochs": 10, "output": {"persistentVolumeClaim": {"claimName": shared_output}}}
+    output = {"persistentVolumeClaim": {"claimName": shared_output}}
+    low_spec = {**LONGER_SPEC, "epochs": 10, "output": output}
     trainings.create("low", low_spec, queued(trainings, queue, "low"))
     trainings.wait_epoch("low", 1)
     wait_for("low's checkpoint", lambda: trainings.status("low").get("lastCheckpoint"), 120, POLL_S)
