@@ -8,7 +8,7 @@ import asyncio
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from kubernetes import client
 
@@ -68,6 +68,38 @@ class Context:
     # (its watches paused by peering) while the object went never sees one; its re-listing on taking over
     # adds and updates, but removes nothing (make chaos found a gang restart waiting on such a Job).
     gone: dict[tuple[str, str, str], datetime] = field(default_factory=dict)
+    # The trainings read from the API server since this replica last took over (None: it never stood
+    # by, so its indices were listed fresh). While it stood by, another replica wrote their statuses,
+    # and kopf's re-listing may come after its first rounds: a round over a stale status writes it back.
+    reread: set[Key] | None = None
+
+    def stood_by(self) -> None:
+        """Peering paused this replica: when it acts again, each training is read afresh once."""
+        self.reread = set()
+
+    def needs_reread(self, key: Key) -> bool:
+        return self.reread is not None and key not in self.reread
+
+    def read_training(self, key: Key) -> dict[str, Any] | None:
+        """The training as the API server has it now (None: gone). Blocking: run it in a thread."""
+        try:
+            return cast(dict[str, Any], client.CustomObjectsApi(self.api_client).get_namespaced_custom_object(
+                api.GROUP, api.VERSION, key[0], api.PLURAL, key[1]))
+        except client.ApiException as exc:
+            if exc.status == 404:
+                return None  # the index's deletion event will say so
+            raise
+
+    def reread_as(self, key: Key, body: dict[str, Any] | None) -> None:
+        """After a takeover, the training as just read: kept where newer than the index's, so the round
+        plans from it as from our own newest write. In the event loop, like `snapshot`."""
+        if body is not None:
+            written = [self.written[key]] if key in self.written else []
+            newest = observe.newest([*self._indexed(TRAININGS_INDEX, key), *written])
+            if newest is None or observe.rv(body) > observe.rv(newest):
+                self.written[key] = observe.kept(body)
+        if self.reread is not None:
+            self.reread.add(key)
 
     def trigger(self, key: Hashable, priority: int = workqueue.CHANGED) -> None:
         """Wake a training: a new one at once; a change after CHANGE_WINDOW, so the burst of pod

@@ -166,8 +166,11 @@ async def _worker(ctx: Context) -> None:
         try:
             if not await _acting(ctx):
                 # Another replica acts (kopf paused our watches): not from our frozen indices. Ask again.
+                ctx.stood_by()
                 ctx.queue.add_after(key, standby.RECHECK_SECONDS)
                 continue
+            if ctx.needs_reread(key):
+                ctx.reread_as(key, await asyncio.to_thread(ctx.read_training, key))
             await _reconcile_key(ctx, key)
         except Exception:  # noqa: BLE001 - one training's bug must not stop the worker
             logging.getLogger(__name__).exception(f"[{key[0]}/{key[1]}] reconciliation failed")

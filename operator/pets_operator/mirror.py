@@ -8,7 +8,7 @@ from typing import Any
 
 from pets_contract import gauges
 from pets_contract import summary as summary_keys
-from pets_operator.backends import timestamp
+from pets_operator.backends import parse_timestamp, timestamp
 from pets_operator.plan_types import Event, Plan
 
 PROGRESS_GAUGES = gauges.group(gauges.PROGRESS)  # each feeds status.<field>
@@ -23,6 +23,14 @@ def mirror_dataset(status: dict[str, Any], counts: dict[str, int], layout: Any =
         dataset["layout"] = layout
     if dataset:
         status["dataset"] = dataset
+
+
+def older_than_status(read_at: datetime | None, status: dict[str, Any]) -> bool:
+    """Whether a reading was taken before the progress the status already shows: another replica, acting
+    until it was lost, may have written a newer one, and writing ours would take status.step back (make
+    chaos saw 22 go back to 16 right after the acting replica's pod was deleted)."""
+    shown = status.get("lastProgressTime")
+    return read_at is not None and bool(shown) and read_at < parse_timestamp(str(shown))
 
 
 def mirror_progress(status: dict[str, Any], progress: dict[str, float], now: datetime) -> None:

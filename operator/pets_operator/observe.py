@@ -67,6 +67,7 @@ class Rank0:
     progress_error: str | None = None
     running_since: str | None = None  # when its trainer container started
     progress_failing_since: datetime | None = None  # since when its reads fail (scraper.Reading)
+    progress_read_at: datetime | None = None  # when the gauges were read
 
 
 def observe_rank0(pod: dict[str, Any] | None, phase_hint: str, scraper: Scraper | None, key: Key) -> Rank0:
@@ -86,7 +87,7 @@ def observe_rank0(pod: dict[str, Any] | None, phase_hint: str, scraper: Scraper 
     reading = scraper.reading(key, str(pod["metadata"].get("uid") or "")) if scraper is not None else None
     if reading is None:
         return Rank0(None, summary, None, running_since)
-    return Rank0(reading.progress, summary, reading.error, running_since, reading.failing_since)
+    return Rank0(reading.progress, summary, reading.error, running_since, reading.failing_since, reading.at)
 
 
 CREATING_LONG = 5.0  # seconds a pod may take to start its containers before its Events are read

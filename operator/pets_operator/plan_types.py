@@ -27,6 +27,7 @@ class Observed:
     workload_refusals: list[dict[str, Any]] = field(default_factory=list)
     progress_error: str | None = None  # why rank 0's progress endpoint could not be read
     progress_failing_since: datetime | None = None  # since when (None: taken as confirmed)
+    progress_read_at: datetime | None = None  # when rank 0's gauges were read (None: not known)
     rank0_running_since: str | None = None  # when rank 0's trainer container started
     queue_workload: dict[str, Any] | None = None  # Kueue's Workload for the current workload (queued ones)
     queue_served: bool = True  # whether Kueue's Workload API is served at all

@@ -146,6 +146,7 @@ def reconcile_once(ctx: Context, snap: Snapshot, logger: Logger) -> float | None
                         pods=pod_list, pod_events=warnings, workload_refusals=refusals,
                         progress_error=rank0.progress_error,
                         progress_failing_since=rank0.progress_failing_since,
+                        progress_read_at=rank0.progress_read_at,
                         rank0_running_since=rank0.running_since, queue_workload=queue_workload,
                         queue_served=queue_served, lost_pods=lost_pods, lost_nodes=lost_nodes,
                         output_reason=output_reason, output_claim=output_claim)

@@ -57,6 +57,7 @@ class Reading:
     # Since when this pod's reads have failed without a success between (a pod shutting down fails one
     # read; status waits for a second before it says so).
     failing_since: datetime | None = None
+    at: datetime | None = None  # when it was read: a status another replica wrote may be newer
 
     def same_as(self, other: Reading | None) -> bool:
         return other is not None and (self.pod_uid, self.progress, self.error is None) == \
@@ -102,9 +103,9 @@ class Scraper:
                 # Parsed here, on the loop: the body is at most BODY_CAP, and only its pets_* lines (at
                 # most 16 KiB) reach the Prometheus parser, a few ms at worst (progress.py).
                 progress = parse_progress(body.decode("utf-8", "replace"))
-                reading = Reading(target.pod_uid, progress or None, None)
+                reading = Reading(target.pod_uid, progress or None, None, at=datetime.now(UTC))
             except Exception as exc:  # any failure is this training's reading, never the whole pass's
-                reading = Reading(target.pod_uid, None, f"{url}: {_describe(exc)}")
+                reading = Reading(target.pod_uid, None, f"{url}: {_describe(exc)}", at=datetime.now(UTC))
         metrics.SCRAPES.labels(result="ok" if reading.error is None else "error").inc()
         before = self.readings.get(target.key)
         if reading.error is not None:

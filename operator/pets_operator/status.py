@@ -23,7 +23,13 @@ from pets_operator.deadlines import (
     deadline_left,
     watch_deadline,
 )
-from pets_operator.mirror import checkpoints_skipped, mirror_progress, mirror_summary, work_lost
+from pets_operator.mirror import (
+    checkpoints_skipped,
+    mirror_progress,
+    mirror_summary,
+    older_than_status,
+    work_lost,
+)
 from pets_operator.output_durability import output_durable
 from pets_operator.plan_types import Event, Observed, Plan, ref
 from pets_operator.queueing import QueueStatus, queue_name, while_queued
@@ -264,7 +270,7 @@ def _read_progress(r: _Round, ws: WorkloadState) -> None:
     status["readyReplicas"] = ws.ready
     if ws.start_time and not status.get("startTime"):
         status["startTime"] = ws.start_time
-    if observed.progress:
+    if observed.progress and not older_than_status(observed.progress_read_at, r.old):
         mirror_progress(status, observed.progress, r.now)
         goodput.read_attempt(status, r.target.attempt, observed.rank0_running_since, observed.progress)
         checkpoints_skipped(r.result, r.old)
