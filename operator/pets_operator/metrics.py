@@ -29,6 +29,14 @@ SCRAPE_PASS_SECONDS = Histogram(
     buckets=(0.1, 0.5, 1, 2, 5, 10, 20, 30, 60),
 )
 
+# The label values known in advance, served as 0 from the start: a rate over them is then 0, not "no
+# series", and the dashboard's panels show a healthy operator's zero errors rather than "No data".
+for _result in ("ok", "error"):
+    RECONCILES.labels(result=_result)
+    SCRAPES.labels(result=_result)
+for _kind in ("permanent", "temporary"):
+    ERRORS.labels(kind=_kind)
+
 
 class PhaseBook:
     """The phase of every training this operator watches; feeds the `pets_operator_trainings` gauge."""
