@@ -106,8 +106,8 @@ test-integration: install ## integration tests against etcd + kube-apiserver + c
 	KCM_CONTROLLERS='*,-job' tests/cluster/run-with-control-plane.sh $(VENV)/bin/pytest -m integration tests/integration
 
 .PHONY: cluster-up
-cluster-up: ## a cluster to run on: CLUSTER=local (default, offline) or CLUSTER=kind; NODES=3 for 1 control plane + 2 workers; POLICY=0 without NetworkPolicy enforcement; KUBEFLOW=1 KUEUE=1 add the real training-operator / Kueue; S3=1 an S3 server (http://s3.pets-s3.svc:7070, docs/cluster.md); MLFLOW=1 an MLflow tracking server (http://mlflow.pets-mlflow.svc:5000)
-	PETS_ADDONS="$(if $(filter 1,$(KUBEFLOW)),kubeflow) $(if $(filter 1,$(KUEUE)),kueue) $(if $(filter 1,$(S3)),s3) $(if $(filter 1,$(MLFLOW)),mlflow)" tests/cluster/cluster.sh up $(CLUSTER)
+cluster-up: ## a cluster to run on: CLUSTER=local (default, offline) or CLUSTER=kind; NODES=3 for 1 control plane + 2 workers; POLICY=0 without NetworkPolicy enforcement; KUBEFLOW=1 KUEUE=1 add the real training-operator / Kueue; S3=1 an S3 server (http://s3.pets-s3.svc:7070, docs/cluster.md); MLFLOW=1 an MLflow tracking server (http://mlflow.pets-mlflow.svc:5000); PROMETHEUS=1 a Prometheus server scraping the chart's release (http://prometheus.pets-prometheus.svc:9090)
+	PETS_ADDONS="$(if $(filter 1,$(KUBEFLOW)),kubeflow) $(if $(filter 1,$(KUEUE)),kueue) $(if $(filter 1,$(S3)),s3) $(if $(filter 1,$(MLFLOW)),mlflow) $(if $(filter 1,$(PROMETHEUS)),prometheus)" tests/cluster/cluster.sh up $(CLUSTER)
 
 .PHONY: cluster-down
 cluster-down: ## stop the cluster and remove what it left behind

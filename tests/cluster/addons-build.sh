@@ -9,6 +9,9 @@
 #   s3:       `go install github.com/versity/versitygw/cmd/versitygw@$VERSITYGW_VERSION` (the Versity
 #             S3 gateway, Apache-2.0: a real S3 server over a POSIX directory)
 #             -> $PETS_BIN/versitygw -> image $S3_IMAGE (the binary as /usr/local/bin/versitygw)
+#   mlflow:   `mlflow` from PyPI (mlflow-requirements.txt) -> image $MLFLOW_IMAGE
+#   prometheus: upstream's Prometheus server, `go build` in the wrapper module prometheus/
+#             -> $PETS_BIN/prometheus -> image $PROMETHEUS_IMAGE (/usr/local/bin/prometheus)
 # The images are the project's offline Debian bookworm base (image/build.sh base: its cached rootfs
 # tarball, no Docker needed once that exists) plus the binary (/manager for the controllers), packed
 # by oci_archive.py.
@@ -210,4 +213,47 @@ build_mlflow() {
     fill_mlflow --entrypoint /usr/bin/python3 --env "PYTHONPATH=$MLFLOW_SITE" --env HOME=/tmp \
     --user 65532:65532 --workdir /tmp
   log "mlflow: done in $((SECONDS - t0)) s"
+}
+
+# ------------------------------------------------------------------ Prometheus server
+# Upstream's Prometheus server (module github.com/prometheus/prometheus v0.301.0 = Prometheus 3.1.0,
+# Apache-2.0), built from the Go module proxy through the wrapper module prometheus/ (go.mod says why),
+# not Debian's `prometheus` package: Debian removed its Kubernetes service discovery in 1.5.0 (its
+# NEWS.Debian: "due to the insane amount of dependencies in their client library"; its 2.42 refuses
+# kubernetes_sd_configs), and the add-on finds the operator and the trainers through that discovery, as
+# the chart's ServiceMonitor and PodMonitor tell a Prometheus to. Debian's promtool still checks and tests
+# the rules (tests/unit/chart). The web UI's assets are not built (npm): the server and its API are whole.
+# -> $PETS_BIN/prometheus -> image $PROMETHEUS_IMAGE (/usr/local/bin/prometheus)
+PROMETHEUS_MODULE="$HERE/prometheus"
+PROMETHEUS_VERSION=3.1.0  # the release of the module version prometheus/go.mod requires
+PROMETHEUS_IMAGE="localhost/pets-training/prometheus:$PROMETHEUS_VERSION"
+PROMETHEUS_BIN_IN_IMAGE=/usr/local/bin/prometheus
+
+fill_prometheus() {
+  fill_base "$1"
+  install -D -m 0755 "$PETS_BIN/prometheus" "$1$PROMETHEUS_BIN_IN_IMAGE"
+}
+
+# A cold build compiles about 1,000 packages (every service discovery's SDK: AWS, Azure, GCE...).
+build_prometheus_binary() {
+  local key t0=$SECONDS v=github.com/prometheus/common/version
+  key="$PROMETHEUS_VERSION $(cat "$PROMETHEUS_MODULE/go.mod" "$PROMETHEUS_MODULE/go.sum" | sha256sum | cut -c1-12)"
+  is_cached prometheus "$key" && { log "prometheus $PROMETHEUS_VERSION: cached"; return 0; }
+  log "prometheus $PROMETHEUS_VERSION: building (go build in $PROMETHEUS_MODULE; a cold build takes minutes)"
+  (cd "$PROMETHEUS_MODULE" && go_progress prometheus build -trimpath \
+    -ldflags "-s -w -X $v.Version=$PROMETHEUS_VERSION -X $v.Branch=pets-training -X $v.Revision=module" \
+    -o "$PETS_BIN/.prometheus.tmp" github.com/prometheus/prometheus/cmd/prometheus)
+  mv "$PETS_BIN/.prometheus.tmp" "$PETS_BIN/prometheus"
+  mark_cached prometheus "$key"
+  log "prometheus $PROMETHEUS_VERSION: built in $((SECONDS - t0)) s"
+}
+
+build_prometheus() {
+  local t0=$SECONDS
+  build_prometheus_binary
+  find_base_rootfs
+  oci_image "$PROMETHEUS_IMAGE" "$PETS_CACHE/images/prometheus.tar" \
+    "$(cat "$PETS_BIN/.prometheus.version") ${BASE_ROOTFS_TAR##*/}" \
+    fill_prometheus --entrypoint "$PROMETHEUS_BIN_IN_IMAGE" --user 65532:65532 --workdir /prometheus
+  log "prometheus: done in $((SECONDS - t0)) s"
 }

@@ -6,9 +6,11 @@
 # S3 server (the Versity S3 gateway, build.sh s3) whose manifests addon_manifests.py generates:
 # http://s3.pets-s3.svc:7070, root credentials in Secret pets-s3/s3-credentials (s3_harness.py puts
 # test data into it from the host); and an MLflow tracking server (build.sh mlflow, mlflow_manifests.py):
-# http://mlflow.pets-mlflow.svc:5000, SQLite and artifacts on a claim.
+# http://mlflow.pets-mlflow.svc:5000, SQLite and artifacts on a claim; and a Prometheus server (build.sh
+# prometheus, prometheus_manifests.py): http://prometheus.pets-prometheus.svc:9090, scraping the operator
+# and the trainers of the chart's release as its ServiceMonitor and PodMonitor say, with its alert rules.
 #
-# usage: addons.sh up|down|status kubeflow|kueue|s3|mlflow   (also: cluster.sh addon-up|addon-down NAME)
+# usage: addons.sh up|down|status kubeflow|kueue|s3|mlflow|prometheus   (also: cluster.sh addon-up|addon-down NAME)
 #
 #   up    build (cached), import the image, apply the manifests server-side, wait until the
 #         Deployment is Ready and (controllers) its webhooks answer a server-side dry-run create.
@@ -28,6 +30,10 @@
 #   PETS_KUEUE_VISIBILITY_API  1: keep Kueue's aggregated visibility API (pending workloads). Off by
 #                              default: the local apiserver has no front-proxy (aggregation) setup, so
 #                              its APIServices stay unavailable, and that stalls namespace deletion [0]
+#   PETS_PROMETHEUS_RELEASE    the chart's release the Prometheus add-on scrapes (its monitors, rendered
+#                              with helm template, become the scrape jobs)          [pets: the e2e's]
+#   PETS_PROMETHEUS_RELEASE_NAMESPACE  that release's namespace                   [pets-system]
+#   PETS_PROMETHEUS_INTERVAL   the monitors' scrape interval and the rules' evaluation interval  [5s]
 #   PETS_ADDON_TIMEOUT         seconds to wait for the controller and its webhook              [300]
 set -euo pipefail
 
@@ -35,7 +41,7 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 LOG_TAG=addons
 # shellcheck source=lib.sh
 source "$HERE/lib.sh"
-# (for VERSITYGW_VERSION, S3_IMAGE and MLFLOW_IMAGE; its functions need build.sh's and are not called here)
+# (for VERSITYGW_VERSION, S3_IMAGE, MLFLOW_IMAGE and PROMETHEUS_IMAGE; its functions need build.sh's and are not called here)
 # shellcheck source=addons-build.sh
 source "$HERE/addons-build.sh"
 
@@ -165,6 +171,21 @@ render_mlflow() {
   mv "$out.tmp" "$out"
 }
 
+# ------------------------------------------------------------------ Prometheus server
+# Generated (prometheus_manifests.py) from the chart as the release renders it with its monitoring on:
+# Namespace pets-prometheus, its service discovery's RBAC, the configuration, Deployment and Service.
+render_prometheus() {
+  local out="$1" interval="${PETS_PROMETHEUS_INTERVAL:-5s}" chart="$REPO_DIR/charts/pets-training"
+  helm template "${PETS_PROMETHEUS_RELEASE:-pets}" "$chart" \
+    --namespace "${PETS_PROMETHEUS_RELEASE_NAMESPACE:-pets-system}" --values "$chart/ci/monitoring-values.yaml" \
+    --set "metrics.serviceMonitor.interval=$interval,metrics.podMonitor.interval=$interval" >"$out.chart" ||
+    die "prometheus: helm template of $chart failed"
+  "$(python_yaml)" "$HERE/prometheus_manifests.py" --image "$PROMETHEUS_IMAGE" \
+    --evaluation-interval "$interval" <"$out.chart" >"$out.tmp"
+  rm -f "$out.chart"
+  mv "$out.tmp" "$out"
+}
+
 # ------------------------------------------------------------------ common
 # addon_vars NAME: NS, DEPLOY, SELECTOR (its pods), IMAGE, ARCHIVE, PROBE of the add-on (PROBE: an
 # object its webhooks must admit; empty for an add-on without webhooks).
@@ -186,7 +207,11 @@ addon_vars() {
       NS=pets-mlflow DEPLOY=mlflow IMAGE="$MLFLOW_IMAGE" PROBE=""
       SELECTOR=app.kubernetes.io/name=mlflow
       ARCHIVE="$PETS_CACHE/images/mlflow.tar" ;;
-    *) die "unknown add-on '$1' (expected kubeflow, kueue, s3 or mlflow)" ;;
+    prometheus)
+      NS=pets-prometheus DEPLOY=prometheus IMAGE="$PROMETHEUS_IMAGE" PROBE=""
+      SELECTOR=app.kubernetes.io/name=prometheus
+      ARCHIVE="$PETS_CACHE/images/prometheus.tar" ;;
+    *) die "unknown add-on '$1' (expected kubeflow, kueue, s3, mlflow or prometheus)" ;;
   esac
 }
 
@@ -301,8 +326,8 @@ status() {
 
 action="${1:-}" name="${2:-}"
 case "$action:$name" in
-  up:kubeflow | up:kueue | up:s3 | up:mlflow) up "$name" ;;
-  down:kubeflow | down:kueue | down:s3 | down:mlflow) down "$name" ;;
-  status:kubeflow | status:kueue | status:s3 | status:mlflow) status "$name" ;;
-  *) die "usage: $0 up|down|status kubeflow|kueue|s3|mlflow (got '$action' '$name')" ;;
+  up:kubeflow | up:kueue | up:s3 | up:mlflow | up:prometheus) up "$name" ;;
+  down:kubeflow | down:kueue | down:s3 | down:mlflow | down:prometheus) down "$name" ;;
+  status:kubeflow | status:kueue | status:s3 | status:mlflow | status:prometheus) status "$name" ;;
+  *) die "usage: $0 up|down|status kubeflow|kueue|s3|mlflow|prometheus (got '$action' '$name')" ;;
 esac

@@ -13,7 +13,7 @@
 #   kueue:         Kueue (go install where the proxy serves it, else $PETS_KUEUE_DIR/kueue.gz) and its image
 #   local-path:    rancher's local-path-provisioner (go install) and its one-binary image (storage.sh)
 #   netpol:        the NetworkPolicy enforcer kube-network-policies, from its source tarball (netpol-build.sh)
-# usage: build.sh [all|control-plane|node|kind|smoke-image|kubeflow|kueue|local-path|s3|mlflow|netpol|print-bin]...  (default: all = control-plane node)
+# usage: build.sh [all|control-plane|node|kind|smoke-image|kubeflow|kueue|local-path|s3|mlflow|prometheus|netpol|print-bin]...  (default: all = control-plane node)
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -247,9 +247,10 @@ main() {
       local-path) build_local_path ;;
       s3) build_s3 ;;
       mlflow) build_mlflow ;;
+      prometheus) build_prometheus ;;
       netpol) build_netpol ;;
       print-bin) echo "$PETS_BIN" ;;
-      *) die "unknown build target '$t' (expected all, control-plane, node, kind, smoke-image, kubeflow, kueue, local-path, s3, mlflow, netpol or print-bin)" ;;
+      *) die "unknown build target '$t' (expected all, control-plane, node, kind, smoke-image, kubeflow, kueue, local-path, s3, mlflow, prometheus, netpol or print-bin)" ;;
     esac
   done
   if [[ $GOCACHE == "$OWN_GOCACHE" && -d $GOCACHE ]] && go_binaries_all_cached; then

@@ -4,9 +4,10 @@
 #
 # usage: cluster.sh up|down|status [local|kind]          (default: local)
 #        cluster.sh node-lose|node-start NODE             a node of the local cluster lost / back (below)
-#        cluster.sh addon-up|addon-down kubeflow|kueue|s3|mlflow the real training-operator / Kueue, an
+#        cluster.sh addon-up|addon-down kubeflow|kueue|s3|mlflow|prometheus
+#                                                         the real training-operator / Kueue, an
 #                                                         S3 server (versitygw), an MLflow tracking
-#                                                         server (addons.sh)
+#                                                         server, a Prometheus server (addons.sh)
 #        cluster.sh netpol-up|netpol-down NODE            the NetworkPolicy enforcer of a node of the
 #                                                         local cluster (netpol.sh; build.sh netpol first)
 #
@@ -32,7 +33,7 @@
 #   PETS_CONTAINERD_ROOT containerd's image store, kept across up/down    [$PETS_CACHE/containerd; node N: ...-NAME-N]
 #   PETS_KIND_NAME       kind cluster name                                [pets-training]
 #   PETS_KIND_IMAGE      kind node image                                  [kind's default for its version]
-#   PETS_ADDONS          add-ons `up` installs at the end: "kubeflow kueue s3 mlflow" (make cluster-up KUBEFLOW=1 KUEUE=1 S3=1 MLFLOW=1)
+#   PETS_ADDONS          add-ons `up` installs at the end: "kubeflow kueue s3 mlflow prometheus" (make cluster-up KUBEFLOW=1 ... PROMETHEUS=1)
 #   PETS_NETPOL          1: NetworkPolicy enforced on every node of the    [1]
 #                        local cluster (netpol.sh); 0: not (make cluster-up POLICY=0)
 # Kubeconfig: $PETS_STATE/kubeconfig (local) or $PETS_STATE/kind-kubeconfig (kind).
@@ -792,5 +793,5 @@ case "$action:$flavour" in
   up:kind) up_kind; PETS_CLUSTER=kind up_addons ;;
   down:kind) down_kind ;;
   status:kind) "$(kind_bin)" get nodes --name "$KIND_NAME" ;;
-  *) die "usage: $0 up|down|status [local|kind] | node-lose|node-start NODE | crash COMPONENT | netpol-up|netpol-down NODE | addon-up|addon-down kubeflow|kueue|s3|mlflow (got '${action}' '${flavour}')" ;;
+  *) die "usage: $0 up|down|status [local|kind] | node-lose|node-start NODE | crash COMPONENT | netpol-up|netpol-down NODE | addon-up|addon-down kubeflow|kueue|s3|mlflow|prometheus (got '${action}' '${flavour}')" ;;
 esac
