@@ -52,7 +52,7 @@ class Waiting:
 class Failure:
     """Why the first pod of an attempt ended; `caused_by_cluster` failures do not count as restarts."""
 
-    cause: str  # PermanentError | OOMKilled | Evicted | Preempted | NodeLost | ExitCode | PeerLost
+    cause: str  # PermanentError | OOMKilled | Evicted | Preempted | NodeLost | ExitCode | Stopped | Deleted
     pod: str
     rank: int | None
     node: str | None
@@ -375,6 +375,20 @@ def node_lost(node: dict[str, Any] | None) -> str | None:
     if ready is not None and ready.get("status") == "Unknown":
         return "Ready Unknown"
     return None
+
+
+def vanished_failure(pods: list[dict[str, Any]], replicas: int,
+                     rank_of: Callable[[dict[str, Any]], int | None]) -> Failure | None:
+    """A failed attempt that shows no failed pod, and a rank with no pod at all: that rank's pod was
+    deleted (by a person or a controller) before its end could be read, which is the cluster's doing,
+    not the training's. A Job keeps the pods that failed, so a failure of the training leaves one."""
+    present = {rank_of(p) for p in pods}
+    missing = [rank for rank in range(replicas) if rank not in present]
+    if not missing:
+        return None
+    return Failure(cause="Deleted", pod="", rank=missing[0], node=None, exit_code=None,
+                   message=f"the pod of rank {missing[0]} was deleted before its end could be read",
+                   finished_at=None, caused_by_cluster=True)
 
 
 def lost_node_failure(pod: dict[str, Any], why: str, rank_of: Callable[[dict[str, Any]], int | None]

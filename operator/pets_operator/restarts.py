@@ -12,14 +12,16 @@ from pets_operator.backends import WorkloadState, parse_timestamp, timestamp
 from pets_operator.plan_types import Event, Observed, Plan, ref
 from pets_operator.spec import Spec
 
+BACKOFF_LIMIT = "BackoffLimitExceeded"  # the Job's reason once a pod's failure counted against it
+
 
 def failure_record(failure: pods.Failure, now: datetime) -> dict[str, Any]:
     record: dict[str, Any] = {
-        "cause": failure.cause, "pod": failure.pod, "message": failure.message,
+        "cause": failure.cause, "message": failure.message,
         "time": timestamp(parse_timestamp(failure.finished_at)) if failure.finished_at else timestamp(now),
     }
-    for key, value in (("rank", failure.rank), ("node", failure.node), ("exitCode", failure.exit_code),
-                       ("logTail", failure.log_tail)):
+    for key, value in (("pod", failure.pod or None), ("rank", failure.rank), ("node", failure.node),
+                       ("exitCode", failure.exit_code), ("logTail", failure.log_tail)):
         if value is not None:
             record[key] = value
     return record
@@ -63,6 +65,12 @@ def after_failure(result: Plan, spec: Spec, observed: Observed, ws: WorkloadStat
         # The disrupted pod is gone (an eviction deletes it); its peers' exits only say they lost it, or
         # (exit 75) that they stopped with it, after the step checkpoint its SIGTERM asked for.
         failure = None
+    if failure is None and not disrupted and ws.reason == BACKOFF_LIMIT and observed.pods is not None \
+            and not observed.summary:
+        # No failed pod or summary to show, and a rank without a pod: deleted (make chaos: a 1-replica
+        # training's pod, whose trainer had stopped on SIGTERM, was gone when the operator looked)
+        size = int(status.get("replicas") or spec.replicas)
+        failure = pods.vanished_failure(observed.pods, size, observed.backend.rank_of)
     detail = failure.message if failure else ws.message
     if trainer_error and failure is None:
         detail = f"{ws.message}; trainer: {trainer_error}"

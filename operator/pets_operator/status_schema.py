@@ -107,8 +107,9 @@ STATUS_SCHEMA: dict[str, Any] = _obj("Observed state, written by the operator.",
         "evalImages": _int("Images in the evaluation split."),
     }),
     "lastFailure": _obj("The failure that ended the last attempt, classified.", {
-        "cause": _str("PermanentError, ExitCode, OOMKilled, Evicted, Preempted, NodeLost or Stopped "
-                      "(the trainer saved a step checkpoint on SIGTERM and exited 75: not counted)."),
+        "cause": _str("PermanentError, ExitCode, OOMKilled, Evicted, Preempted, NodeLost, Stopped "
+                      "(the trainer saved a step checkpoint on SIGTERM and exited 75: not counted) or "
+                      "Deleted (a rank's pod was deleted before its end could be read: not counted)."),
         "pod": _str("The pod whose failure ended the attempt (the first to fail)."),
         "rank": _int("Its machine rank."),
         "node": _str("The node it ran on."),

@@ -200,6 +200,32 @@ def test_a_queued_training_that_finished_between_polls_shows_it_was_admitted() -
     assert p.status["phase"] == api.SUCCEEDED and p.status["queue"]["admitted"] is True
 
 
+def test_a_deleted_pod_that_is_gone_restarts_without_counting_and_a_visible_crash_still_counts() -> None:
+    """make chaos deleted the one pod of a 1-replica training: its trainer stopped on SIGTERM (exit 75),
+    but the pod was gone when the operator looked, and the Job said only BackoffLimitExceeded."""
+    failed = job(conditions=[{"type": "Failed", "reason": "BackoffLimitExceeded", "message": "too many"}])
+    p = run(body({"phase": api.RUNNING, "step": 7}, maxRestarts=0, replicas=1), failed, pods=[])
+    assert (p.status["phase"], p.status["restarts"], p.status["disruptions"]) == (api.RESTARTING, 1, 1)
+    assert p.status["lastFailure"]["cause"] == "Deleted" and p.status["lastFailure"]["rank"] == 0
+    assert "pod" not in p.status["lastFailure"] and p.status["lastFailure"]["lastStep"] == 7
+    # Rank 1 crashed on its own (its failed pod is kept), and the Job controller deleted rank 0 then:
+    # the crash is the cause, and it counts.
+    ended = {"terminated": {"exitCode": 1, "finishedAt": "2026-01-02T03:04:00Z"}}
+    crashed = {"metadata": {"name": "pets-1-x", "labels": {"batch.kubernetes.io/job-completion-index": "1"}},
+               "spec": {"nodeName": "node-a"},
+               "status": {"phase": "Failed", "containerStatuses": [{"name": "trainer", "state": ended}]}}
+    p = run(body({"phase": api.RUNNING}, maxRestarts=2), failed, pods=[crashed])
+    assert (p.status["restarts"], p.status.get("disruptions", 0)) == (1, 0)
+    assert p.status["lastFailure"]["cause"] == "ExitCode", p.status["lastFailure"]
+    # Every rank's pod is there, none failed yet (the pods' watch is behind the Job's): not called deleted.
+    running = json.loads(json.dumps(crashed))
+    running["status"] = {"phase": "Running"}
+    ranks = [running, {**running, "metadata": {**running["metadata"], "labels": {
+        "batch.kubernetes.io/job-completion-index": "0"}}}]
+    p = run(body({"phase": api.RUNNING}, maxRestarts=2), failed, pods=ranks)
+    assert (p.status["restarts"], p.status.get("disruptions", 0)) == (1, 0)
+
+
 def test_a_disruption_the_job_recorded_restarts_without_counting_even_when_the_pod_is_gone() -> None:
     message = ("Pod ns/pets-1-abcde has condition DisruptionTarget matching FailJob rule at index 1")
     failed = job(conditions=[{"type": "FailureTarget", "reason": "PodFailurePolicy", "message": message},
