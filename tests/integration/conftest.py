@@ -339,3 +339,21 @@ def pytorchjob_crd(admin: client.ApiClient, kubeconfig: str) -> str:
 
     wait_for("pytorchjobs in API discovery", served)
     return path
+
+
+def job_pod(admin: client.ApiClient, ns: str, job: client.V1Job, index: int, status: dict[str, Any],
+            node: str | None = None) -> str:
+    """One pod of the Job as its controller makes it (labels, owner), with `status` written as a kubelet
+    would (no kubelet runs here)."""
+    core = client.CoreV1Api(admin)
+    name = f"{job.metadata.name}-{index}-{secrets.token_hex(3)}"
+    template = client.ApiClient().sanitize_for_serialization(job.spec.template)
+    template["metadata"]["labels"] |= {"job-name": job.metadata.name,
+                                       "batch.kubernetes.io/job-completion-index": str(index)}
+    core.create_namespaced_pod(ns, {
+        "metadata": {**template["metadata"], "name": name, "ownerReferences": [{
+            "apiVersion": "batch/v1", "kind": "Job", "name": job.metadata.name, "uid": job.metadata.uid,
+            "controller": True, "blockOwnerDeletion": True}]},
+        "spec": {**template["spec"], **({"nodeName": node} if node else {})}})
+    core.patch_namespaced_pod_status(name, ns, {"status": status})
+    return name

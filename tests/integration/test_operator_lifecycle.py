@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import OperatorThread, TrainerMetrics, free_port, wait_for
+from conftest import OperatorThread, TrainerMetrics, free_port, job_pod, wait_for
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from pets_operator import api, rbac
@@ -115,6 +115,13 @@ def finish_job(admin: client.ApiClient, ns: str, name: str, n: int) -> None:
 
 
 def fail_job(admin: client.ApiClient, ns: str, name: str) -> None:
+    """Rank 1's trainer crashed (its failed pod is kept, as the job controller keeps it), and the Job
+    failed: a failure of the training, which counts against maxRestarts."""
+    job = client.BatchV1Api(admin).read_namespaced_job(name, ns)
+    crashed = {"terminated": {"exitCode": 1, "reason": "Error", "finishedAt": now()}}
+    job_pod(admin, ns, job, 1, {"phase": "Failed", "containerStatuses": [{
+        "name": "trainer", "state": crashed, "ready": False, "restartCount": 0, "image": "trainer",
+        "imageID": ""}]})
     job_status(admin, ns, name, {
         "active": 0, "ready": 0, "failed": 1,
         "conditions": job_conditions(("FailureTarget", "Failed"), "BackoffLimitExceeded",

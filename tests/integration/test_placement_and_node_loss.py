@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from conftest import OperatorThread, wait_for
+from conftest import OperatorThread, job_pod, wait_for
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from pets_operator import api, rbac
@@ -66,25 +66,13 @@ def lost_node(admin: client.ApiClient) -> Iterator[str]:
 
 
 def bound_pod(admin: client.ApiClient, ns: str, job: client.V1Job, index: int, node: str | None) -> str:
-    """One pod of the Job as its controller makes it (labels, owner), bound to `node` and Running, or
-    (None) not placed: Pending, Unschedulable."""
-    core = client.CoreV1Api(admin)
-    name = f"{job.metadata.name}-{index}-{secrets.token_hex(3)}"
-    template = client.ApiClient().sanitize_for_serialization(job.spec.template)
-    template["metadata"]["labels"] |= {"job-name": job.metadata.name,
-                                       "batch.kubernetes.io/job-completion-index": str(index)}
-    core.create_namespaced_pod(ns, {
-        "metadata": {**template["metadata"], "name": name, "ownerReferences": [{
-            "apiVersion": "batch/v1", "kind": "Job", "name": job.metadata.name, "uid": job.metadata.uid,
-            "controller": True, "blockOwnerDeletion": True}]},
-        "spec": {**template["spec"], **({"nodeName": node} if node else {})}})
+    """One pod of the Job, bound to `node` and Running, or (None) not placed: Pending, Unschedulable."""
     placed = {"type": "PodScheduled", "status": "True" if node else "False",
               "lastTransitionTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
               **({} if node else {"reason": "Unschedulable",
                                   "message": "0/2 nodes are available: 2 Insufficient cpu."})}
-    core.patch_namespaced_pod_status(name, ns, {"status": {"phase": "Running" if node else "Pending",
-                                                           "conditions": [placed]}})
-    return name
+    return job_pod(admin, ns, job, index, {"phase": "Running" if node else "Pending", "conditions": [placed]},
+                   node)
 
 
 def pod_gone(admin: client.ApiClient, ns: str, name: str) -> bool:
