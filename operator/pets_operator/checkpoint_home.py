@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from pets_operator import builders
+from pets_operator.plan_types import Event, Plan
 from pets_operator.spec import Spec
 
 
@@ -28,6 +29,32 @@ def global_batch(spec: Spec) -> int:
     """Samples of one optimizer step at the largest size the training may take."""
     most = int((spec.elastic or {}).get("maxReplicas") or spec.replicas)
     return spec.batch_size * spec.processes_per_replica * most
+
+
+def shape_changed(old: dict[str, Any], directory: str, shape: str) -> str | None:
+    """What to tell the user when an edit changed the shape: the next attempt starts from step 0, and the
+    old checkpoints stay where they were (None: the shape is the one recorded, or none was)."""
+    before = old.get("checkpointShape")
+    if not before or before == shape:
+        return None
+    fields = ", ".join(builders.CHECKPOINT_SHAPE)
+    return (f"the edit changed a field that shapes a checkpoint (one of {fields}): the next attempt "
+            f"starts from step 0 in {directory}; the checkpoints of the old shape stay in "
+            f"{old.get('checkpointDir')}. An epochs edit is one: OneCycleLR's schedule spans all the "
+            "epochs, so no step of the old one is a step of the new")
+
+
+def record(result: Plan, spec: Spec, old: dict[str, Any]) -> None:
+    """status.checkpointDir, checkpointShape and globalBatch, and a CheckpointReset Event when an edit
+    changed the shape."""
+    status = result.status
+    status["checkpointDir"], status["checkpointShape"], batch = choose(spec, old)
+    if reset := shape_changed(old, status["checkpointDir"], status["checkpointShape"]):
+        result.events.append(Event("Warning", "CheckpointReset", reset))
+    if batch:
+        status["globalBatch"] = batch
+    else:
+        status.pop("globalBatch", None)
 
 
 def choose(spec: Spec, status: dict[str, Any]) -> tuple[str, str, int | None]:

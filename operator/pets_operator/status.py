@@ -157,11 +157,7 @@ def _begin(body: dict[str, Any], spec: Spec, observed: Observed, target: builder
     finished_before = old.get("phase") in api.FINISHED_PHASES and "checkpointShape" not in old
     if not finished_before:
         status["selector"] = resize.selector(target.name)
-        status["checkpointDir"], status["checkpointShape"], global_batch = checkpoint_home.choose(spec, old)
-        if global_batch:
-            status["globalBatch"] = global_batch
-        else:
-            status.pop("globalBatch", None)
+        checkpoint_home.record(r.result, spec, old)
     status["restarts"] = r.restarts
     status["attempt"] = target.attempt
     status["totalEpochs"] = spec.epochs

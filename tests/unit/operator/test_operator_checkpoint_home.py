@@ -61,6 +61,15 @@ def test_a_new_shape_starts_afresh_beside_the_old_directory() -> None:
     edited = new_attempt({**first.status, "attempt": 1}, {"replicas": 2, "epochs": 9})
     assert edited.status["checkpointDir"] != first.status["checkpointDir"]
     assert edited.status["checkpointDir"] == builders.checkpoint_dir(api.resolve_spec({"epochs": 9}))
+    # It says so once, naming both directories (issue 40: an epochs edit lost 102 steps without a word).
+    (reset,) = [e for e in edited.events if e.reason == "CheckpointReset"]
+    assert reset.type == "Warning" and "starts from step 0" in reset.message, reset
+    assert first.status["checkpointDir"] in reset.message and edited.status["checkpointDir"] in reset.message
+    again = new_attempt({**edited.status, "attempt": 2}, {"replicas": 2, "epochs": 9})
+    assert not [e for e in again.events if e.reason == "CheckpointReset"]
+    assert not [e for e in first.events if e.reason == "CheckpointReset"]  # the first shape: nothing reset
+    resized = new_attempt({**first.status, "attempt": 1}, {"replicas": 1, "epochs": 5})
+    assert not [e for e in resized.events if e.reason == "CheckpointReset"]  # a resize keeps the shape
     # A 0.1.0 training with a recorded directory, edited to a new shape, gets this release's directory.
     recorded = {**STARTED_BY_0_1, "checkpointDir": MADE_BY_0_1[0][1],
                 "checkpointShape": builders.checkpoint_shape(api.resolve_spec({"replicas": 2}))}
