@@ -100,8 +100,18 @@ from pets_operator.spec import Spec
 from pets_operator.status_schema import STATUS_SCHEMA
 
 
+# Fields added after 0.1.0 whose defaults the operator applies (resolve_spec) but the API server does not
+# store: an object made by this release then holds only what its user set, so after a `helm rollback`
+# the previous operator, which digests every spec field it does not know of, reads the same spec its
+# workload was built from instead of rebuilding it (make test-upgrade).
+DEFAULTED_BY_THE_OPERATOR = ("elastic", "tracking")
+
+
 def object_schema() -> dict[str, Any]:
     """The openAPIV3Schema of the whole PetsTraining object."""
+    spec = copy.deepcopy(SPEC_SCHEMA)
+    for name in DEFAULTED_BY_THE_OPERATOR:
+        spec["properties"][name].pop("default", None)
     return {
         "type": "object",
         "description": "Distributed fine-tuning of the Accelerate Pets recipe (timm resnet50d).",
@@ -110,7 +120,7 @@ def object_schema() -> dict[str, Any]:
             "kind": {"type": "string"},
             # name declared (the only field a CRD may restrict) so the name rule's fieldPath can point at it
             "metadata": {"type": "object", "properties": {"name": {"type": "string"}}},
-            "spec": copy.deepcopy(SPEC_SCHEMA),
+            "spec": spec,
             "status": copy.deepcopy(STATUS_SCHEMA),
         },
         "required": ["spec"],
