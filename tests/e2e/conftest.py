@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import subprocess
 import time
@@ -106,6 +107,16 @@ def _guardrails_these_tests_need() -> list[str]:
             "--set-json", 'guardrails.serviceAccountNames=["nope"]']
 
 
+# The Prometheus add-on's namespace (tests/cluster/prometheus_manifests.py): admitted to the trainers'
+# progress port as docs/watching.md tells users to admit theirs, so test_dashboard.py can scrape rank 0.
+PROMETHEUS_NAMESPACE = "pets-prometheus"
+
+
+def _prometheus_may_scrape_the_trainers() -> list[str]:
+    peer = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": PROMETHEUS_NAMESPACE}}}
+    return ["--set-json", f"trainingNetworkPolicy.metricsFrom={json.dumps([peer])}"]
+
+
 def _install_release(kube_api: Any, env: dict[str, str]) -> None:
     # Helm installs crds/ only on a first install and never upgrades them: a cluster kept from an
     # earlier run would test today's operator against yesterday's schema (unknown fields pruned).
@@ -115,6 +126,7 @@ def _install_release(kube_api: Any, env: dict[str, str]) -> None:
     subprocess.run([helm_binary(), "upgrade", "--install", RELEASE, str(REPO / "charts" / "pets-training"),
                     "--namespace", OPERATOR_NAMESPACE, "--create-namespace",
                     "--set", "image.pullPolicy=IfNotPresent", *_guardrails_these_tests_need(),
+                    *_prometheus_may_scrape_the_trainers(),
                     *on_control_plane(kube_api),
                     "--wait", "--timeout", "5m"],
                    env=env, check=True)
