@@ -101,17 +101,29 @@ def test_ranks_spread_over_two_nodes_train_one_model(trainings: Trainings, kube_
     assert status["restarts"] == 0, status
 
 
-def test_node_lost_mid_run_restarts_on_the_other_node_and_resumes(trainings: Trainings, kube_api: Any,
-                                                                  lose_node: Any) -> None:
+def cpu_millis(quantity: str) -> int:
+    return int(quantity[:-1]) if quantity.endswith("m") else int(float(quantity) * 1000)
+
+
+def test_node_lost_mid_run_goes_on_at_one_pod_on_the_other_node_and_resumes(
+        trainings: Trainings, kube_api: Any, lose_node: Any) -> None:
     """On the default output (no spec.output: the claim the operator makes, ReadWriteMany), two ranks on
     two nodes write to one claim, and the work survives losing one of the nodes: no SIGTERM, so what is
-    lost is at most the step checkpoint interval (and the step in flight)."""
+    lost is at most the step checkpoint interval (and the step in flight). Each pod takes more than half
+    a worker's CPU and spec.elastic.minReplicas is 1: the gang cannot be placed again at 2 on the node
+    that stays, so after placement.nodeLostSeconds the operator runs it at 1 (issue 40), and it
+    Succeeds there without growing back by itself. (A training without elastic bounds restarts at its
+    full size on the nodes that remain: make chaos loses a node under such trainings.)"""
+    from kubernetes import client
+
     workers = worker_nodes(kube_api)
-    name = "node-lost"
-    interval = 5
+    allocatable = client.CoreV1Api(kube_api).read_node(workers[0]).status.allocatable["cpu"]
+    name, interval, node_lost_seconds = "node-lost", 5, 10
     # 12 epochs: the trainer now runs 4 of LONGER_SPEC's (80 steps) in about 14 s, done before the node goes
     spec = {**LONGER_SPEC, "epochs": 12, "maxRestarts": 0,  # a lost node must not count as a restart
-            "placement": {"spreadAcrossNodes": True, "nodeLostSeconds": 10},
+            "resources": {**LONGER_SPEC["resources"], "cpu": f"{cpu_millis(allocatable) * 6 // 10}m"},
+            "elastic": {"minReplicas": 1, "maxReplicas": 2},
+            "placement": {"spreadAcrossNodes": True, "nodeLostSeconds": node_lost_seconds},
             "checkpoint": {"intervalSeconds": interval}}
     trainings.create(name, spec)
     # An epoch checkpoint (step checkpoints come every 5 s, before the first epoch ends): mid-run.
@@ -142,17 +154,29 @@ def test_node_lost_mid_run_restarts_on_the_other_node_and_resumes(trainings: Tra
     failure = status["lastFailure"]
     assert failure["cause"] == "NodeLost" and failure["node"] == lost, failure
     assert (failure["rank"], failure["pod"]) == (1, rank1.metadata.name), failure
+    # Then nodeLostSeconds for the pod that cannot be placed, the drain and a new attempt's start (60 s
+    # of margin on the 2-core machine): running at 1 within this bound of the loss (125 s measured).
+    bound = NODE_LOST_BOUND_S + node_lost_seconds + 60
+    wait_for(f"{name} running at 1 within {bound} s of losing {lost}",
+             lambda: (s := trainings.status(name)).get("replicas") == 1 and s.get("phase") == "Running",
+             max(1.0, bound - (time.monotonic() - started)), POLL_S)
+    print(f"node {lost} lost -> running at 1 pod in {time.monotonic() - started:.0f} s")
 
     status = trainings.wait_phase(name, "Succeeded")
     assert status["epoch"] == spec["epochs"], status
-    assert status["restarts"] == 1 and status["disruptions"] == 1, status
+    assert status["replicas"] == 1 and status["summary"]["world_size"] == 1, status
+    assert trainings.get(name)["spec"]["replicas"] == 2  # it does not grow back by itself
+    assert status["restarts"] == status["disruptions"] >= 1, status  # the cluster's doing: none counted
+    events = [str(e.message) for e in trainings.core.list_namespaced_event(trainings.namespace).items
+              if e.reason == "Resized" and e.involved_object.name == name]
+    assert [m.split(":")[0] for m in events] == ["2 -> 1 (NodeLost)"], events
     pods = attempt_pods(trainings, name)
-    assert {node_of_rank(pods, rank) for rank in (0, 1)} == {next(w for w in workers if w != lost)}, \
-        [p.spec.node_name for p in pods]
+    assert node_of_rank(pods, 0) == next(w for w in workers if w != lost), [p.spec.node_name for p in pods]
     rank0 = pod_logs(trainings.namespace, pod_of_rank(pods, 0).metadata.name)
     assert "resume: continuing" in rank0, rank0[-3000:]  # at a step checkpoint (or after an epoch)
     runs = status["goodput"]["attempts"]
     first = runs[0]
+    assert first["worldSize"] == 2 and runs[-1]["worldSize"] == 1, runs
     seconds_per_step = first["trainSeconds"] / (first["lastStep"] - first.get("firstStep", 0) - 1)
     lost_seconds = (reached - status["resumeStep"]) * seconds_per_step
     print(f"node lost at step {reached}, resumed at {status['resumeStep']}: {lost_seconds:.1f} s of work "
