@@ -99,7 +99,6 @@ from pets_operator.schema import (  # noqa: F401
 from pets_operator.spec import Spec
 from pets_operator.status_schema import STATUS_SCHEMA
 
-
 # Fields added after 0.1.0 whose defaults the operator applies (resolve_spec) but the API server does not
 # store: an object made by this release then holds only what its user set, so after a `helm rollback`
 # the previous operator, which digests every spec field it does not know of, reads the same spec its
