@@ -106,6 +106,14 @@ from pets_operator.status_schema import STATUS_SCHEMA
 DEFAULTED_BY_THE_OPERATOR = ("elastic", "tracking")
 
 
+def stored_spec(spec: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The spec as the API server stores it: resolve_spec's, less the defaults only the operator applies
+    where the user left the field out."""
+    given = spec or {}
+    return {k: v for k, v in resolve_spec(dict(given)).to_dict().items()
+            if k not in DEFAULTED_BY_THE_OPERATOR or k in given}
+
+
 def object_schema() -> dict[str, Any]:
     """The openAPIV3Schema of the whole PetsTraining object."""
     spec = copy.deepcopy(SPEC_SCHEMA)

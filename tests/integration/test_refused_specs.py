@@ -122,7 +122,7 @@ def test_full_pod_fields_pass_the_crd_and_the_job(admin: client.ApiClient, crd: 
     stored = client.CustomObjectsApi(admin).create_namespaced_custom_object(
         api.GROUP, api.VERSION, namespace, api.PLURAL, training("full", spec), dry_run="All",
         field_validation="Strict")
-    assert stored["spec"] == api.resolve_spec(training("full", spec)["spec"]).to_dict()
+    assert stored["spec"] == api.stored_spec(training("full", spec)["spec"])
     job = children.build_job(api.resolve_spec(stored["spec"]), builders.Target("full", namespace))
     create_job_dry_run(admin, namespace, job)
 
