@@ -34,7 +34,7 @@ DATA = "/data"
 ALLOWED_HOSTS = [f"{NAME}.{NAMESPACE}.svc:{PORT}", f"{NAME}.{NAMESPACE}.svc.cluster.local:{PORT}",
                  "localhost:*", "127.0.0.1:*", "10.*"]
 REQUESTS = {"cpu": "50m", "memory": "256Mi"}
-LIMITS = {"memory": "1Gi"}
+LIMITS = {"memory": "2Gi"}  # 1Gi: OOMKilled at start, over and over (2026-11-27, 3-node cluster)
 CLAIM_SIZE = "2Gi"
 
 
