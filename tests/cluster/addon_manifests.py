@@ -220,6 +220,13 @@ S3_REQUESTS = {"cpu": "10m", "memory": "32Mi"}
 S3_LIMITS = {"memory": "512Mi"}
 
 
+def cluster_service(name: str, meta: Doc, port_name: str, port: int) -> Doc:
+    """The ClusterIP Service of an add-on's one Deployment (pods labelled app.kubernetes.io/name=NAME)."""
+    return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, **meta}, "spec": {
+        "type": "ClusterIP", "selector": {"app.kubernetes.io/name": name},
+        "ports": [{"name": port_name, "port": port, "targetPort": port_name, "protocol": "TCP"}]}}
+
+
 def restricted_security_context() -> tuple[Doc, Doc]:
     """(pod, container) securityContext meeting Pod Security `restricted` (the namespace enforces it)."""
     pod = {
@@ -332,17 +339,7 @@ def s3(image: str, access_key: str = S3_ACCESS_KEY, secret_key: str = S3_SECRET_
             },
         },
     }
-    service = {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": S3_NAME, **meta},
-        "spec": {
-            "type": "ClusterIP",
-            "selector": {"app.kubernetes.io/name": S3_NAME},
-            "ports": [{"name": "s3", "port": S3_PORT, "targetPort": "s3", "protocol": "TCP"}],
-        },
-    }
-    return [namespace, secret, deployment, service]
+    return [namespace, secret, deployment, cluster_service(S3_NAME, meta, "s3", S3_PORT)]
 
 
 # libyaml's C loader and dumper where PyYAML has them (Kueue's manifests are 26,000 lines).

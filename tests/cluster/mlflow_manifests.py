@@ -19,7 +19,7 @@ import argparse
 import sys
 from typing import Any
 
-from addon_manifests import dump, restricted_security_context
+from addon_manifests import cluster_service, dump, restricted_security_context
 
 Doc = dict[str, Any]
 
@@ -82,10 +82,7 @@ def mlflow(image: str) -> list[Doc]:
             }},
         },
     }
-    service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": NAME, **meta}, "spec": {
-        "type": "ClusterIP", "selector": {"app.kubernetes.io/name": NAME},
-        "ports": [{"name": "http", "port": PORT, "targetPort": "http", "protocol": "TCP"}]}}
-    return [namespace, claim, deployment, service]
+    return [namespace, claim, deployment, cluster_service(NAME, meta, "http", PORT)]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,7 +30,13 @@ import re
 import sys
 from typing import Any
 
-from addon_manifests import CONFIG_CHECKSUM_ANNOTATION, dump, load, restricted_security_context
+from addon_manifests import (
+    CONFIG_CHECKSUM_ANNOTATION,
+    cluster_service,
+    dump,
+    load,
+    restricted_security_context,
+)
 
 Doc = dict[str, Any]
 
@@ -116,6 +122,19 @@ def finished_pods() -> Doc:
     return {"action": "drop", "source_labels": ["__meta_kubernetes_pod_phase"], "regex": "(Failed|Succeeded)"}
 
 
+def finish_job(job: Doc, rules: list[Doc], endpoint: Doc, job_label: str | None) -> Doc:
+    """What both monitor kinds end a scrape job with: `job` from the jobLabel's meta label (when set), the
+    endpoint label, then the endpoint's own relabelings and metric relabelings."""
+    if job_label:
+        rules.append({"source_labels": [job_label], "target_label": "job", "regex": "(.+)",
+                      "replacement": "${1}"})
+    rules.append({"target_label": "endpoint", "replacement": endpoint["port"]})
+    job["relabel_configs"] = rules + relabelings(endpoint.get("relabelings") or [])
+    if endpoint.get("metricRelabelings"):
+        job["metric_relabel_configs"] = relabelings(endpoint["metricRelabelings"])
+    return job
+
+
 def service_monitor_jobs(monitor: Doc) -> list[Doc]:
     """A ServiceMonitor's scrape jobs, one per endpoint (role endpoints)."""
     ns, name = monitor["metadata"]["namespace"], monitor["metadata"]["name"]
@@ -143,14 +162,8 @@ def service_monitor_jobs(monitor: Doc) -> list[Doc]:
             {"source_labels": ["__meta_kubernetes_service_name"], "target_label": "job",
              "replacement": "${1}"},
         ]
-        if job_label:
-            rules.append({"source_labels": [f"__meta_kubernetes_service_label_{label_name(job_label)}"],
-                          "target_label": "job", "regex": "(.+)", "replacement": "${1}"})
-        rules.append({"target_label": "endpoint", "replacement": endpoint["port"]})
-        job["relabel_configs"] = rules + relabelings(endpoint.get("relabelings") or [])
-        if endpoint.get("metricRelabelings"):
-            job["metric_relabel_configs"] = relabelings(endpoint["metricRelabelings"])
-        jobs.append(job)
+        source = f"__meta_kubernetes_service_label_{label_name(job_label)}" if job_label else None
+        jobs.append(finish_job(job, rules, endpoint, source))
     return jobs
 
 
@@ -172,14 +185,9 @@ def pod_monitor_jobs(monitor: Doc) -> list[Doc]:
             {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
             {"target_label": "job", "replacement": f"{ns}/{name}"},
         ]
-        if spec.get("jobLabel"):
-            rules.append({"source_labels": [f"__meta_kubernetes_pod_label_{label_name(spec['jobLabel'])}"],
-                          "target_label": "job", "regex": "(.+)", "replacement": "${1}"})
-        rules.append({"target_label": "endpoint", "replacement": endpoint["port"]})
-        job["relabel_configs"] = rules + relabelings(endpoint.get("relabelings") or [])
-        if endpoint.get("metricRelabelings"):
-            job["metric_relabel_configs"] = relabelings(endpoint["metricRelabelings"])
-        jobs.append(job)
+        job_label = spec.get("jobLabel")
+        source = f"__meta_kubernetes_pod_label_{label_name(job_label)}" if job_label else None
+        jobs.append(finish_job(job, rules, endpoint, source))
     return jobs
 
 
@@ -258,9 +266,7 @@ def prometheus(image: str, chart: list[Doc], evaluation_interval: str = EVALUATI
             }},
         },
     }
-    service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": NAME, **meta}, "spec": {
-        "type": "ClusterIP", "selector": {"app.kubernetes.io/name": NAME},
-        "ports": [{"name": "http", "port": PORT, "targetPort": "http", "protocol": "TCP"}]}}
+    service = cluster_service(NAME, meta, "http", PORT)
     return [namespace, account, role, binding, configmap, deployment, service]
 
 
