@@ -101,10 +101,6 @@ def test_ranks_spread_over_two_nodes_train_one_model(trainings: Trainings, kube_
     assert status["restarts"] == 0, status
 
 
-def cpu_millis(quantity: str) -> int:
-    return int(quantity[:-1]) if quantity.endswith("m") else int(float(quantity) * 1000)
-
-
 def test_node_lost_mid_run_goes_on_at_one_pod_on_the_other_node_and_resumes(
         trainings: Trainings, kube_api: Any, lose_node: Any) -> None:
     """On the default output (no spec.output: the claim the operator makes, ReadWriteMany), two ranks on
@@ -115,13 +111,14 @@ def test_node_lost_mid_run_goes_on_at_one_pod_on_the_other_node_and_resumes(
     Succeeds there without growing back by itself. (A training without elastic bounds restarts at its
     full size on the nodes that remain: make chaos loses a node under such trainings.)"""
     from kubernetes import client
+    from kubernetes.utils.quantity import parse_quantity
 
     workers = worker_nodes(kube_api)
-    allocatable = client.CoreV1Api(kube_api).read_node(workers[0]).status.allocatable["cpu"]
+    allocatable = parse_quantity(client.CoreV1Api(kube_api).read_node(workers[0]).status.allocatable["cpu"])
     name, interval, node_lost_seconds = "node-lost", 5, 10
     # 12 epochs: the trainer now runs 4 of LONGER_SPEC's (80 steps) in about 14 s, done before the node goes
     spec = {**LONGER_SPEC, "epochs": 12, "maxRestarts": 0,  # a lost node must not count as a restart
-            "resources": {**LONGER_SPEC["resources"], "cpu": f"{cpu_millis(allocatable) * 6 // 10}m"},
+            "resources": {**LONGER_SPEC["resources"], "cpu": f"{int(allocatable * 600)}m"},
             "elastic": {"minReplicas": 1, "maxReplicas": 2},
             "placement": {"spreadAcrossNodes": True, "nodeLostSeconds": node_lost_seconds},
             "checkpoint": {"intervalSeconds": interval}}
