@@ -91,13 +91,10 @@ class Context:
             raise
 
     def reread_as(self, key: Key, body: dict[str, Any] | None) -> None:
-        """After a takeover, the training as just read: kept where newer than the index's, so the round
-        plans from it as from our own newest write. In the event loop, like `snapshot`."""
-        if body is not None:
-            written = [self.written[key]] if key in self.written else []
-            newest = observe.newest([*self._indexed(TRAININGS_INDEX, key), *written])
-            if newest is None or observe.rv(body) > observe.rv(newest):
-                self.written[key] = observe.kept(body)
+        """After a takeover, the training as just read, kept as our own newest write would be: `snapshot`
+        plans from it where it is newer than the index's copy. In the event loop, like `snapshot`."""
+        if body is not None and (key not in self.written or observe.rv(body) > observe.rv(self.written[key])):
+            self.written[key] = observe.kept(body)
         if self.reread is not None:
             self.reread.add(key)
 
