@@ -336,6 +336,10 @@ def test_a_url_dataset_is_fetched_by_an_init_container_into_a_shared_cache_claim
         "endpoint": "http://s3.example:7070"}})) == cache
     assert builders.dataset_cache_name(spec(dataset={"url": "s3://pets/v1"})) != cache
     plain = spec(dataset={"url": "https://example.com/p.tar.gz", "sha256": "ab" * 32})
+    # The names v0.1.0 gave: an upgraded operator adopts the cache a training of the previous release
+    # filled (the claim is not owned, so a new name would fetch the data again into a second claim).
+    assert (cache, builders.dataset_cache_name(plain)) == ("pets-dataset-5b61b5314240",
+                                                           "pets-dataset-8c0accd6b4f0")
     plain_pod = children.build_job(plain, TARGET)["spec"]["template"]["spec"]
     assert "env" not in plain_pod["initContainers"][0]
     assert children.build_dataset_cache_claim(spec(), TARGET) is None
