@@ -132,14 +132,20 @@ def placed_after_node_loss(spec: Spec, observed: Observed, status: dict[str, Any
     return fits
 
 
+def built_size(workload: dict[str, Any]) -> int | None:
+    """The world size the workload's pods were built for (its annotation; None on a 0.1.0 workload). A
+    queue's partial admission lowers the Job's parallelism, not this."""
+    annotations = (workload.get("metadata") or {}).get("annotations") or {}
+    return int(annotations.get(builders.ANNOTATION_WORLD_SIZE) or 0) or None
+
+
 def admitted_smaller(spec: Spec, observed: Observed, status: dict[str, Any]) -> int | None:
     """Kueue admitted the workload at fewer pods than its pods were built for (partial admission sets
     the Job's parallelism and completions, not the pods' world size): the size to rebuild it at."""
     workload = observed.workload
     if workload is None or observed.backend.is_suspended(workload):
         return None
-    built_for = int(((workload.get("metadata") or {}).get("annotations") or {}).get(
-        builders.ANNOTATION_WORLD_SIZE, 0) or 0)
+    built_for = built_size(workload)
     size = observed.backend.size(workload)
     if built_for and size and size < built_for:
         return fitting(spec, status, size)  # Kueue admits the smaller one whole

@@ -350,7 +350,7 @@ def _built_from_older_spec(workload: dict[str, Any], spec: Spec) -> bool:
 def _smaller(r: _Round, ws: WorkloadState) -> tuple[int, str, str] | None:
     """The cluster has room for fewer pods than the workload's, and spec.elastic allows going on with
     them (resize.py): the size, the reason and why."""
-    size = r.status["replicas"]
+    size = resize.built_size(r.observed.workload or {}) or r.status["replicas"]
     if (admitted := resize.admitted_smaller(r.spec, r.observed, r.status)) is not None:
         return admitted, PARTIAL_ADMISSION, (f"Kueue admitted {admitted} of the {size} pods the workload's "
                                              f"pods were built for; rebuilt at world size {admitted}")
@@ -375,7 +375,8 @@ def _rebuild(result: Plan, spec: Spec, observed: Observed, target: builders.Targ
     workload is rebuilt at that size for the same spec."""
     status = result.status
     assert observed.workload is not None
-    old_size = int(observed.backend.size(observed.workload) or spec.replicas)
+    old_size = int(resize.built_size(observed.workload) or observed.backend.size(observed.workload)
+                   or spec.replicas)
     active = bool(status.get("workloadActive"))
     if smaller is not None:
         size, reason, why = smaller

@@ -146,6 +146,9 @@ def test_kueue_admitting_fewer_pods_rebuilds_the_workload_at_that_size() -> None
     p = plan({**RUNNING, "phase": api.PENDING}, spec, workload)
     assert p.status["resize"]["reason"] == "PartialAdmission" and p.status["resize"]["to"] == 1
     assert p.delete and p.status["attempt"] == 1
+    # From the size its pods were built for, not the parallelism Kueue lowered.
+    (event,) = [e.message for e in p.events if e.reason == "Resized"]
+    assert event.startswith("2 -> 1 (PartialAdmission): Kueue admitted 1 of the 2 pods"), event
 
 
 def test_a_queued_elastic_job_asks_kueue_for_partial_admission() -> None:
