@@ -39,7 +39,7 @@ def child_refused(cl: Cluster, body: dict[str, Any], result: plan_types.Plan, ma
     # checked it is ours), and what the Plan meant to delete anyway (older attempts' workloads).
     # Not a claim it made: the operator may not delete claims; the training's owner reference takes it.
     cleanup = [m for m in made if m["kind"] != "PersistentVolumeClaim"]
-    service = (result.status.get("children") or {}).get("service")
+    service = (result.status.children or {}).get("service")
     if service and not any(m["kind"] == "Service" for m in made) and manifest["kind"] != "Service":
         cleanup.append({"apiVersion": "v1", "kind": "Service",
                         "metadata": {"name": service, "namespace": cl.namespace}})
@@ -56,7 +56,8 @@ def carry_out(ctx: Context, cl: Cluster, body: dict[str, Any], result: plan_type
     # workload goes, or a crash in between could restart the same attempt twice.
     kbody = cast(kopf.Body, body)
     old_status = body.get("status") or {}
-    wait = status_write_wait(ctx, cl.key, result, old_status)
+    new_status = result.status.to_dict()
+    wait = status_write_wait(ctx, cl.key, result, new_status, old_status)
     if wait is not None:
         return wait  # the whole round again then (its Events too: they are made against the stored status)
     refused: plan_types.Plan | None = None
@@ -77,8 +78,7 @@ def carry_out(ctx: Context, cl: Cluster, body: dict[str, Any], result: plan_type
         else:
             logger.info(f"{manifest['kind']} {manifest['metadata']['name']} already exists; not recreated")
     if refused is not None:
-        result = refused
-    new_status = result.status
+        result, new_status = refused, refused.status.to_dict()
     if new_status != old_status:
         ctx.written[cl.key] = kept(cl.patch_status(plan_types.merge_patch(old_status, new_status)))
         ctx.status_written[cl.key] = time.monotonic()
@@ -93,14 +93,14 @@ def carry_out(ctx: Context, cl: Cluster, body: dict[str, Any], result: plan_type
         if not cl.delete(ref):
             ctx.gone_now(ref["kind"], ref["namespace"], ref["name"])
     if result.suspend is not None and result.suspend_workload:
-        cl.set_suspend(backends.get(new_status["backend"]), result.suspend_workload, result.suspend)
+        cl.set_suspend(backends.get(str(result.status.backend)), result.suspend_workload, result.suspend)
     if result.queue_active is not None and result.queue_workload:
         cl.set_queue_active(result.queue_workload, result.queue_active)
     for ev in result.events:
         kopf.event(kbody, type=ev.type, reason=ev.reason, message=ev.message)
-    if new_status.get("phase") == api.RESTARTING and new_status.get("restarts", 0) > restarts:
+    if result.status.phase == api.RESTARTING and (result.status.restarts or 0) > restarts:
         metrics.RESTARTS.inc()
-    ctx.phases.set(cl.namespace, cl.name, new_status.get("phase"))
+    ctx.phases.set(cl.namespace, cl.name, result.status.phase)
     if result.delete_self:
         logger.info("ttlSecondsAfterFinished expired: deleting the PetsTraining")
         cl.delete_training()
@@ -110,14 +110,14 @@ def carry_out(ctx: Context, cl: Cluster, body: dict[str, Any], result: plan_type
     return next_delay(result, ctx.settings.progress_interval, watched)
 
 
-def status_write_wait(ctx: Context, key: Key, result: plan_types.Plan, old_status: dict[str, Any]
-                       ) -> float | None:
+def status_write_wait(ctx: Context, key: Key, result: plan_types.Plan, new_status: dict[str, Any],
+                      old_status: dict[str, Any]) -> float | None:
     """Seconds to hold back a Plan that only rewrites the status within the same phase (counts, a
     message, a waiting reason), when this training's status was written less than STATUS_WRITE_INTERVAL
     ago; None: act now. A training's pods starting or ending make a burst of such changes, each a write
     of the whole PetsTraining; at 1000 trainings they were most of the API server's work (docs/scale.md).
     A phase change and any Plan that creates, deletes or switches something is never held back."""
-    if result.status == old_status or result.status.get("phase") != old_status.get("phase") or \
+    if new_status == old_status or result.status.phase != old_status.get("phase") or \
             result.create or result.delete or result.force_delete or result.delete_self or \
             result.suspend is not None or result.queue_active is not None:
         return None
@@ -131,11 +131,11 @@ def next_delay(result: plan_types.Plan, poll_active: float, watched: bool = True
     Changes to a watched workload (a Job), its pods and Service wake the training at once, so it needs
     no poll but a slow resync; a workload that is not watched (a PyTorchJob) is polled while it runs.
     Sooner when the Plan asks (a TTL, a pending timeout, a stall bound, a refused child's backoff)."""
-    phase = result.status.get("phase")
+    phase = result.status.phase
     delay: float | None
     if phase in api.FINISHED_PHASES:
         delay = None
-    elif phase == api.PENDING and result.status.get("pendingSince"):
+    elif phase == api.PENDING and result.status.pending_since:
         delay = poll_active  # its pods wait: mount failures are only in Events, which are not watched
     elif phase == api.RESTARTING or result.create or result.delete or result.force_delete:
         delay = 1.0  # a fallback: the deletions it waits for are watched

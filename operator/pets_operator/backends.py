@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 from pets_contract import names
 from pets_operator import api, builders, children
 from pets_operator.spec import Spec
+from pets_operator.status_types import Status
 
 
 class BackendUnavailable(api.SpecError):
@@ -309,13 +310,13 @@ def why(spec: Spec, backend: Backend, auto: str = DEFAULT_AUTO) -> str:
             f"{get(auto).kind} CRD is not served, so {backend.name}")
 
 
-def keep_or_choose(spec: Spec, old_status: dict[str, Any], served: Callable[[], set[str]],
+def keep_or_choose(spec: Spec, old_status: Status, served: Callable[[], set[str]],
                    auto: str) -> tuple[Backend, str]:
     """The backend and why. `auto` is decided once, then kept in status.backend; `served` (discovery) is
     asked only while undecided, and never for a built-in backend (one call per reconcile was a fifth of
     the idle requests at scale: docs/scale.md)."""
-    if spec.backend == "auto" and old_status.get("backend") in BACKENDS:
-        return get(old_status["backend"]), str(old_status.get("backendReason") or "")
+    if spec.backend == "auto" and old_status.backend in BACKENDS:
+        return get(str(old_status.backend)), str(old_status.backend_reason or "")
     builtin = spec.backend != "auto" and get(spec.backend).always_served
     backend = resolve(spec, set() if builtin else served(), auto)
     return backend, why(spec, backend, auto)

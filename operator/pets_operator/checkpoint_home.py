@@ -11,18 +11,17 @@ long as its shape stays: its checkpoints are there. Pure: (spec, old status) -> 
 
 from __future__ import annotations
 
-from typing import Any
-
 from pets_operator import builders
 from pets_operator.plan_types import Event, Plan
 from pets_operator.spec import Spec
+from pets_operator.status_types import Status
 
 
-def made_by_0_1(status: dict[str, Any]) -> bool:
+def made_by_0_1(status: Status) -> bool:
     """The training had a workload before this operator recorded a checkpoint directory for it."""
-    return "checkpointShape" not in status and bool(status.get("attempt") is not None
-                                                    or (status.get("children") or {}).get("job")
-                                                    or (status.get("children") or {}).get("pytorchJob"))
+    return status.checkpoint_shape is None and bool(status.attempt is not None
+                                                    or (status.children or {}).get("job")
+                                                    or (status.children or {}).get("pytorchJob"))
 
 
 def global_batch(spec: Spec) -> int:
@@ -31,38 +30,35 @@ def global_batch(spec: Spec) -> int:
     return spec.batch_size * spec.processes_per_replica * most
 
 
-def shape_changed(old: dict[str, Any], directory: str, shape: str) -> str | None:
+def shape_changed(old: Status, directory: str, shape: str) -> str | None:
     """What to tell the user when an edit changed the shape: the next attempt starts from step 0, and the
     old checkpoints stay where they were (None: the shape is the one recorded, or none was)."""
-    before = old.get("checkpointShape")
+    before = old.checkpoint_shape
     if not before or before == shape:
         return None
     fields = ", ".join(builders.CHECKPOINT_SHAPE)
     return (f"the edit changed a field that shapes a checkpoint (one of {fields}): the next attempt "
             f"starts from step 0 in {directory}; the checkpoints of the old shape stay in "
-            f"{old.get('checkpointDir')}. An epochs edit is one: OneCycleLR's schedule spans all the "
+            f"{old.checkpoint_dir}. An epochs edit is one: OneCycleLR's schedule spans all the "
             "epochs, so no step of the old one is a step of the new")
 
 
-def record(result: Plan, spec: Spec, old: dict[str, Any]) -> None:
+def record(result: Plan, spec: Spec, old: Status) -> None:
     """status.checkpointDir, checkpointShape and globalBatch, and a CheckpointReset Event when an edit
     changed the shape."""
     status = result.status
-    status["checkpointDir"], status["checkpointShape"], batch = choose(spec, old)
-    if reset := shape_changed(old, status["checkpointDir"], status["checkpointShape"]):
+    directory, shape, batch = choose(spec, old)
+    status.checkpoint_dir, status.checkpoint_shape, status.global_batch = directory, shape, batch or None
+    if reset := shape_changed(old, directory, shape):
         result.events.append(Event("Warning", "CheckpointReset", reset))
-    if batch:
-        status["globalBatch"] = batch
-    else:
-        status.pop("globalBatch", None)
 
 
-def choose(spec: Spec, status: dict[str, Any]) -> tuple[str, str, int | None]:
+def choose(spec: Spec, status: Status) -> tuple[str, str, int | None]:
     """The directory the training's workloads use, the shape it was chosen for and the global batch (to
     be kept in the status): the recorded ones while the shape stays, else those of this shape."""
     shape = builders.checkpoint_shape(spec)
-    if status.get("checkpointDir") and status.get("checkpointShape") == shape:
-        return str(status["checkpointDir"]), shape, status.get("globalBatch")
+    if status.checkpoint_dir and status.checkpoint_shape == shape:
+        return str(status.checkpoint_dir), shape, status.global_batch
     if made_by_0_1(status):
         return builders.checkpoint_dir(spec, builders.CHECKPOINT_SHAPE_0_1), shape, None
     return builders.checkpoint_dir(spec), shape, global_batch(spec)

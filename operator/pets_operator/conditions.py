@@ -13,21 +13,20 @@ from pets_operator.plan_types import Event, Plan, set_condition
 def apply_phase(result: Plan, old_phase: str | None, phase: str, reason: str, message: str,
                  now: datetime, generation: int | None) -> None:
     status = result.status
-    conditions = status["conditions"]
     goodput.book_phase(status, old_phase, phase, now)
-    status["phase"] = phase
-    status["message"] = message
+    status.phase = phase
+    status.message = message
     active = phase in (api.PENDING, api.RUNNING, api.RESTARTING)
-    set_condition(conditions, "Progressing", active, reason if active else phase, message, now, generation)
-    set_condition(conditions, "Ready", phase == api.RUNNING, reason, message, now, generation)
+    set_condition(status, "Progressing", active, reason if active else phase, message, now, generation)
+    set_condition(status, "Ready", phase == api.RUNNING, reason, message, now, generation)
     for ctype, in_it in (("Suspended", api.SUSPENDED), ("Succeeded", api.SUCCEEDED), ("Failed", api.FAILED)):
         on = phase == in_it
-        set_condition(conditions, ctype, on, reason if on else f"Not{ctype}", message if on else "", now,
+        set_condition(status, ctype, on, reason if on else f"Not{ctype}", message if on else "", now,
                       generation)
     if phase != old_phase:
         if phase in (api.RUNNING, api.SUCCEEDED):
             result.events.append(Event("Normal", phase, message))
         elif phase == api.FAILED:
             result.events.append(Event("Warning", phase, message))
-    if phase == api.RUNNING and not status.get("startTime"):
-        status["startTime"] = timestamp(now)
+    if phase == api.RUNNING and not status.start_time:
+        status.start_time = timestamp(now)

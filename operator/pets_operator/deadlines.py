@@ -3,7 +3,6 @@ not counted, and the end of one that ran out."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -12,6 +11,7 @@ from pets_operator import api
 from pets_operator.backends import parse_timestamp, timestamp
 from pets_operator.plan_types import Event, Observed, Plan, ref
 from pets_operator.spec import Spec
+from pets_operator.status_types import Status
 
 # Phases whose time does not count against spec.activeDeadlineSeconds.
 PAUSED_PHASES = (api.SUSPENDED, api.QUEUED, api.PREEMPTED)
@@ -30,8 +30,8 @@ class Paused:
     since: str | None = None  # pausedSince: when the pause going on began
 
     @classmethod
-    def of(cls, status: Mapping[str, Any]) -> Paused:
-        book = status.get("deadline") or {}
+    def of(cls, status: Status) -> Paused:
+        book = status.deadline or {}
         return cls(book.get("pausedSeconds"), book.get("pausedSince"))
 
     def total(self, now: datetime) -> float:
@@ -43,13 +43,13 @@ class Paused:
                 if value is not None}
 
 
-def deadline_left(spec: Spec, status: dict[str, Any], now: datetime) -> float | None:
+def deadline_left(spec: Spec, status: Status, now: datetime) -> float | None:
     """Seconds left of spec.activeDeadlineSeconds, counted from status.startTime without the time paused
     (status.deadline); None without a deadline. Before the training has started, all of it."""
     limit = spec.active_deadline_seconds
     if not limit:
         return None
-    start = status.get("startTime")
+    start = status.start_time
     if not start:
         return float(limit)
     return float(limit) - ((now - parse_timestamp(start)).total_seconds() - Paused.of(status).total(now))
@@ -62,15 +62,15 @@ def watch_deadline(result: Plan, spec: Spec, observed: Observed, decided: tuple[
     status, phase = result.status, decided[0]
     paused = Paused.of(status)
     if phase in PAUSED_PHASES:
-        status["deadline"] = Paused(paused.seconds, paused.since or timestamp(now)).to_dict()
+        status.deadline = Paused(paused.seconds, paused.since or timestamp(now)).to_dict()
         return decided
     if paused.since:
         paused = Paused(round(paused.total(now), 3))
-    status["deadline"] = paused.to_dict()
+    status.deadline = paused.to_dict()
     left = deadline_left(spec, status, now)
     if left is None:
         return decided
-    if left <= 0 and status.get("startTime"):
+    if left <= 0 and status.start_time:
         return deadline_exceeded(result, spec, observed.workload, now)
     result.requeue_after = left if result.requeue_after is None else min(result.requeue_after, left)
     return decided
@@ -80,13 +80,13 @@ def deadline_exceeded(result: Plan, spec: Spec, workload: dict[str, Any] | None,
                        now: datetime) -> tuple[str, str, str]:
     """The training's deadline ran out: Failed, no restart, no new workload; the running one goes."""
     status = result.status
-    status.pop("pendingSince", None)
-    status["completionTime"] = timestamp(now)
+    status.pending_since = None
+    status.completion_time = timestamp(now)
     if workload is not None:
         result.delete.append(ref(workload))
     paused = float(Paused.of(status).seconds or 0.0)
     message = (f"spec.activeDeadlineSeconds={spec.active_deadline_seconds} ran out (counted from "
-               f"{status.get('startTime')}, {paused:.0f} s Suspended, Queued or Preempted not counted); "
+               f"{status.start_time}, {paused:.0f} s Suspended, Queued or Preempted not counted); "
                "not restarted")
     result.events.append(Event("Warning", "DeadlineExceeded", message))
     return api.FAILED, "DeadlineExceeded", message

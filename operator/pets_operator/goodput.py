@@ -1,6 +1,6 @@
 """status.goodput: where a training's wall time went, and the share of it that was training it kept.
 
-Pure bookkeeping on the status dict (time is passed in). Each part is defined once, here and in
+Pure bookkeeping on the typed status (time is passed in). Each part is defined once, here and in
 docs/operator.md ("Preemption and goodput"):
 
 - wall: from the PetsTraining's creation to its completion (or to `asOf`, while it runs).
@@ -32,6 +32,7 @@ from pets_contract import gauges
 from pets_contract import summary as summary_keys
 from pets_operator import api
 from pets_operator.backends import parse_timestamp, timestamp
+from pets_operator.status_types import Status
 
 WAITING_PHASES = (api.PENDING, api.QUEUED, api.SUSPENDED, api.PREEMPTED, api.RESTARTING)
 # rank 0's gauges of a run's time split: each feeds its attempt's field, from the gauge or the summary
@@ -45,21 +46,26 @@ def _seconds(value: Any) -> float | None:
     return round(float(value), 3) if 0 <= value <= gauges.TOP else None
 
 
-def begin(status: dict[str, Any], created: str | None, now: datetime) -> None:
+def _book(status: Status) -> dict[str, Any]:
+    if status.goodput is None:
+        status.goodput = {}
+    return status.goodput
+
+
+def begin(status: Status, created: str | None, now: datetime) -> None:
     """The first round: the wait is counted from the creation (the operator may see it later)."""
-    book = status.setdefault("goodput", {})
-    book.setdefault("phaseSince", created or timestamp(now))
+    _book(status).setdefault("phaseSince", created or timestamp(now))
 
 
-def book_phase(status: dict[str, Any], old_phase: str | None, phase: str, now: datetime) -> None:
+def book_phase(status: Status, old_phase: str | None, phase: str, now: datetime) -> None:
     """At a phase change: the time spent in a waiting phase (or before the first phase) is waiting."""
     if phase == old_phase:
         return
-    book = status.setdefault("goodput", {})
+    book = _book(status)
     since = book.get("phaseSince")
     if since and (old_phase is None or old_phase in WAITING_PHASES):
         waited = max(0.0, (now - parse_timestamp(since)).total_seconds())
-        key = "bookedResizingSeconds" if status.get("resize") else "bookedWaitingSeconds"
+        key = "bookedResizingSeconds" if status.resize else "bookedWaitingSeconds"
         book[key] = round(float(book.get(key) or 0.0) + waited, 3)
     book["phaseSince"] = timestamp(now)
 
@@ -105,13 +111,13 @@ def _resumed_at(book: dict[str, Any], run: dict[str, Any], first_step: int) -> N
     before["lostSeconds"] = round(min(train, lost * train / steps), 3) if steps > 0 else 0.0
 
 
-def read_attempt(status: dict[str, Any], attempt: int, started: str | None,
+def read_attempt(status: Status, attempt: int, started: str | None,
                  progress: dict[str, float]) -> None:
     """Rank 0's gauges of this run, as read now."""
-    book = status.setdefault("goodput", {})
+    book = _book(status)
     run = _run(book, attempt, started)
-    if status.get("replicas"):
-        run["worldSize"] = int(status["replicas"])
+    if status.replicas:
+        run["worldSize"] = int(status.replicas)
     for gauge in TIME_GAUGES:
         if (value := _seconds(progress.get(gauge.name))) is not None:
             run[str(gauge.field)] = value
@@ -121,12 +127,12 @@ def read_attempt(status: dict[str, Any], attempt: int, started: str | None,
         _resumed_at(book, run, int(first))
 
 
-def read_summary(status: dict[str, Any], attempt: int, summary: dict[str, Any]) -> None:
+def read_summary(status: Status, attempt: int, summary: dict[str, Any]) -> None:
     """The newest run's final summary (its termination message): its whole split, more exact than a read."""
     times = summary.get(summary_keys.TIME_SECONDS)
     if not isinstance(times, dict):
         return
-    book = status.setdefault("goodput", {})
+    book = _book(status)
     run = _run(book, attempt, None)
     for gauge in TIME_GAUGES:
         if (value := _seconds(times.get(gauge.summary_key))) is not None:
@@ -135,26 +141,26 @@ def read_summary(status: dict[str, Any], attempt: int, summary: dict[str, Any]) 
         _resumed_at(book, run, int(first))
 
 
-def account(old: dict[str, Any], status: dict[str, Any], created: str | None, now: datetime) -> None:
+def account(old: Status, status: Status, created: str | None, now: datetime) -> None:
     """The totals and the ratio, made again when an input changed since `old` (the status before)."""
-    book = status.get("goodput")
+    book = status.goodput
     if not book:
         return
     inputs = ("attempts", "earlier", "bookedWaitingSeconds", "bookedResizingSeconds", "phaseSince")
-    before = old.get("goodput") or {}
+    before = old.goodput or {}
     if all(before.get(key) == book.get(key) for key in inputs) and "ratio" in before and \
-            old.get("phase") == status.get("phase"):
+            old.phase == status.phase:
         return
     end = now
-    if status.get("phase") in api.FINISHED_PHASES and status.get("completionTime"):
-        end = min(now, parse_timestamp(status["completionTime"]))
+    if status.phase in api.FINISHED_PHASES and status.completion_time:
+        end = min(now, parse_timestamp(status.completion_time))
     start = parse_timestamp(created) if created else end
     wall = max(0.0, (end - start).total_seconds())
     waiting = float(book.get("bookedWaitingSeconds") or 0.0)
     resizing = float(book.get("bookedResizingSeconds") or 0.0)
-    if status.get("phase") in WAITING_PHASES and book.get("phaseSince"):
+    if status.phase in WAITING_PHASES and book.get("phaseSince"):
         now_waiting = max(0.0, (end - parse_timestamp(book["phaseSince"])).total_seconds())
-        if status.get("resize"):
+        if status.resize:
             resizing += now_waiting
         else:
             waiting += now_waiting

@@ -10,60 +10,61 @@ from pets_contract import gauges
 from pets_contract import summary as summary_keys
 from pets_operator.backends import parse_timestamp, timestamp
 from pets_operator.plan_types import Event, Plan
+from pets_operator.spec import snake
+from pets_operator.status_types import Status
 
 PROGRESS_GAUGES = gauges.group(gauges.PROGRESS)  # each feeds status.<field>
 DATASET_GAUGES = gauges.group(gauges.DATASET)  # each feeds status.dataset.<field>
 DATASET_LAYOUTS = ("synthetic", "flat", "oxford", "imagefolder")
 
 
-def mirror_dataset(status: dict[str, Any], counts: dict[str, int], layout: Any = None) -> None:
+def mirror_dataset(status: Status, counts: dict[str, int], layout: Any = None) -> None:
     """status.dataset: the counts of the trainer's dataset report (and its layout, from the summary)."""
-    dataset = {**(status.get("dataset") or {}), **counts}
+    dataset = {**(status.dataset or {}), **counts}
     if layout in DATASET_LAYOUTS:
         dataset["layout"] = layout
     if dataset:
-        status["dataset"] = dataset
+        status.dataset = dataset
 
 
-def older_than_status(read_at: datetime | None, status: dict[str, Any]) -> bool:
+def older_than_status(read_at: datetime | None, status: Status) -> bool:
     """Whether a reading was taken before the progress the status already shows: another replica, acting
     until it was lost, may have written a newer one, and writing ours would take status.step back (make
     chaos saw 22 go back to 16 right after the acting replica's pod was deleted)."""
-    shown = status.get("lastProgressTime")
+    shown = status.last_progress_time
     return read_at is not None and bool(shown) and read_at < parse_timestamp(str(shown))
 
 
-def mirror_progress(status: dict[str, Any], progress: dict[str, float], now: datetime) -> None:
+def mirror_progress(status: Status, progress: dict[str, float], now: datetime) -> None:
     changed = False
     for gauge in PROGRESS_GAUGES:
         if gauge.name not in progress:
             continue
         key, value = str(gauge.field), gauge.kind(round(progress[gauge.name], 6))
         if key == "lastCheckpoint.epoch":
-            key = "lastCheckpoint"
-            if value and (status.get(key) or {}).get("epoch") != value:
-                status[key] = {"epoch": value, "time": timestamp(now)}
+            if value and (status.last_checkpoint or {}).get("epoch") != value:
+                status.last_checkpoint = {"epoch": value, "time": timestamp(now)}
             continue
         if key == "lastCheckpoint.step":  # a step checkpoint mid-epoch moves it without the epoch
-            newest = status.get("lastCheckpoint") or {}
+            newest = status.last_checkpoint or {}
             if value and newest.get("step") != value:
-                status["lastCheckpoint"] = {**newest, "step": value, "time": timestamp(now)}
+                status.last_checkpoint = {**newest, "step": value, "time": timestamp(now)}
             continue
-        changed |= status.get(key) != value
-        status[key] = value
-    if "epoch" in status and "totalEpochs" in status:
-        status["progress"] = f"{status['epoch']}/{status['totalEpochs']}"
+        changed |= getattr(status, snake(key)) != value  # each is a Status field (a unit test says)
+        setattr(status, snake(key), value)
+    if status.epoch is not None and status.total_epochs is not None:
+        status.progress = f"{status.epoch}/{status.total_epochs}"
     mirror_dataset(status, {str(gauge.field): int(progress[gauge.name])
                              for gauge in DATASET_GAUGES if gauge.name in progress})
     if changed:  # an unchanged scrape writes nothing, so an idle poll costs no API write
-        status["lastProgressTime"] = timestamp(now)
+        status.last_progress_time = timestamp(now)
 
 
 def work_lost(result: Plan, resume_step: Any) -> None:
     """Once the attempt after a restart says where it resumed (its progress, or its final summary): the
     steps the last one had done past that point, done again. At least: the last attempt's step is as
     last read (every progress interval), so it may have gone further."""
-    failure = result.status.get("lastFailure") or {}
+    failure = result.status.last_failure or {}
     known = isinstance(resume_step, int | float) and not isinstance(resume_step, bool) and \
         0 <= resume_step <= gauges.TOP
     if "lastStep" not in failure or "lostSteps" in failure or not known:
@@ -71,21 +72,21 @@ def work_lost(result: Plan, resume_step: Any) -> None:
     lost = max(0, int(failure["lastStep"]) - int(resume_step))
     failure["lostSteps"] = lost
     result.events.append(Event("Normal" if lost == 0 else "Warning", "WorkLost", (
-        f"attempt {max(0, int(result.status.get('attempt') or 1) - 1)} lost at least {lost} step(s): last "
+        f"attempt {max(0, int(result.status.attempt or 1) - 1)} lost at least {lost} step(s): last "
         f"read at step {failure['lastStep']}, the next attempt resumed at step "
         f"{int(resume_step)}")))
 
 
-def checkpoints_skipped(result: Plan, old: dict[str, Any]) -> None:
+def checkpoints_skipped(result: Plan, old: Status) -> None:
     """A run that could not resume from the newest step checkpoint(s) says so once: they count steps of
     another world size or steps per epoch (an edit while suspended), so it resumed further back."""
-    skipped = result.status.get("resumeSkippedCheckpoints")
-    if not skipped or skipped == old.get("resumeSkippedCheckpoints"):
+    skipped = result.status.resume_skipped_checkpoints
+    if not skipped or skipped == old.resume_skipped_checkpoints:
         return
     result.events.append(Event("Warning", "CheckpointSkipped", (
         f"this run could not resume from the {skipped} newest step checkpoint(s): they were made with "
         "another world size or steps per epoch (rank 0's log names them and the values), so it resumed "
-        f"further back, at step {result.status.get('resumeStep', 0)} (0: from the start)")))
+        f"further back, at step {result.status.resume_step or 0} (0: from the start)")))
 
 
 def is_count(value: Any) -> bool:
@@ -93,23 +94,23 @@ def is_count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= gauges.TOP
 
 
-def mirror_summary(status: dict[str, Any], summary: dict[str, Any], total_epochs: int) -> None:
-    status["summary"] = summary  # pods.parse_summary let only numbers a status can hold through
+def mirror_summary(status: Status, summary: dict[str, Any], total_epochs: int) -> None:
+    status.summary = summary  # pods.parse_summary let only numbers a status can hold through
 
     # The last progress read may be an epoch old: the run's own final figures win.
     for key, gauge_key in summary_keys.FINAL_FIGURES.items():
         gauge, value = gauges.BY_KEY[gauge_key], summary.get(key)
         if isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value <= gauge.top:
-            status[str(gauge.field)] = gauge.kind(value)
-    if summary.get(summary_keys.STATUS) == summary_keys.SUCCEEDED and is_count(status.get("stepsTotal")):
-        status["step"] = status["stepsTotal"]  # every step of the run was taken
+            setattr(status, snake(str(gauge.field)), gauge.kind(value))
+    if summary.get(summary_keys.STATUS) == summary_keys.SUCCEEDED and is_count(status.steps_total):
+        status.step = status.steps_total  # every step of the run was taken
     report = summary.get(summary_keys.DATASET)
     if isinstance(report, dict):
         counts = {str(gauge.field): report[gauge.summary_key] for gauge in DATASET_GAUGES
                   if gauge.summary_key and is_count(report.get(gauge.summary_key))}
         mirror_dataset(status, counts, report.get("layout"))
     if is_count(epochs := summary.get(summary_keys.EPOCHS)):
-        status["epoch"] = epochs
-        status["totalEpochs"] = total_epochs
-        status["progress"] = f"{epochs}/{total_epochs}"
-    status["etaSeconds"] = 0.0
+        status.epoch = epochs
+        status.total_epochs = total_epochs
+        status.progress = f"{epochs}/{total_epochs}"
+    status.eta_seconds = 0.0

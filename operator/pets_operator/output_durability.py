@@ -10,6 +10,7 @@ from typing import Any
 from pets_operator import api, builders
 from pets_operator.plan_types import Observed, set_condition
 from pets_operator.spec import Spec
+from pets_operator.status_types import Status
 
 # status.outputReason: why the operator chose the output of a training without spec.output.
 OPERATOR_DEFAULT = "OperatorDefault"  # `pets-operator run --default-output` (the chart's defaultOutput)
@@ -25,7 +26,7 @@ _EMPTYDIR_FIX = ("set spec.output.managedClaim.storageClassName (the operator ma
                  "class), spec.output.persistentVolumeClaim, or give the cluster a default StorageClass")
 
 
-def output_durable(status: dict[str, Any], spec: Spec, observed: Observed, name: str,
+def output_durable(status: Status, spec: Spec, observed: Observed, name: str,
                     now: datetime, generation: int | None) -> None:
     """OutputDurable: whether the work outlives the pods (a restart resumes, `fetch` has files), and how
     to get there when it does not. Unknown while the claim is Pending and a pod waits for it."""
@@ -68,18 +69,18 @@ def output_durable(status: dict[str, Any], spec: Spec, observed: Observed, name:
         message = (f"{where}, which goes with the pods: a restart or an eviction starts from epoch 0 and "
                    "`kubectl pets fetch` finds nothing; set spec.output.managedClaim: {} (the operator makes "
                    "a claim) or spec.output.persistentVolumeClaim")
-    set_condition(status["conditions"], "OutputDurable", durable, reason, message, now, generation)
+    set_condition(status, "OutputDurable", durable, reason, message, now, generation)
 
 
-def keep_or_choose_output(old_status: dict[str, Any], default: dict[str, Any],
+def keep_or_choose_output(old_status: Status, default: dict[str, Any],
                           has_default_class: Callable[[], bool | None]) -> tuple[dict[str, Any], str]:
     """The output where spec.output is unset, and why (OUTPUT_REASONS): the operator's default, chosen
     once and then kept in status.output, so a changed default never moves a training's work. A default
     claim with no StorageClass named falls back to an emptyDir where the cluster has no default
     StorageClass (`has_default_class` says False; None: not allowed to look): the claim would wait for
     ever, and the training with it."""
-    if isinstance(old_status.get("output"), dict):
-        return old_status["output"], str(old_status.get("outputReason") or OPERATOR_DEFAULT)
+    if isinstance(old_status.output, dict):
+        return old_status.output, str(old_status.output_reason or OPERATOR_DEFAULT)
     if "managedClaim" in default and not default["managedClaim"].get("storageClassName") \
             and has_default_class() is False:
         return {"emptyDir": {}}, NO_DEFAULT_STORAGE_CLASS

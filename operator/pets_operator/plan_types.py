@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from pets_operator.backends import Backend, WorkloadState, timestamp
+from pets_operator.status_types import Status
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,7 @@ class Event:
 
 @dataclass
 class Plan:
-    status: dict[str, Any]
+    status: Status
     create: list[dict[str, Any]] = field(default_factory=list)
     delete: list[dict[str, Any]] = field(default_factory=list)  # objects (kind/name/namespace)
     force_delete: list[dict[str, str]] = field(default_factory=list)  # pods (name, uid) on lost nodes
@@ -68,9 +69,12 @@ class Plan:
     requeue_after: float | None = None  # seconds until the plan should be made again at the latest
 
 
-def set_condition(conditions: list[dict[str, Any]], ctype: str, status: bool | None, reason: str,
-                   message: str, now: datetime, generation: int | None) -> None:
+def set_condition(st: Status, ctype: str, status: bool | None, reason: str, message: str, now: datetime,
+                  generation: int | None) -> None:
     value = "Unknown" if status is None else "True" if status else "False"
+    if st.conditions is None:
+        st.conditions = []
+    conditions = st.conditions
     for cond in conditions:
         if cond["type"] == ctype:
             if cond.get("status") != value:

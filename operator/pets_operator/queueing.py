@@ -36,7 +36,7 @@ def while_queued(result: Plan, spec: Spec, observed: Observed, ws: WorkloadState
     assert observed.workload is not None
     queue = queue_name(target)
     if not observed.queue_served:
-        status["queue"] = QueueStatus(
+        status.queue = QueueStatus(
             queue, False, "Kueue is not installed (workloads.kueue.x-k8s.io is not served)").to_dict()
         return (api.QUEUED, "QueueUnavailable",
                 f"labelled {api.KUEUE_QUEUE_LABEL}={queue}, but Kueue is not installed in this cluster, so "
@@ -53,25 +53,25 @@ def while_queued(result: Plan, spec: Spec, observed: Observed, ws: WorkloadState
                                        f"{qw['metadata']['name']}"))
     suspended = observed.backend.is_suspended(observed.workload)
     if spec.suspend:
-        status.pop("pendingSince", None)
+        status.pending_since = None
         detail = "" if suspended else "; its pods stop once Kueue suspends the workload"
         message = (f"suspended: Kueue Workload {qw['metadata']['name']} is deactivated{detail}" if qw
                    else "suspended: Kueue's Workload is deactivated as soon as Kueue has made it")
-        status["queue"] = QueueStatus.of(queue, qw, admitted, message).to_dict()
+        status.queue = QueueStatus.of(queue, qw, admitted, message).to_dict()
         return api.SUSPENDED, "Deactivated", message
     if not suspended:  # admitted: Kueue unsuspended it; from here on the pods tell
-        status["queue"] = QueueStatus.of(queue, qw, True, "").to_dict()
+        status.queue = QueueStatus.of(queue, qw, True, "").to_dict()
         return while_active(result, spec, observed, ws, restarts, now)
-    status.pop("pendingSince", None)
+    status.pending_since = None
     evicted = next((c for t in ("Evicted", "Preempted") if (c := conds.get(t, {})).get("status") == "True"
                     and c.get("reason") not in KUEUE_NOT_PREEMPTION), None)
-    old_phase = result.status.get("phase")
+    old_phase = result.status.phase
     if evicted or old_phase in (api.RUNNING, api.PREEMPTED):
         why = evicted or {}
         message = (f"preempted by Kueue ({why.get('reason') or 'Evicted'}: "
                    f"{why.get('message') or 'suspended'}); it waits to be admitted again and then resumes "
                    "from its newest checkpoint (not a failure)")
-        status["queue"] = QueueStatus.of(queue, qw, False, why.get("message") or "").to_dict()
+        status.queue = QueueStatus.of(queue, qw, False, why.get("message") or "").to_dict()
         if old_phase != api.PREEMPTED:
             result.events.append(Event("Warning", "Preempted", message))
         return api.PREEMPTED, why.get("reason") or "Preempted", message
@@ -81,7 +81,7 @@ def while_queued(result: Plan, spec: Spec, observed: Observed, ws: WorkloadState
                    f"{backend.group}/{backend.name} integration enabled?)")
     kueue_says = waiting.get("message") or (no_workload if qw is None else "waiting for admission")
     message = f"queued in {queue}: {kueue_says}"
-    status["queue"] = QueueStatus.of(queue, qw, False, kueue_says).to_dict()
+    status.queue = QueueStatus.of(queue, qw, False, kueue_says).to_dict()
     if old_phase != api.QUEUED:
         result.events.append(Event("Normal", "Queued", message))
     return api.QUEUED, waiting.get("reason") or "WaitingForAdmission", message

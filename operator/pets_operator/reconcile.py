@@ -32,6 +32,7 @@ from pets_operator.context import Context, Snapshot
 from pets_operator.plan_types import Observed
 from pets_operator.refusals import plan_backend_unavailable, plan_invalid
 from pets_operator.spec import Spec
+from pets_operator.status_types import Status
 
 # A workload deleting for longer than this is deleted again: its end may have been missed (Context.gone).
 DELETING_RECHECK = timedelta(seconds=30)
@@ -39,13 +40,12 @@ LEGACY_FINALIZER = f"{api.GROUP}/operator"  # kopf's, from when each training ha
 
 
 
-def _resolve_backend(ctx: Context, spec: Spec, old_status: dict[str, Any]
-                     ) -> tuple[backends.Backend, str]:
+def _resolve_backend(ctx: Context, spec: Spec, old_status: Status) -> tuple[backends.Backend, str]:
     return backends.keep_or_choose(spec, old_status, lambda: served_backends(ctx.api_client),
                                    ctx.settings.auto_backend)
 
 
-def _resolve_output(ctx: Context, old_status: dict[str, Any]) -> tuple[dict[str, Any], str]:
+def _resolve_output(ctx: Context, old_status: Status) -> tuple[dict[str, Any], str]:
     return output_durability.keep_or_choose_output(old_status, ctx.settings.default_output,
                                                    lambda: has_default_storage_class(ctx.api_client))
 
@@ -64,7 +64,7 @@ def reconcile_once(ctx: Context, snap: Snapshot, logger: Logger) -> float | None
     if body["metadata"].get("deletionTimestamp"):
         return None  # the garbage collector deletes the children (owner references)
     now = datetime.now(UTC)
-    old_status = body.get("status") or {}
+    old_status = Status.from_dict(body.get("status") or {})
     try:
         spec = api.resolve_spec(body.get("spec"))
         backend, backend_reason = _resolve_backend(ctx, spec, old_status)
@@ -80,8 +80,9 @@ def reconcile_once(ctx: Context, snap: Snapshot, logger: Logger) -> float | None
         # None once written; the seconds until a write held back by STATUS_WRITE_INTERVAL may go
         return carry_out(ctx, cl, body, plan_invalid(body, str(exc), now), logger)
 
-    restarts = int(old_status.get("restarts") or 0)
-    attempt = int(old_status.get("attempt", restarts))  # before `attempt` existed, one per restart
+    restarts = int(old_status.restarts or 0)
+    # before `attempt` existed, one per restart
+    attempt = int(restarts if old_status.attempt is None else old_status.attempt)
     current_name = builders.job_name(name, attempt)
     uid = body["metadata"]["uid"]
     watched = backend is backends.JOB

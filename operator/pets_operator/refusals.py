@@ -4,7 +4,6 @@ spec.scheduling.pendingTimeoutSeconds)."""
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
 from typing import Any
 
@@ -12,6 +11,7 @@ from pets_operator import api
 from pets_operator.backends import parse_timestamp, timestamp
 from pets_operator.conditions import apply_phase
 from pets_operator.plan_types import Event, Plan, ref, set_condition
+from pets_operator.status_types import Status
 
 
 def plan_invalid(body: dict[str, Any], error: str, now: datetime) -> Plan:
@@ -26,15 +26,13 @@ def plan_backend_unavailable(body: dict[str, Any], error: str, now: datetime) ->
 
 def plan_without_workload(body: dict[str, Any], phase: str, reason: str, message: str,
                            now: datetime) -> Plan:
-    old = dict(body.get("status") or {})
-    status: dict[str, Any] = json.loads(json.dumps(old))
-    status.setdefault("conditions", [])
+    old = Status.from_dict(body.get("status") or {})
     generation = (body.get("metadata") or {}).get("generation")
-    status["observedGeneration"] = generation
-    result = Plan(status=status)
-    apply_phase(result, old.get("phase"), phase, reason, message, now, generation)
+    result = Plan(status=old.copy())
+    result.status.observed_generation = generation
+    apply_phase(result, old.phase, phase, reason, message, now, generation)
     # One Warning per new reason, not one per poll (nor a second one for the phase change).
-    result.events = [Event("Warning", reason, message)] if old.get("message") != message else []
+    result.events = [Event("Warning", reason, message)] if old.message != message else []
     return result
 
 
@@ -56,8 +54,8 @@ def plan_child_refused(body: dict[str, Any], error: str, now: datetime, permanen
     counts as waiting for pods: it starts status.pendingSince, so spec.scheduling.pendingTimeoutSeconds
     bounds it as it bounds unschedulable pods.
     """
-    old = body.get("status") or {}
-    old_since = old.get("pendingSince")
+    old = Status.from_dict(body.get("status") or {})
+    old_since = old.pending_since
     waited = (now - parse_timestamp(old_since)).total_seconds() if old_since else 0.0
     timeout = (((body.get("spec") or {}).get("scheduling")) or {}).get("pendingTimeoutSeconds")
     if permanent or (timeout is not None and waited >= timeout):
@@ -70,20 +68,20 @@ def plan_child_refused(body: dict[str, Any], error: str, now: datetime, permanen
             message = f"did not start within spec.scheduling.pendingTimeoutSeconds={timeout}: could not " \
                       f"create {child}: {error}"
         result = plan_without_workload(body, api.FAILED, reason, message, now)
-        result.status.pop("pendingSince", None)
-        result.status["completionTime"] = timestamp(now)
+        result.status.pending_since = None
+        result.status.completion_time = timestamp(now)
         result.delete = [ref(obj) for obj in cleanup or []]
     else:
-        phase = api.RESTARTING if old.get("phase") == api.RESTARTING else api.PENDING
+        phase = api.RESTARTING if old.phase == api.RESTARTING else api.PENDING
         message = f"waiting to create {child}: {error}; retrying"
         result = plan_without_workload(body, phase, "ChildCreateRetrying", message, now)
-        result.status["pendingSince"] = old_since or timestamp(now)
+        result.status.pending_since = old_since or timestamp(now)
         delay = min(max(waited, CHILD_RETRY_MIN_SECONDS), CHILD_RETRY_MAX_SECONDS)
         result.requeue_after = delay if timeout is None else max(0.0, min(delay, timeout - waited))
-    if "workloadActive" in result.status:
-        result.status["workloadActive"] = False  # its workload was not created
+    if result.status.workload_active is not None:
+        result.status.workload_active = False  # its workload was not created
     if child.startswith("PersistentVolumeClaim "):  # the output claim: the work has nowhere durable to go
-        set_condition(result.status.setdefault("conditions", []), "OutputDurable", False, "ClaimRefused",
+        set_condition(result.status, "OutputDurable", False, "ClaimRefused",
                        f"the API server refused the output claim {child.split(' ', 1)[1]}: {error}", now,
                        (body.get("metadata") or {}).get("generation"))
     return result

@@ -13,7 +13,7 @@ resumes from that checkpoint. Three things start one:
 
 Only a user grows a training: a run made smaller goes on at that size until its attempt ends (the next
 one, after a failure, a rebuild or a resume, is built at spec.replicas again) or spec.replicas changes.
-Pure functions on the status dict and the observed children; time is passed in.
+Pure functions on the typed status and the observed children; time is passed in.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from pets_operator import api, builders, pods
 from pets_operator.backends import parse_timestamp, timestamp
 from pets_operator.plan_types import Event, Observed, Plan
 from pets_operator.spec import Spec
+from pets_operator.status_types import Status
 
 SCALED, NODE_LOST, PARTIAL_ADMISSION = "Scaled", "NodeLost", "PartialAdmission"
 
@@ -39,50 +40,50 @@ def selector(name: str) -> str:
     return ",".join(f"{key}={value}" for key, value in builders.selector(name).items())
 
 
-def next_size(spec: Spec, status: dict[str, Any]) -> int:
+def next_size(spec: Spec, status: Status) -> int:
     """The size the next workload is built at: the smaller one a resize by the operator chose, else
     spec.replicas."""
-    resize = status.get("resize") or {}
+    resize = status.resize or {}
     if resize.get("reason") in (NODE_LOST, PARTIAL_ADMISSION) and int(resize.get("to") or 0) >= 1 \
             and resize.get("asked", spec.replicas) == spec.replicas:  # not scaled since: then that size
         return min(int(resize["to"]), spec.replicas)
     return spec.replicas
 
 
-def current_size(spec: Spec, observed: Observed, status: dict[str, Any]) -> int:
+def current_size(spec: Spec, observed: Observed, status: Status) -> int:
     """status.replicas: the size of the workload there is, else of the one about to be built."""
     if observed.workload is not None and (size := observed.backend.size(observed.workload)):
         return size
     return next_size(spec, status)
 
 
-def keeps(spec: Spec, status: dict[str, Any], size: int) -> bool:
+def keeps(spec: Spec, status: Status, size: int) -> bool:
     """The trainer can keep the training's global batch at `size` pods (status.globalBatch a multiple of
     their micro-batches); unknown (a 0.1.0 training): its trainer says so itself."""
-    batch = status.get("globalBatch")
+    batch = status.global_batch
     return not batch or int(batch) % (spec.batch_size * spec.processes_per_replica * size) == 0
 
 
-def fitting(spec: Spec, status: dict[str, Any], most: int) -> int | None:
+def fitting(spec: Spec, status: Status, most: int) -> int | None:
     """The largest size up to `most`, and at least spec.elastic.minReplicas, that keeps the global batch."""
     return next((n for n in range(most, min_replicas(spec) - 1, -1) if keeps(spec, status, n)), None)
 
 
-def refused(result: Plan, spec: Spec, observed: Observed, old: dict[str, Any]) -> bool:
+def refused(result: Plan, spec: Spec, observed: Observed, old: Status) -> bool:
     """spec.replicas changed while the workload runs to a size that cannot keep the global batch: it runs
     on at its size, with one ResizeRefused Warning per refused size (the API's rule refuses such sizes
     where elastic.maxReplicas is set; without it only the global batch, fixed at the first size, says)."""
     status = result.status
     if observed.workload is None or observed.backend.is_suspended(observed.workload) or \
             keeps(spec, status, spec.replicas):
-        status.pop("resizeRefused", None)
+        status.resize_refused = None
         return False
-    status["resizeRefused"] = spec.replicas
-    if old.get("resizeRefused") != spec.replicas:
+    status.resize_refused = spec.replicas
+    if old.resize_refused != spec.replicas:
         size = observed.backend.size(observed.workload)
         can = [n for n in range(1, 129) if keeps(spec, status, n)]
         result.events.append(Event("Warning", "ResizeRefused", (
-            f"spec.replicas={spec.replicas} cannot keep the training's global batch {status['globalBatch']} "
+            f"spec.replicas={spec.replicas} cannot keep the training's global batch {status.global_batch} "
             f"(batchSize {spec.batch_size} x processesPerReplica {spec.processes_per_replica} x a size that "
             f"divides it): sizes that keep it: {', '.join(map(str, can))}; it runs on at {size}")))
     return True
@@ -92,15 +93,15 @@ def begin(result: Plan, old_size: int, new_size: int, asked: int, reason: str, w
           now: datetime) -> None:
     """A resize starts: one `Resized` Event ("2 -> 1"), and status.resize until the new gang runs, so the
     drain and the restart are booked as resizing time (goodput). `asked`: spec.replicas then."""
-    result.status["resize"] = {"from": old_size, "to": new_size, "asked": asked, "reason": reason,
+    result.status.resize = {"from": old_size, "to": new_size, "asked": asked, "reason": reason,
                                "since": timestamp(now)}
     result.events.append(Event("Normal", "Resized", f"{old_size} -> {new_size} ({reason}): {why}"))
 
 
-def settle(status: dict[str, Any], phase: str) -> None:
+def settle(status: Status, phase: str) -> None:
     """The new gang runs (or the training ended): the resize is over."""
-    if status.get("resize") and (phase == api.RUNNING or phase in api.FINISHED_PHASES):
-        status.pop("resize")
+    if status.resize and (phase == api.RUNNING or phase in api.FINISHED_PHASES):
+        status.resize = None
 
 
 def scaled_message(old_size: int, new_size: int, suspended: bool) -> str:
@@ -110,14 +111,14 @@ def scaled_message(old_size: int, new_size: int, suspended: bool) -> str:
             f"from it at world size {new_size}")
 
 
-def placed_after_node_loss(spec: Spec, observed: Observed, status: dict[str, Any], size: int,
+def placed_after_node_loss(spec: Spec, observed: Observed, status: Status, size: int,
                            now: datetime) -> int | None:
     """After a node loss, a gang that still has pods unplaced placement.nodeLostSeconds after it began
     to wait goes on at the size that was placed, where spec.elastic.minReplicas allows it (None: wait)."""
-    failure = status.get("lastFailure") or {}
+    failure = status.last_failure or {}
     if min_replicas(spec) >= size or failure.get("cause") != "NodeLost":
         return None
-    since = status.get("pendingSince")
+    since = status.pending_since
     pod_list = observed.pods or []
     if not since or len(pod_list) < size:
         return None
@@ -139,7 +140,7 @@ def built_size(workload: dict[str, Any]) -> int | None:
     return int(annotations.get(builders.ANNOTATION_WORLD_SIZE) or 0) or None
 
 
-def admitted_smaller(spec: Spec, observed: Observed, status: dict[str, Any]) -> int | None:
+def admitted_smaller(spec: Spec, observed: Observed, status: Status) -> int | None:
     """Kueue admitted the workload at fewer pods than its pods were built for (partial admission sets
     the Job's parallelism and completions, not the pods' world size): the size to rebuild it at."""
     workload = observed.workload

@@ -11,6 +11,7 @@ from pets_operator import api, goodput, pods
 from pets_operator.backends import WorkloadState, parse_timestamp, timestamp
 from pets_operator.plan_types import Event, Observed, Plan, ref
 from pets_operator.spec import Spec
+from pets_operator.status_types import Status
 
 BACKOFF_LIMIT = "BackoffLimitExceeded"  # the Job's reason once a pod's failure counted against it
 
@@ -69,29 +70,29 @@ def after_failure(result: Plan, spec: Spec, observed: Observed, ws: WorkloadStat
             and not observed.summary:
         # No failed pod or summary to show, and a rank without a pod: deleted (make chaos: a 1-replica
         # training's pod, whose trainer had stopped on SIGTERM, was gone when the operator looked)
-        size = int(status.get("replicas") or spec.replicas)
+        size = int(status.replicas or spec.replicas)
         failure = pods.vanished_failure(observed.pods, size, observed.backend.rank_of)
     detail = failure.message if failure else ws.message
     if trainer_error and failure is None:
         detail = f"{ws.message}; trainer: {trainer_error}"
     if failure is not None:
-        status["lastFailure"] = failure_record(failure, now)
-    disruptions = int(status.get("disruptions") or 0)
+        status.last_failure = failure_record(failure, now)
+    disruptions = int(status.disruptions or 0)
     counted = restarts - disruptions
     permanent = (failure is not None and failure.permanent) or ws.reason == observed.backend.permanent_reason
     by_cluster = (failure is not None and failure.caused_by_cluster) or disrupted
     if failure is None and disrupted:  # the disrupted pod is gone; the Job's condition says what it was
-        status["lastFailure"] = {"cause": "Disrupted", "message": ws.message,
+        status.last_failure = {"cause": "Disrupted", "message": ws.message,
                                  "time": ws.completion_time or timestamp(now)}
-    if (failure is not None or disrupted) and isinstance(status.get("step"), int):
-        status["lastFailure"]["lastStep"] = status["step"]  # how far it got (as last read): lostSteps
+    if (failure is not None or disrupted) and isinstance(status.step, int) and status.last_failure:
+        status.last_failure["lastStep"] = status.step  # how far it got (as last read): lostSteps
     if observed.summary:  # a stopped or failed trainer's own split of this attempt
-        goodput.read_summary(status, int(status["attempt"]), observed.summary)
+        goodput.read_summary(status, int(status.attempt or 0), observed.summary)
     if not permanent and (by_cluster or counted < spec.max_restarts):
-        status["restarts"] = restarts + 1
-        status["attempt"] = int(status["attempt"]) + 1
+        status.restarts = restarts + 1
+        status.attempt = int(status.attempt or 0) + 1
         if by_cluster:
-            status["disruptions"] = disruptions + 1
+            status.disruptions = disruptions + 1
         result.delete.append(ref(observed.workload))
         resume = resume_point(spec, status, observed.summary)
         cost = ("not counted: the cluster ended the pod" if by_cluster
@@ -100,7 +101,7 @@ def after_failure(result: Plan, spec: Spec, observed: Observed, ws: WorkloadStat
         result.events.append(Event("Warning", "Restarting", message))
         result.requeue_after = 0.0
         return api.RESTARTING, "GangRestart", message
-    status["completionTime"] = ws.completion_time or timestamp(now)
+    status.completion_time = ws.completion_time or timestamp(now)
     if permanent:
         return api.FAILED, "PermanentError", f"failed: {detail} (a restart cannot fix this)"
     if spec.max_restarts:
@@ -108,17 +109,17 @@ def after_failure(result: Plan, spec: Spec, observed: Observed, ws: WorkloadStat
     return api.FAILED, ws.reason, f"failed: {detail}"
 
 
-def resume_point(spec: Spec, status: dict[str, Any], summary: dict[str, Any] | None = None) -> str:
+def resume_point(spec: Spec, status: Status, summary: dict[str, Any] | None = None) -> str:
     if "emptyDir" in api.output_of(spec):
         return "starting from epoch 0 (the output is an emptyDir, which goes with the pods)"
     if (summary or {}).get("status") == "stopped" and isinstance((summary or {}).get("global_step"), int):
         assert summary is not None
         return f"resuming at step {summary['global_step']}, from the checkpoint it saved on SIGTERM"
-    checkpoint = status.get("lastCheckpoint") or {}
+    checkpoint = status.last_checkpoint or {}
     if checkpoint.get("step"):  # the trainer's newest, an epoch's or a step checkpoint
         return f"resuming from the newest checkpoint, at step {checkpoint['step']} or later"
     if checkpoint.get("epoch"):
-        epoch, total, steps = checkpoint["epoch"], status.get("totalEpochs"), status.get("stepsTotal")
+        epoch, total, steps = checkpoint["epoch"], status.total_epochs, status.steps_total
         # Checkpoints are taken at epoch ends, and every epoch has the same number of steps.
         at_step = f", step {epoch * steps // total}" if total and steps and steps % total == 0 else ""
         return f"resuming from the checkpoint of epoch {epoch}{at_step}"

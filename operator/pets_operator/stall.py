@@ -4,28 +4,28 @@ ProgressReported condition (rank 0's endpoint answers, or why not)."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
 
 from pets_operator import api
 from pets_operator.backends import parse_timestamp
 from pets_operator.plan_types import Event, Observed, Plan, set_condition
 from pets_operator.spec import Spec
+from pets_operator.status_types import Status
 
 
 def stalled(result: Plan, spec: Spec, now: datetime, generation: int | None) -> None:
     """Stalled: a Running training whose progress has not moved for longer than its own pace allows."""
     status = result.status
     bound = stall_bound(spec, status)
-    last = status.get("lastProgressTime") or status.get("startTime")
-    if status.get("phase") != api.RUNNING or bound is None or not last:
-        if any(c["type"] == "Stalled" for c in status["conditions"]):
-            set_condition(status["conditions"], "Stalled", False, "NotRunning", "", now, generation)
+    last = status.last_progress_time or status.start_time
+    if status.phase != api.RUNNING or bound is None or not last:
+        if any(c["type"] == "Stalled" for c in status.conditions or []):
+            set_condition(status, "Stalled", False, "NotRunning", "", now, generation)
         return
     quiet = (now - parse_timestamp(last)).total_seconds()
     stalled = quiet > bound
-    was = next((c for c in status["conditions"] if c["type"] == "Stalled" and c["status"] == "True"), None)
+    was = next((c for c in status.conditions or [] if c["type"] == "Stalled" and c["status"] == "True"), None)
     message = (f"no progress since {last} ({quiet:.0f} s, more than {bound:.0f} s)" if stalled else "")
-    set_condition(status["conditions"], "Stalled", stalled, "NoProgress" if stalled else "Progressing",
+    set_condition(status, "Stalled", stalled, "NoProgress" if stalled else "Progressing",
                    message, now, generation)
     if stalled and not was:
         result.events.append(Event("Warning", "Stalled", message))
@@ -56,10 +56,10 @@ def progress_reported(result: Plan, observed: Observed, now: datetime, generatio
     """ProgressReported: False, with the reason, when a running rank 0's gauges cannot be read (a
     NetworkPolicy, a crashed metrics server, a wrong port); one Warning Event when that starts."""
     status = result.status
-    if status.get("phase") != api.RUNNING:
+    if status.phase != api.RUNNING:
         return
     if observed.progress is not None:
-        set_condition(status["conditions"], "ProgressReported", True, "Scraped", "", now, generation)
+        set_condition(status, "ProgressReported", True, "Scraped", "", now, generation)
         return
     since = observed.rank0_running_since
     if not observed.progress_error or not since:
@@ -82,8 +82,8 @@ def progress_reported(result: Plan, observed: Observed, now: datetime, generatio
         reason = "ProgressRefused"
         message = (f"rank 0's progress was refused: {observed.progress_error}; its metrics endpoint must "
                    "serve the pets_* gauges as the trainer does (docs/contract.md)")
-    was = next((c for c in status["conditions"] if c["type"] == "ProgressReported"), None)
-    set_condition(status["conditions"], "ProgressReported", False, reason, message, now, generation)
+    was = next((c for c in status.conditions or [] if c["type"] == "ProgressReported"), None)
+    set_condition(status, "ProgressReported", False, reason, message, now, generation)
     if not was or was.get("status") != "False":
         result.events.append(Event("Warning", "ProgressUnreadable", message))
 
@@ -94,13 +94,13 @@ STALL_MIN_SECONDS = 120.0
 STALL_STEPS = 20  # this many steps' time without progress
 
 
-def stall_bound(spec: Spec, status: dict[str, Any]) -> float | None:
+def stall_bound(spec: Spec, status: Status) -> float | None:
     """Seconds without progress after which a Running training is Stalled: spec.stallTimeoutSeconds,
     else 20 of its own steps (at least 2 minutes), once it has taken a step to measure."""
     explicit = (spec.scheduling or {}).get("stallTimeoutSeconds")
     if explicit:
         return float(explicit)
-    steps, elapsed = status.get("step"), status.get("elapsedSeconds")
+    steps, elapsed = status.step, status.elapsed_seconds
     if not steps or not elapsed:
         return None
     return max(STALL_MIN_SECONDS, STALL_STEPS * float(elapsed) / float(steps))

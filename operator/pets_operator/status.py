@@ -7,7 +7,6 @@ decide nothing themselves. Everything here is deterministic given its inputs (ti
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -38,24 +37,24 @@ from pets_operator.resize import NODE_LOST, PARTIAL_ADMISSION, SCALED
 from pets_operator.restarts import after_failure, force_delete_lost, lost_current
 from pets_operator.spec import Spec
 from pets_operator.stall import progress_reported, stalled
+from pets_operator.status_types import Status
 
 
-def _network_policy(result: Plan, spec: Spec, target: builders.Target, made: str | None, *,
-                    started_without: bool) -> dict[str, Any] | None:
+def _network_policy(r: _Round) -> dict[str, Any] | None:
     """The training's NetworkPolicy, if it is to have one. It is made once, with the first workload and
     before it (plan's creating branch), and then named in status.children; a training that an operator
     without policies started (its status names children, but no policy) gets it in this round. The one
     the operator made is deleted when spec.networkPolicy or the chart's switch turns it off. No watch is
     needed: the policy is owned by the training, and a create of an existing one is a no-op."""
-    policy = children.build_network_policy(spec, target)
+    policy, made = children.build_network_policy(r.spec, r.target), r.made_policy
     if policy is not None:
-        if not made and started_without:  # (a made one is already named: plan carries it over)
-            result.create.append(policy)
-            result.status["children"]["networkPolicy"] = policy["metadata"]["name"]
+        if not made and r.old.children:  # started without (a made one is already named: carried over)
+            r.result.create.append(policy)
+            r.children["networkPolicy"] = policy["metadata"]["name"]
     elif made:
-        result.delete.append({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "name": made,
-                              "namespace": target.namespace})
-        result.status["children"].pop("networkPolicy", None)
+        r.result.delete.append({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "name": made,
+                                "namespace": r.target.namespace})
+        r.children.pop("networkPolicy", None)
     return policy
 
 
@@ -78,17 +77,17 @@ def plan(
     7. goodput accounts the round's time."""
     r = _begin(body, spec, observed, target, now)
     if r.old_phase in api.FINISHED_PHASES:  # terminal: nothing is created again, only the TTL remains
-        r.status["workloadActive"] = False
+        r.status.workload_active = False
         _ttl(r.result, spec, r.status, now)
     else:
         goodput.begin(r.status, r.meta.get("creationTimestamp"), now)
         policy = _service_and_network_policy(r)
-        size = r.status["replicas"]
+        size = r.size
         ws = _ranks_decide_success(observed.workload_state(size), observed, size)
         if observed.workload is None or ws is None:
             _without_workload(r, policy)
         else:
-            r.status["workloadActive"] = (not observed.backend.is_suspended(observed.workload)
+            r.status.workload_active = (not observed.backend.is_suspended(observed.workload)
                                           and ws.phase not in api.FINISHED_PHASES)
             edited = ws.phase not in api.FINISHED_PHASES and _built_from_older_spec(observed.workload, spec)
             if edited and not resize.refused(r.result, spec, observed, r.old):
@@ -98,7 +97,7 @@ def plan(
             else:
                 _read_progress(r, ws)
                 _with_workload(r, ws)
-    resize.settle(r.status, r.status.get("phase") or "")
+    resize.settle(r.status, r.status.phase or "")
     goodput.account(r.old, r.status, r.meta.get("creationTimestamp"), now)
     return r.result
 
@@ -112,16 +111,16 @@ class _Round:
     target: builders.Target
     now: datetime
     meta: dict[str, Any]
-    old: dict[str, Any]
+    old: Status
     result: Plan
 
     @property
-    def status(self) -> dict[str, Any]:
+    def status(self) -> Status:
         return self.result.status
 
     @property
     def old_phase(self) -> str | None:
-        return self.old.get("phase")
+        return self.old.phase
 
     @property
     def generation(self) -> int | None:
@@ -129,11 +128,21 @@ class _Round:
 
     @property
     def restarts(self) -> int:
-        return int(self.old.get("restarts") or 0)
+        return int(self.old.restarts or 0)
+
+    @property
+    def children(self) -> dict[str, str]:
+        assert self.status.children is not None  # _begin sets it, as it sets replicas
+        return self.status.children
+
+    @property
+    def size(self) -> int:
+        assert self.status.replicas is not None
+        return self.status.replicas
 
     @property
     def made_policy(self) -> str | None:
-        return (self.old.get("children") or {}).get("networkPolicy")
+        return (self.old.children or {}).get("networkPolicy")
 
     def phase(self, phase: str, reason: str, message: str) -> None:
         apply_phase(self.result, self.old_phase, phase, reason, message, self.now, self.generation)
@@ -143,37 +152,35 @@ def _begin(body: dict[str, Any], spec: Spec, observed: Observed, target: builder
            now: datetime) -> _Round:
     """The fields every round writes, the output and its durability; older attempts' workloads are always
     cleaned up (a restart deletes, then recreates), and pods stuck on a lost node force-deleted."""
-    old = dict(body.get("status") or {})
-    status: dict[str, Any] = json.loads(json.dumps(old))  # deep copy, JSON-only
-    status.setdefault("conditions", [])
+    old = Status.from_dict(body.get("status") or {})
+    status = old.copy()
     r = _Round(spec, observed, target, now, body.get("metadata") or {}, old, Plan(status=status))
     backend = observed.backend
-    status["observedGeneration"] = r.generation
-    status["backend"] = backend.name
+    status.observed_generation = r.generation
+    status.backend = backend.name
     if observed.backend_reason:
-        status["backendReason"] = observed.backend_reason
-    status["replicas"] = resize.current_size(spec, observed, old)
+        status.backend_reason = observed.backend_reason
+    status.replicas = resize.current_size(spec, observed, old)
     # A training that finished under an older operator keeps its status as it was (make test-upgrade).
-    finished_before = old.get("phase") in api.FINISHED_PHASES and "checkpointShape" not in old
+    finished_before = old.phase in api.FINISHED_PHASES and old.checkpoint_shape is None
     if not finished_before:
-        status["selector"] = resize.selector(target.name)
+        status.selector = resize.selector(target.name)
         checkpoint_home.record(r.result, spec, old)
-    status["restarts"] = r.restarts
-    status["attempt"] = target.attempt
-    status["totalEpochs"] = spec.epochs
-    status["children"] = backend.children_names(target.name, target.attempt)
+    status.restarts = r.restarts
+    status.attempt = target.attempt
+    status.total_epochs = spec.epochs
+    status.children = backend.children_names(target.name, target.attempt)
     if observed.output_reason:  # chosen by the operator: kept, so it never changes under the training
-        status["output"], status["outputReason"] = api.output_of(spec), observed.output_reason
+        status.output, status.output_reason = dict(api.output_of(spec)), observed.output_reason
     else:
-        status.pop("output", None)
-        status.pop("outputReason", None)
+        status.output = status.output_reason = None
     if "managedClaim" in api.output_of(spec):
-        status["children"]["outputClaim"] = builders.output_claim_name(target.name)
+        status.children["outputClaim"] = builders.output_claim_name(target.name)
     output_durable(status, spec, observed, target.name, now, r.generation)
     r.result.delete += [ref(w) for w in observed.stale]
     force_delete_lost(r.result, observed)
     if r.made_policy:
-        status["children"]["networkPolicy"] = r.made_policy
+        status.children["networkPolicy"] = r.made_policy
     return r
 
 
@@ -183,15 +190,14 @@ def _service_and_network_policy(r: _Round) -> dict[str, Any] | None:
     service = r.observed.backend.build_service(r.spec, r.target)
     if service is not None and r.observed.service is None:
         r.result.create.append(service)
-    return _network_policy(r.result, r.spec, r.target, r.made_policy,
-                           started_without=bool(r.old.get("children")))
+    return _network_policy(r)
 
 
 def _without_workload(r: _Round, policy: dict[str, Any] | None) -> None:
     """No workload of this attempt: wait for what must go first, end a training out of time, or create
     the workload and what it mounts."""
     status, spec, observed, target = r.status, r.spec, r.observed, r.target
-    status["workloadActive"] = False
+    status.workload_active = False
     if observed.stale:
         phase = (api.RESTARTING if r.old_phase == api.RESTARTING else api.SUSPENDED if spec.suspend
                  else api.QUEUED if target.queued else api.PENDING)
@@ -209,8 +215,7 @@ def _without_workload(r: _Round, policy: dict[str, Any] | None) -> None:
         r.result.requeue_after = CHILD_RETRY_MIN_SECONDS
     else:
         phase, reason, message = _create_workload(r, policy, left)
-    status["activeReplicas"] = 0
-    status["readyReplicas"] = 0
+    status.active_replicas = status.ready_replicas = 0
     r.phase(phase, reason, message)
 
 
@@ -219,8 +224,7 @@ def _create_workload(r: _Round, policy: dict[str, Any] | None, left: float | Non
     pods), the managed output claim and the dataset cache (made once; an existing one is kept)."""
     status, spec, observed, target, result = r.status, r.spec, r.observed, r.target, r.result
     backend = observed.backend
-    built_for = replace(target, checkpoint_dir=status["checkpointDir"],
-                        global_batch=status.get("globalBatch"))
+    built_for = replace(target, checkpoint_dir=status.checkpoint_dir, global_batch=status.global_batch)
     if left is not None:
         built_for = replace(built_for, deadline_left=max(1, math.ceil(left)))
     if (size := resize.next_size(spec, status)) != spec.replicas:  # smaller, as the cluster allowed
@@ -228,10 +232,10 @@ def _create_workload(r: _Round, policy: dict[str, Any] | None, left: float | Non
         workload = backend.build_workload(replace(spec, replicas=size), built_for)
     else:
         workload = backend.build_workload(spec, built_for)
-    status["replicas"] = size
+    status.replicas = size
     if policy is not None and not r.made_policy and policy not in result.create:
         result.create.append(policy)
-        status["children"]["networkPolicy"] = policy["metadata"]["name"]
+        r.children["networkPolicy"] = policy["metadata"]["name"]
     if (claim := children.build_output_claim(spec, target)) is not None:
         result.create.append(claim)
         if not children.owned(claim) and target.attempt == 0:  # said once, where it is seen
@@ -242,7 +246,7 @@ def _create_workload(r: _Round, policy: dict[str, Any] | None, left: float | Non
     if (cache := children.build_dataset_cache_claim(spec, target)) is not None:
         result.create.append(cache)
     result.create.append(workload)
-    status["workloadActive"] = not builders.created_suspended(spec, target)
+    status.workload_active = not builders.created_suspended(spec, target)
     reason = "Created"
     message = f"created {workload['kind']} {workload['metadata']['name']}"
     if spec.suspend:
@@ -252,7 +256,7 @@ def _create_workload(r: _Round, policy: dict[str, Any] | None, left: float | Non
         message += f", suspended until Kueue admits it from queue {queue_name(target)}"
     else:
         phase = api.RESTARTING if r.restarts else api.PENDING
-    if spec.backend == "auto" and r.old.get("backend") != backend.name:  # a choice: say it
+    if spec.backend == "auto" and r.old.backend != backend.name:  # a choice: say it
         result.events.append(Event("Normal", "BackendSelected",
                                    f"running as a {backend.kind}: {observed.backend_reason}"))
     result.events.append(Event("Normal", "Created", message))
@@ -262,10 +266,9 @@ def _create_workload(r: _Round, policy: dict[str, Any] | None, left: float | Non
 def _read_progress(r: _Round, ws: WorkloadState) -> None:
     """The workload's pods, and rank 0's progress as last read, into the status."""
     status, observed = r.status, r.observed
-    status["activeReplicas"] = ws.active
-    status["readyReplicas"] = ws.ready
-    if ws.start_time and not status.get("startTime"):
-        status["startTime"] = ws.start_time
+    status.active_replicas, status.ready_replicas = ws.active, ws.ready
+    if ws.start_time and not status.start_time:
+        status.start_time = ws.start_time
     if observed.progress and not older_than_status(observed.progress_read_at, r.old):
         mirror_progress(status, observed.progress, r.now)
         goodput.read_attempt(status, r.target.attempt, observed.rank0_running_since, observed.progress)
@@ -281,25 +284,25 @@ def _with_workload(r: _Round, ws: WorkloadState) -> None:
     phase, reason, message = ws.phase, ws.reason, ws.message
     left = deadline_left(spec, status, now)
     if phase == api.SUCCEEDED:
-        status.pop("pendingSince", None)
-        status["completionTime"] = ws.completion_time or timestamp(now)
+        status.pending_since = None
+        status.completion_time = ws.completion_time or timestamp(now)
         if observed.summary:  # the run may have finished before a progress read: its summary says it
             mirror_summary(status, observed.summary, spec.epochs)
             goodput.read_summary(status, target.attempt, observed.summary)
             work_lost(result, observed.summary.get("resume_step"))
             checkpoints_skipped(result, r.old)
-        acc = status.get("evalAccuracy")
+        acc = status.eval_accuracy
         message = "training finished" + (f": accuracy {acc:.4f}" if isinstance(acc, float) else "")
         if target.queued:  # it ran, so Kueue admitted it (perhaps between two polls)
-            workload = (status.get("queue") or {}).get("workload")
-            status["queue"] = QueueStatus(queue_name(target), True, "", workload).to_dict()
+            workload = (status.queue or {}).get("workload")
+            status.queue = QueueStatus(queue_name(target), True, "", workload).to_dict()
     elif phase == api.FAILED and left is not None and left <= DEADLINE_SLACK_SECONDS:
         # The workload's own deadline (what was left of the training's) ended it: no restart.
         phase, reason, message = deadline_exceeded(result, spec, None, now)
     elif phase == api.FAILED or (lost_current(observed)
                                  and not observed.backend.is_suspended(observed.workload)):
         # A pod on a lost node never ends, so the workload never fails by itself: the attempt has.
-        status.pop("pendingSince", None)
+        status.pending_since = None
         phase, reason, message = after_failure(result, spec, observed, ws, r.restarts, now)
     elif target.queued:
         phase, reason, message = while_queued(result, spec, observed, ws, target, r.restarts, now,
@@ -350,7 +353,7 @@ def _built_from_older_spec(workload: dict[str, Any], spec: Spec) -> bool:
 def _smaller(r: _Round, ws: WorkloadState) -> tuple[int, str, str] | None:
     """The cluster has room for fewer pods than the workload's, and spec.elastic allows going on with
     them (resize.py): the size, the reason and why."""
-    size = resize.built_size(r.observed.workload or {}) or r.status["replicas"]
+    size = resize.built_size(r.observed.workload or {}) or r.size
     if (admitted := resize.admitted_smaller(r.spec, r.observed, r.status)) is not None:
         return admitted, PARTIAL_ADMISSION, (f"Kueue admitted {admitted} of the {size} pods the workload's "
                                              f"pods were built for; rebuilt at world size {admitted}")
@@ -377,7 +380,7 @@ def _rebuild(result: Plan, spec: Spec, observed: Observed, target: builders.Targ
     assert observed.workload is not None
     old_size = int(resize.built_size(observed.workload) or observed.backend.size(observed.workload)
                    or spec.replicas)
-    active = bool(status.get("workloadActive"))
+    active = bool(status.workload_active)
     if smaller is not None:
         size, reason, why = smaller
         resize.begin(result, old_size, size, spec.replicas, reason, why, now)
@@ -390,7 +393,7 @@ def _rebuild(result: Plan, spec: Spec, observed: Observed, target: builders.Targ
             resize.begin(result, old_size, spec.replicas, spec.replicas, SCALED,
                          resize.scaled_message(old_size, spec.replicas, False), now)
         else:
-            status.pop("resize", None)
+            status.resize = None
             result.events.append(Event("Normal", "Resized", f"{old_size} -> {spec.replicas} ({SCALED}): "
                                        + resize.scaled_message(old_size, spec.replicas, True)))
     _rebuild_workload(result, observed, target)
@@ -412,12 +415,12 @@ def _rebuild_workload(result: Plan, observed: Observed, target: builders.Target)
     gone."""
     assert observed.workload is not None
     status = result.status
-    status["attempt"] = target.attempt + 1
-    policy = {k: v for k, v in status["children"].items() if k == "networkPolicy"}  # one for all attempts
-    status["children"] = observed.backend.children_names(target.name, target.attempt + 1) | policy
+    status.attempt = target.attempt + 1
+    policy = {k: v for k, v in (status.children or {}).items() if k == "networkPolicy"}  # one for all
+    status.children = observed.backend.children_names(target.name, target.attempt + 1) | policy
     result.delete.append(ref(observed.workload))
     result.requeue_after = 0.0
-    status["workloadActive"] = False
+    status.workload_active = False
 
 
 def _while_active(result: Plan, spec: Spec, observed: Observed, ws: WorkloadState,
@@ -430,7 +433,7 @@ def _while_active(result: Plan, spec: Spec, observed: Observed, ws: WorkloadStat
     if observed.backend.is_suspended(observed.workload) != bool(spec.suspend):
         result.suspend = bool(spec.suspend)
         result.suspend_workload = observed.workload["metadata"]["name"]
-        status.pop("pendingSince", None)
+        status.pending_since = None
         if spec.suspend:
             phase, reason, message = api.SUSPENDED, "Suspending", "suspending the training"
         else:
@@ -438,21 +441,21 @@ def _while_active(result: Plan, spec: Spec, observed: Observed, ws: WorkloadStat
         result.events.append(Event("Normal", "Suspended" if spec.suspend else "Resumed", message))
         return phase, reason, message
     if phase == api.SUSPENDED:
-        status.pop("pendingSince", None)
+        status.pending_since = None
         return phase, reason, message
     # The workload's count says pods exist; only the pods say whether they run. With no pod visible
     # yet (just created), the workload's own view stands, unless the API server refused to create them.
     if observed.pods or observed.workload_refusals:
         phase, reason, message = _from_pods(result, spec, observed)
     if phase == api.RUNNING:
-        status.pop("pendingSince", None)
+        status.pending_since = None
         return phase, reason, message
-    status.setdefault("pendingSince", timestamp(now))
+    status.pending_since = status.pending_since or timestamp(now)
     timeout = (spec.scheduling or {}).get("pendingTimeoutSeconds")
-    waited = (now - parse_timestamp(status["pendingSince"])).total_seconds()
+    waited = (now - parse_timestamp(status.pending_since)).total_seconds()
     if timeout is not None and waited >= timeout:
-        status["completionTime"] = timestamp(now)
-        status.pop("pendingSince", None)
+        status.completion_time = timestamp(now)
+        status.pending_since = None
         result.delete.append(ref(observed.workload))
         return api.FAILED, "PendingTimeout", (f"did not start within spec.scheduling.pendingTimeoutSeconds="
                                               f"{timeout}: {message}")
@@ -462,7 +465,7 @@ def _while_active(result: Plan, spec: Spec, observed: Observed, ws: WorkloadStat
 
 
 def _from_pods(result: Plan, spec: Spec, observed: Observed) -> tuple[str, str, str]:
-    replicas = int(result.status.get("replicas") or spec.replicas)  # the size this attempt runs at
+    replicas = int(result.status.replicas or spec.replicas)  # the size this attempt runs at
     pod_list = observed.pods or []
     running = pods.running_count(pod_list)
     if running >= replicas:
@@ -475,7 +478,7 @@ def _from_pods(result: Plan, spec: Spec, observed: Observed) -> tuple[str, str, 
         return api.PENDING, "WaitingForPods", f"{running}/{replicas} pods running, waiting for the rest"
     why, count = waiting
     message = f"{count}/{replicas} pod(s) waiting: {why.message}"
-    old_reason = next((c.get("reason") for c in result.status["conditions"]
+    old_reason = next((c.get("reason") for c in result.status.conditions or []
                        if c["type"] == "Progressing"), None)
     routine = ("FetchingDataset", "ContainerCreating", "WaitingForPods")  # said in status, no Warning
     if why.reason != old_reason and why.reason not in routine:
@@ -483,9 +486,9 @@ def _from_pods(result: Plan, spec: Spec, observed: Observed) -> tuple[str, str, 
     return api.PENDING, why.reason, message
 
 
-def _ttl(result: Plan, spec: Spec, status: dict[str, Any], now: datetime) -> None:
+def _ttl(result: Plan, spec: Spec, status: Status, now: datetime) -> None:
     ttl = spec.ttl_seconds_after_finished
-    done = status.get("completionTime")
+    done = status.completion_time
     if ttl is None or not done:
         return
     left = (parse_timestamp(done) - now).total_seconds() + ttl

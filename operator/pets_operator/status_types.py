@@ -1,5 +1,5 @@
 """The PetsTraining's status, typed: what the planner reads and writes (status.plan and its policies). It
-is made from the stored dict once a round reads the object, and becomes the API's dict again only at the
+is made from the stored dict where a round reads the object, and becomes the API's dict again only at the
 API edge (`to_dict`: the status patch, comparisons with the stored status).
 
 Fields are status_schema's in snake_case; a field left unset is None (absent from the dict). Nested

@@ -13,6 +13,7 @@ from pets_contract import gauges
 from pets_contract import summary as summary_keys
 from pets_contract import tracking as keys
 from pets_operator.plan_types import set_condition
+from pets_operator.status_types import Status
 from pets_training.redact import has_userinfo, redact_urls
 
 CONDITION = "TrackingDegraded"
@@ -44,12 +45,12 @@ def from_summary(summary: Mapping[str, Any] | None) -> dict[str, Any] | None:
     return out
 
 
-def mirror(status: dict[str, Any], progress: Mapping[str, float] | None, summary: Mapping[str, Any] | None,
+def mirror(status: Status, progress: Mapping[str, float] | None, summary: Mapping[str, Any] | None,
            now: datetime, generation: int | None) -> None:
     """status.tracking and TrackingDegraded from what rank 0 said last: its summary (an attempt's end:
     the run's id and URL, and whether the server took everything) or, while it runs, its gauge. A run
     continued by the next attempt keeps its id; nothing said keeps the status as it was."""
-    tracking = dict(status.get("tracking") or {})
+    tracking = dict(status.tracking or {})
     report = from_summary(summary)
     failing = (progress or {}).get(FAILURES)
     if report is not None:
@@ -61,12 +62,12 @@ def mirror(status: dict[str, Any], progress: Mapping[str, float] | None, summary
         tracking["ok"] = True
     if not tracking:
         return
-    status["tracking"] = tracking
+    status.tracking = tracking
     if tracking.get("ok") is False:
         said = tracking.get("warning") or "its log says why; the summary at the attempt's end will too"
         message = f"rank 0 could not write to the MLflow tracking server and trains on without it: {said}"
-        set_condition(status["conditions"], CONDITION, True, "TrackingServerFailed", message, now, generation)
+        set_condition(status, CONDITION, True, "TrackingServerFailed", message, now, generation)
     elif tracking.get("ok") is True:
-        set_condition(status["conditions"], CONDITION, False, "TrackingOK",
+        set_condition(status, CONDITION, False, "TrackingOK",
                       "the trackers took every call so far" if report is None
                       else "the tracking server took the whole run", now, generation)

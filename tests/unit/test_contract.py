@@ -12,6 +12,7 @@ import pytest
 from pets_operator import api, builders, goodput, mirror, tracking_status
 from pets_operator.progress import parse_progress
 from pets_operator.spec import Spec
+from pets_operator.status_types import Status
 from prometheus_client import generate_latest
 
 from pets_contract import gauges
@@ -113,12 +114,12 @@ def _served_page() -> str:
 def test_every_gauge_the_trainer_serves_is_read_checked_and_mirrored() -> None:
     read = parse_progress(_served_page())
     assert set(read) == set(gauges.READ)  # all but the ones served for people (field None)
-    status: dict[str, Any] = {}
-    mirror.mirror_progress(status, read, NOW)
-    goodput.read_attempt(status, 0, None, read)
+    typed = Status()
+    mirror.mirror_progress(typed, read, NOW)
+    goodput.read_attempt(typed, 0, None, read)
+    tracking_status.mirror(typed, read, None, NOW, None)
+    status = typed.to_dict()
     (attempt,) = status["goodput"]["attempts"]
-    status["conditions"] = []
-    tracking_status.mirror(status, read, None, NOW, None)
     places = {gauges.PROGRESS: status, gauges.DATASET: status["dataset"], gauges.TIME: attempt}
     for gauge in gauges.READ.values():
         if gauge.group == gauges.TRACKING:  # a count of failures: status.tracking.ok is whether it is 0
@@ -138,8 +139,9 @@ def test_the_summary_s_final_figures_win_and_its_dataset_report_is_mirrored() ->
                "images_per_second": 12.5, "elapsed_seconds": 99.0, "resume_skipped_checkpoints": 2,
                "dataset": data.report_counts(report)}
     assert set(summary_keys.FINAL_FIGURES) <= set(summary)
-    status: dict[str, Any] = {"evalAccuracy": 0.1, "stepsTotal": 40, "step": 39}
-    mirror.mirror_summary(status, summary, 5)
+    typed = Status(eval_accuracy=0.1, steps_total=40, step=39)
+    mirror.mirror_summary(typed, summary, 5)
+    status = typed.to_dict()
     assert (status["evalAccuracy"], status["trainLoss"], status["imagesPerSecond"]) == (0.5, 0.25, 12.5)
     assert (status["elapsedSeconds"], status["resumeSkippedCheckpoints"], status["step"]) == (99.0, 2, 40)
     assert status["dataset"] == {"layout": "oxford", "images": 3, "classes": 2, "skipped": 1,

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from pets_operator import api, backends, builders, checkpoint_home, plan_types, status
+from pets_operator.status_types import Status
 from test_operator_status import NOW, body
 
 pytestmark = pytest.mark.unit
@@ -39,39 +40,40 @@ def new_attempt(st: dict[str, Any], spec: dict[str, Any]) -> plan_types.Plan:
 
 def test_a_new_trainings_directory_is_the_same_at_every_size() -> None:
     one, two = new_attempt({}, {"replicas": 1}), new_attempt({}, {"replicas": 2})
-    assert one.status["checkpointDir"] == two.status["checkpointDir"]
-    assert flag(args_of(two), "--checkpoint-dir") == two.status["checkpointDir"]
-    assert two.status["checkpointDir"] == builders.checkpoint_dir(api.resolve_spec({"replicas": 2}))
+    assert one.status.checkpoint_dir == two.status.checkpoint_dir
+    assert flag(args_of(two), "--checkpoint-dir") == two.status.checkpoint_dir
+    assert two.status.checkpoint_dir == builders.checkpoint_dir(api.resolve_spec({"replicas": 2}))
 
 
 @pytest.mark.parametrize(("spec", "directory"), MADE_BY_0_1)
 def test_a_training_made_by_0_1_keeps_its_directory_across_the_upgrade_and_a_resize(
         spec: dict[str, Any], directory: str) -> None:
-    assert checkpoint_home.choose(api.resolve_spec(spec), STARTED_BY_0_1)[0] == directory
+    assert checkpoint_home.choose(api.resolve_spec(spec), Status.from_dict(STARTED_BY_0_1))[0] == directory
     rebuilt = new_attempt({**STARTED_BY_0_1, "attempt": 1}, spec)
-    assert rebuilt.status["checkpointDir"] == directory
+    assert rebuilt.status.checkpoint_dir == directory
     assert flag(args_of(rebuilt), "--checkpoint-dir") == directory
     # Once recorded, a resize keeps it: the shape without the world size is the same.
-    resized = new_attempt({**rebuilt.status, "attempt": 2}, {**spec, "replicas": 1})
+    resized = new_attempt({**rebuilt.status.to_dict(), "attempt": 2}, {**spec, "replicas": 1})
     assert flag(args_of(resized), "--checkpoint-dir") == directory
 
 
 def test_a_new_shape_starts_afresh_beside_the_old_directory() -> None:
     first = new_attempt({}, {"replicas": 2, "epochs": 5})
-    edited = new_attempt({**first.status, "attempt": 1}, {"replicas": 2, "epochs": 9})
-    assert edited.status["checkpointDir"] != first.status["checkpointDir"]
-    assert edited.status["checkpointDir"] == builders.checkpoint_dir(api.resolve_spec({"epochs": 9}))
+    edited = new_attempt({**first.status.to_dict(), "attempt": 1}, {"replicas": 2, "epochs": 9})
+    assert edited.status.checkpoint_dir != first.status.checkpoint_dir
+    assert edited.status.checkpoint_dir == builders.checkpoint_dir(api.resolve_spec({"epochs": 9}))
     # It says so once, naming both directories (issue 40: an epochs edit lost 102 steps without a word).
     (reset,) = [e for e in edited.events if e.reason == "CheckpointReset"]
     assert reset.type == "Warning" and "starts from step 0" in reset.message, reset
-    assert first.status["checkpointDir"] in reset.message and edited.status["checkpointDir"] in reset.message
-    again = new_attempt({**edited.status, "attempt": 2}, {"replicas": 2, "epochs": 9})
+    assert first.status.checkpoint_dir in reset.message and edited.status.checkpoint_dir in reset.message
+    again = new_attempt({**edited.status.to_dict(), "attempt": 2}, {"replicas": 2, "epochs": 9})
     assert not [e for e in again.events if e.reason == "CheckpointReset"]
     assert not [e for e in first.events if e.reason == "CheckpointReset"]  # the first shape: nothing reset
-    resized = new_attempt({**first.status, "attempt": 1}, {"replicas": 1, "epochs": 5})
+    resized = new_attempt({**first.status.to_dict(), "attempt": 1}, {"replicas": 1, "epochs": 5})
     assert not [e for e in resized.events if e.reason == "CheckpointReset"]  # a resize keeps the shape
     # A 0.1.0 training with a recorded directory, edited to a new shape, gets this release's directory.
-    recorded = {**STARTED_BY_0_1, "checkpointDir": MADE_BY_0_1[0][1],
-                "checkpointShape": builders.checkpoint_shape(api.resolve_spec({"replicas": 2}))}
+    shape = builders.checkpoint_shape(api.resolve_spec({"replicas": 2}))
+    recorded = Status.from_dict({**STARTED_BY_0_1, "checkpointDir": MADE_BY_0_1[0][1],
+                                 "checkpointShape": shape})
     assert checkpoint_home.choose(api.resolve_spec({"replicas": 2, "epochs": 9}), recorded)[0] == \
         builders.checkpoint_dir(api.resolve_spec({"epochs": 9}))

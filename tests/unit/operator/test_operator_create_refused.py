@@ -93,18 +93,18 @@ def _plan(pods_now: list[dict[str, object]], refusals: list[dict[str, object]],
 def test_status_says_pod_create_refused_with_the_server_message_and_one_event_per_new_reason() -> None:
     quota = failed_create(CASES[0][0], count=5)
     plan = _plan([], [quota])
-    assert plan.status["phase"] == api.PENDING
-    progressing = next(c for c in plan.status["conditions"] if c["type"] == "Progressing")
+    assert plan.status.phase == api.PENDING
+    progressing = next(c for c in plan.status.conditions if c["type"] == "Progressing")
     assert progressing["reason"] == "PodCreateRefused"
-    assert plan.status["message"].startswith("2/2 pod(s) waiting: 5 pod create(s) refused: a ResourceQuota")
-    assert "exceeded quota: tiny" in plan.status["message"]
+    assert plan.status.message.startswith("2/2 pod(s) waiting: 5 pod create(s) refused: a ResourceQuota")
+    assert "exceeded quota: tiny" in plan.status.message
     assert [e.reason for e in plan.events] == ["PodCreateRefused"]
-    again = _plan([], [quota], old=plan.status)
-    assert again.status["message"] == plan.status["message"] and again.events == []
+    again = _plan([], [quota], old=plan.status.to_dict())
+    assert again.status.message == plan.status.message and again.events == []
 
 
 def test_refusals_are_not_read_into_status_once_every_pod_exists() -> None:
     plan = _plan([{"metadata": {"name": f"pets-0-{i}", "labels": {}}, "status": {"phase": "Pending"}}
                   for i in range(2)], [failed_create(CASES[0][0])])
-    progressing = next(c for c in plan.status["conditions"] if c["type"] == "Progressing")
+    progressing = next(c for c in plan.status.conditions if c["type"] == "Progressing")
     assert progressing["reason"] != "PodCreateRefused"

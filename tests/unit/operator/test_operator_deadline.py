@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from pets_operator import api, backends, builders, children, deadlines, plan_types, status
+from pets_operator.status_types import Status
 
 pytestmark = pytest.mark.unit
 
@@ -46,21 +47,21 @@ def plan(b: dict[str, Any], workload: dict[str, Any] | None, **observed: Any) ->
 
 def test_the_time_left_counts_from_the_start_without_pauses() -> None:
     spec = api.resolve_spec({"activeDeadlineSeconds": 60})
-    assert deadlines.deadline_left(api.resolve_spec({}), {"startTime": ts(100)}, NOW) is None
-    assert deadlines.deadline_left(spec, {}, NOW) == 60.0  # not started: all of it
-    assert deadlines.deadline_left(spec, {"startTime": ts(20)}, NOW) == 40.0
-    closed = {"startTime": ts(50), "deadline": {"pausedSeconds": 15.0}}
+    assert deadlines.deadline_left(api.resolve_spec({}), Status(start_time=ts(100)), NOW) is None
+    assert deadlines.deadline_left(spec, Status(), NOW) == 60.0  # not started: all of it
+    assert deadlines.deadline_left(spec, Status(start_time=ts(20)), NOW) == 40.0
+    closed = Status(start_time=ts(50), deadline={"pausedSeconds": 15.0})
     assert deadlines.deadline_left(spec, closed, NOW) == 25.0
-    open_pause = {"startTime": ts(50), "deadline": {"pausedSeconds": 15.0, "pausedSince": ts(10)}}
+    open_pause = Status(start_time=ts(50), deadline={"pausedSeconds": 15.0, "pausedSince": ts(10)})
     assert deadlines.deadline_left(spec, open_pause, NOW) == 35.0
 
 
 def test_a_running_training_past_its_deadline_fails_without_a_restart_and_its_job_goes() -> None:
     running = job(active=2, ready=2, startTime=ts(61))
     p = plan(body({"phase": api.RUNNING, "startTime": ts(61), "restarts": 0, "attempt": 0}), running)
-    assert p.status["phase"] == api.FAILED and p.status["restarts"] == 0
-    assert next(c for c in p.status["conditions"] if c["type"] == "Failed")["reason"] == "DeadlineExceeded"
-    assert "spec.activeDeadlineSeconds=60 ran out" in p.status["message"]
+    assert p.status.phase == api.FAILED and p.status.restarts == 0
+    assert next(c for c in p.status.conditions if c["type"] == "Failed")["reason"] == "DeadlineExceeded"
+    assert "spec.activeDeadlineSeconds=60 ran out" in p.status.message
     assert p.delete == [{"apiVersion": "batch/v1", "kind": "Job", "name": "pets", "namespace": "ns"}]
     assert p.create == []
     assert [e.reason for e in p.events if e.type == "Warning"] == ["DeadlineExceeded", api.FAILED]
@@ -69,7 +70,7 @@ def test_a_running_training_past_its_deadline_fails_without_a_restart_and_its_jo
 def test_before_the_deadline_it_runs_and_wakes_when_the_deadline_comes() -> None:
     running = job(active=2, ready=2, startTime=ts(20))
     p = plan(body({"phase": api.RUNNING, "startTime": ts(20), "attempt": 0}), running)
-    assert p.status["phase"] == api.RUNNING
+    assert p.status.phase == api.RUNNING
     assert p.requeue_after is not None and p.requeue_after <= 40.0
 
 
@@ -78,8 +79,8 @@ def test_the_jobs_own_deadline_ending_it_is_not_a_gang_restart() -> None:
                               "message": "Job was active longer than specified deadline"}], startTime=ts(60))
     p = plan(body({"phase": api.RUNNING, "startTime": ts(60), "restarts": 0, "attempt": 0}, maxRestarts=3),
              failed)
-    assert p.status["phase"] == api.FAILED and p.status["restarts"] == 0 and p.status["attempt"] == 0
-    assert next(c for c in p.status["conditions"] if c["type"] == "Failed")["reason"] == "DeadlineExceeded"
+    assert p.status.phase == api.FAILED and p.status.restarts == 0 and p.status.attempt == 0
+    assert next(c for c in p.status.conditions if c["type"] == "Failed")["reason"] == "DeadlineExceeded"
     assert p.create == []
 
 
@@ -94,8 +95,8 @@ def test_a_gang_restart_gives_the_next_job_what_is_left() -> None:
 def test_a_restart_after_the_deadline_ran_out_creates_nothing() -> None:
     after_restart = {"phase": api.RESTARTING, "startTime": ts(61), "restarts": 1, "attempt": 1}
     p = plan(body(after_restart), None)
-    assert p.create == [] and p.status["phase"] == api.FAILED
-    assert next(c for c in p.status["conditions"] if c["type"] == "Failed")["reason"] == "DeadlineExceeded"
+    assert p.create == [] and p.status.phase == api.FAILED
+    assert next(c for c in p.status.conditions if c["type"] == "Failed")["reason"] == "DeadlineExceeded"
 
 
 def test_time_suspended_does_not_count() -> None:
@@ -103,13 +104,13 @@ def test_time_suspended_does_not_count() -> None:
     suspended = job(suspend=True, startTime=ts(100))
     st = {"phase": api.SUSPENDED, "startTime": ts(100), "attempt": 0}
     p = plan(body(st, suspend=True), suspended)
-    assert p.status["phase"] == api.SUSPENDED
-    assert p.status["deadline"]["pausedSince"] == ts(0)
+    assert p.status.phase == api.SUSPENDED
+    assert p.status.deadline["pausedSince"] == ts(0)
     # 50 s later it is resumed: the 50 s are booked as paused, and 10 s are left.
-    st_then = {**p.status, "deadline": {"pausedSince": ts(50)}}
+    st_then = {**p.status.to_dict(), "deadline": {"pausedSince": ts(50)}}
     resumed = plan(body(st_then), job(active=2, ready=2, startTime=ts(0)))
-    assert resumed.status["phase"] != api.FAILED, resumed.status["message"]
-    assert resumed.status["deadline"] == {"pausedSeconds": 50.0}
+    assert resumed.status.phase != api.FAILED, resumed.status.message
+    assert resumed.status.deadline == {"pausedSeconds": 50.0}
     left = deadlines.deadline_left(api.resolve_spec({"activeDeadlineSeconds": 60}), resumed.status, NOW)
     assert left == 10.0
 
@@ -124,4 +125,4 @@ def test_without_a_deadline_no_bookkeeping_is_written() -> None:
     running["status"] = {"active": 2, "ready": 2}
     p = status.plan(b, spec, plan_types.Observed(backend=backends.JOB, workload=running,
                                              service=backends.JOB.build_service(spec, target)), target, NOW)
-    assert "deadline" not in p.status and "activeDeadlineSeconds" not in running["spec"]
+    assert p.status.deadline is None and "activeDeadlineSeconds" not in running["spec"]

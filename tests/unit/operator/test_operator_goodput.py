@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
 import pytest
 from pets_operator import api, goodput
+from pets_operator.status_types import Status
 from test_operator_pods import NOW, body, failed, failed_job, job, plan, pod
 
 pytestmark = pytest.mark.unit
@@ -16,7 +18,7 @@ PARTS = ("waitingSeconds", "startupSeconds", "productiveSeconds", "lostSeconds",
          "checkpointSeconds", "restoreSeconds", "unaccountedSeconds")
 
 
-def created(st: dict[str, Any] | None = None) -> dict[str, Any]:
+def created(st: dict[str, Any] | Status | None = None) -> dict[str, Any]:
     b = body(st)
     b["metadata"]["creationTimestamp"] = "2026-01-02T03:02:25Z"  # CREATED
     return b
@@ -39,27 +41,27 @@ def gauges(step: int, resume: int, startup: float, train: float, eval_: float = 
 def test_a_training_with_one_restart_adds_up_to_its_wall_time_part_by_part() -> None:
     # Seen 2 s after its creation, pods pending until 10 s: 10 s waiting.
     p = plan(created(), job(active=2), [pod(0), pod(1)], now=at(2))
-    assert p.status["phase"] == api.PENDING
+    assert p.status.phase == api.PENDING
     p = plan(created(p.status), job(active=2), RUNNING, now=at(10), progress=gauges(1, 0, 5.0, 0.0))
-    assert p.status["phase"] == api.RUNNING and p.status["goodput"]["waitingSeconds"] == 10.0
+    assert p.status.phase == api.RUNNING and p.status.goodput["waitingSeconds"] == 10.0
     p = plan(created(p.status), job(active=2), RUNNING, now=at(60),
              progress=gauges(41, 0, 5.0, 40.0, save=1.0))
     # Killed at 62 s, last read at step 41; restarting until its next attempt runs at 70 s.
     gang = [failed(0, 137, "2026-01-02T03:03:27Z"), failed(1, 1, "2026-01-02T03:03:27Z")]
     p = plan(created(p.status), failed_job(), gang, now=at(62))
-    assert p.status["phase"] == api.RESTARTING and p.status["lastFailure"]["lastStep"] == 41
+    assert p.status.phase == api.RESTARTING and p.status.last_failure["lastStep"] == 41
     # It resumed at step 31: 10 steps done again, at attempt 0's 40 s / 40 steps after its first.
     p = plan(created(p.status), job(active=2, attempt=1), RUNNING, now=at(70),
              progress=gauges(32, 31, 6.0, 0.0, restore=1.0))
-    assert p.status["lastFailure"]["lostSteps"] == 10
-    book = p.status["goodput"]
+    assert p.status.last_failure["lostSteps"] == 10
+    book = p.status.goodput
     assert book["attempts"][0]["lostSeconds"] == 10.0 and book["waitingSeconds"] == 18.0
     done = job(attempt=1, succeeded=2, conditions=[{"type": "Complete", "status": "True"}])
     split = {"startup": 6.0, "train": 40.0, "eval": 2.0, "checkpoint": 1.0, "restore": 1.0}
     summary = {"status": "succeeded", "epochs": 5, "resume_step": 31, "time_seconds": split}
     p = plan(created(p.status), done, [], now=at(120), summary=summary)
-    assert p.status["phase"] == api.SUCCEEDED
-    book = p.status["goodput"]
+    assert p.status.phase == api.SUCCEEDED
+    book = p.status.goodput
     assert {key: book[key] for key in (*PARTS, "wallSeconds", "ratio")} == {
         "waitingSeconds": 18.0, "startupSeconds": 11.0, "productiveSeconds": 70.0, "lostSeconds": 10.0,
         "evalSeconds": 2.0, "checkpointSeconds": 2.0, "restoreSeconds": 1.0, "unaccountedSeconds": 6.0,
@@ -68,7 +70,7 @@ def test_a_training_with_one_restart_adds_up_to_its_wall_time_part_by_part() -> 
     assert [a["attempt"] for a in book["attempts"]] == [0, 1]
     # Finished: nothing moves any more, however late it is looked at.
     later = plan(created(p.status), done, [], now=at(500), summary=summary)
-    assert later.status["goodput"] == book
+    assert later.status.goodput == book
     declared(book, api.STATUS_SCHEMA["properties"]["goodput"], "status.goodput")
 
 
@@ -76,51 +78,51 @@ def test_an_idle_poll_writes_nothing() -> None:
     made = {"children": {"job": "pets", "networkPolicy": "pets"}}
     p = plan(created(made), job(active=2), RUNNING, now=at(10), progress=gauges(5, 0, 3.0, 2.0))
     again = plan(created(p.status), job(active=2), RUNNING, now=at(40), progress=gauges(5, 0, 3.0, 2.0))
-    assert again.status == p.status
+    assert again.status.to_dict() == p.status.to_dict()
     moved = plan(created(p.status), job(active=2), RUNNING, now=at(40), progress=gauges(9, 0, 3.0, 6.0))
-    assert moved.status["goodput"]["asOf"] == "2026-01-02T03:03:05Z"
-    assert moved.status["goodput"]["productiveSeconds"] == 6.0
+    assert moved.status.goodput["asOf"] == "2026-01-02T03:03:05Z"
+    assert moved.status.goodput["productiveSeconds"] == 6.0
 
 
 def test_time_queued_or_suspended_is_waiting() -> None:
-    status: dict[str, Any] = {}
+    status = Status()
     goodput.begin(status, "2026-01-02T03:02:25Z", at(1))
     goodput.book_phase(status, None, api.QUEUED, at(1))
     goodput.book_phase(status, api.QUEUED, api.RUNNING, at(31))
     goodput.book_phase(status, api.RUNNING, api.SUSPENDED, at(50))
     goodput.book_phase(status, api.SUSPENDED, api.RUNNING, at(65))
     goodput.book_phase(status, api.RUNNING, api.RUNNING, at(80))
-    assert status["goodput"]["bookedWaitingSeconds"] == 1 + 30 + 15
+    assert status.goodput["bookedWaitingSeconds"] == 1 + 30 + 15
 
 
 def test_a_kueue_preemption_ends_a_run_of_the_same_attempt_and_its_lost_steps_are_counted() -> None:
     """Kueue suspends the workload (its pods stop, after a save on SIGTERM) and resumes it: the same
     attempt, a second run of the trainer, told apart by when rank 0's container started."""
-    status: dict[str, Any] = {}
+    status = Status()
     goodput.read_attempt(status, 0, "2026-01-02T03:00:00Z", gauges(51, 0, 5.0, 25.0, save=0.5))
     goodput.read_attempt(status, 0, "2026-01-02T03:05:00Z", gauges(51, 49, 4.0, 0.0, restore=0.8))
     goodput.read_attempt(status, 0, "2026-01-02T03:05:00Z", gauges(80, 49, 4.0, 14.5, restore=0.8))
-    first, second = status["goodput"]["attempts"]
+    first, second = status.goodput["attempts"]
     assert (first["attempt"], second["attempt"]) == (0, 0)
     assert (first["lostSteps"], first["lostSeconds"]) == (2, 1.0)  # 25 s over its 50 steps after the first
     assert (second["firstStep"], second["lastStep"], second["trainSeconds"]) == (49, 80, 14.5)
-    goodput.account({}, {**status, "phase": api.RUNNING}, "2026-01-02T02:59:50Z", NOW)
-    assert status["goodput"]["lostSeconds"] == 1.0 and status["goodput"]["productiveSeconds"] == 38.5
+    goodput.account(Status(), replace(status, phase=api.RUNNING), "2026-01-02T02:59:50Z", NOW)
+    assert status.goodput["lostSeconds"] == 1.0 and status.goodput["productiveSeconds"] == 38.5
 
 
 def test_values_out_of_range_are_not_read() -> None:
-    status: dict[str, Any] = {}
+    status = Status()
     junk = {"pets_train_seconds_total": -1.0, "pets_startup_seconds": float("nan"),
             "pets_eval_seconds_total": True, "pets_restore_seconds": 2.0**60}
     goodput.read_attempt(status, 0, None, junk)
-    assert status["goodput"]["attempts"] == [{"attempt": 0}]
+    assert status.goodput["attempts"] == [{"attempt": 0}]
 
 
 def test_only_the_newest_attempts_are_kept_and_older_ones_are_added_up() -> None:
-    status: dict[str, Any] = {}
+    status = Status()
     for attempt in range(goodput.ATTEMPTS_KEPT + 3):
         goodput.read_attempt(status, attempt, None, {"pets_train_seconds_total": 10.0})
-    book = status["goodput"]
+    book = status.goodput
     assert len(book["attempts"]) == goodput.ATTEMPTS_KEPT and book["attempts"][0]["attempt"] == 3
     assert book["earlier"] == {"trainSeconds": 30.0}
 
@@ -143,21 +145,21 @@ def declared(value: Any, schema: dict[str, Any], path: str) -> None:
 
 
 def test_every_field_written_is_in_the_crds_schema() -> None:
-    status: dict[str, Any] = {}
+    status = Status()
     for attempt in range(goodput.ATTEMPTS_KEPT + 2):
         goodput.read_attempt(status, attempt, "2026-01-02T03:02:30Z",
                              gauges(10 * attempt + 5, 10 * attempt - 2, 1.0, 2.0, 0.5, 0.1, 0.2))
     goodput.begin(status, "2026-01-02T03:02:25Z", at(1))
     goodput.book_phase(status, None, api.PENDING, at(2))
-    goodput.account({}, {**status, "phase": api.RUNNING}, "2026-01-02T03:02:25Z", at(300))
-    declared(status["goodput"], api.STATUS_SCHEMA["properties"]["goodput"], "status.goodput")
+    goodput.account(Status(), replace(status, phase=api.RUNNING), "2026-01-02T03:02:25Z", at(300))
+    declared(status.goodput, api.STATUS_SCHEMA["properties"]["goodput"], "status.goodput")
 
 
 def test_a_run_that_could_not_use_the_newest_step_checkpoint_says_so_once() -> None:
     """Made with another world size (replicas edited while suspended): it resumed further back."""
     reading = {"pets_resume_step": 40.0, "pets_step": 41.0, "pets_resume_skipped_checkpoints": 2.0}
     p = plan(created(), job(active=2), RUNNING, now=at(10), progress=reading)
-    assert p.status["resumeSkippedCheckpoints"] == 2
+    assert p.status.resume_skipped_checkpoints == 2
     (event,) = [e for e in p.events if e.reason == "CheckpointSkipped"]
     assert event.type == "Warning" and "the 2 newest step checkpoint(s)" in event.message
     assert "another world size or steps per epoch" in event.message and "at step 40" in event.message
@@ -168,5 +170,5 @@ def test_a_run_that_could_not_use_the_newest_step_checkpoint_says_so_once() -> N
     done = job(succeeded=2, conditions=[{"type": "Complete", "status": "True"}])
     summary = {"status": "succeeded", "epochs": 5, "resume_step": 40, "resume_skipped_checkpoints": 1}
     finished = plan(created(), done, [], now=at(30), summary=summary)
-    assert finished.status["resumeSkippedCheckpoints"] == 1
+    assert finished.status.resume_skipped_checkpoints == 1
     assert [e.reason for e in finished.events].count("CheckpointSkipped") == 1

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from pets_operator import act, context, plan_types
 from pets_operator.backends import timestamp
+from pets_operator.status_types import Status
 
 pytestmark = pytest.mark.unit
 
@@ -72,7 +73,7 @@ def test_a_delete_answered_404_marks_the_child_gone(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(act.kopf, "event", lambda *_a, **_k: None)
     ctx = ctx_with([job("pets", datetime.now(UTC) - timedelta(minutes=5))])
     body = ctx.snapshot(KEY).body  # type: ignore[union-attr]
-    plan = plan_types.Plan(status={"phase": "Restarting"})
+    plan = plan_types.Plan(status=Status(phase="Restarting"))
     plan.delete = [{"apiVersion": "batch/v1", "kind": "Job", "name": "pets", "namespace": "ns"}]
     plan.force_delete = [{"name": "pets-0-abcde", "uid": "u1"}]
     cl = Cluster()

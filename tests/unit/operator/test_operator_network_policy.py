@@ -121,16 +121,16 @@ def test_made_once_before_the_first_pods_and_named_in_status() -> None:
     first = plan(body())
     kinds = [m["kind"] for m in first.create]
     assert kinds[:2] == ["Service", "NetworkPolicy"] and kinds[-1] == "Job"
-    assert first.status["children"]["networkPolicy"] == "pets"
-    later = plan(body(first.status), running_job({}))
+    assert first.status.children["networkPolicy"] == "pets"
+    later = plan(body(first.status.to_dict()), running_job({}))
     assert "NetworkPolicy" not in [m["kind"] for m in later.create]
-    assert later.status["children"]["networkPolicy"] == "pets" and later.delete == []
+    assert later.status.children["networkPolicy"] == "pets" and later.delete == []
 
 
 def test_a_training_started_by_an_operator_without_policies_gets_one_while_it_runs() -> None:
     p = plan(body({"phase": api.RUNNING, "children": {"job": "pets", "service": "pets"}}), running_job({}))
     assert [m["kind"] for m in p.create] == ["NetworkPolicy"]
-    assert p.status["children"]["networkPolicy"] == "pets"
+    assert p.status.children["networkPolicy"] == "pets"
 
 
 def test_turned_off_the_policy_it_made_is_deleted_and_no_other() -> None:
@@ -138,9 +138,9 @@ def test_turned_off_the_policy_it_made_is_deleted_and_no_other() -> None:
     p = plan(body(made, networkPolicy=False, suspend=True), None)
     assert {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "name": "pets",
             "namespace": "ns"} in p.delete
-    assert "networkPolicy" not in p.status["children"]
+    assert "networkPolicy" not in p.status.children
     # written as a merge patch that nulls it (a patch that only omitted it would keep the stored name)
-    assert plan_types.merge_patch(made, p.status)["children"]["networkPolicy"] is None
+    assert plan_types.merge_patch(made, p.status.to_dict())["children"]["networkPolicy"] is None
     assert "NetworkPolicy" not in [m["kind"] for m in p.create]
     # One the operator did not make (not in status.children) is not touched.
     never_made = plan(body({"phase": api.SUSPENDED}, networkPolicy=False, suspend=True), None)
@@ -152,7 +152,7 @@ def test_turned_off_the_policy_it_made_is_deleted_and_no_other() -> None:
 def test_a_finished_training_keeps_its_policy_in_status() -> None:
     done = {"phase": api.SUCCEEDED, "children": {"job": "pets", "service": "pets", "networkPolicy": "pets"}}
     p = plan(body(done), running_job({}))
-    assert p.status["children"]["networkPolicy"] == "pets" and p.create == []
+    assert p.status.children["networkPolicy"] == "pets" and p.create == []
 
 
 # ----------------------------------------------------------------------------- flags

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from pets_operator import api, context, output_durability, reconcile
 from pets_operator.settings import Settings
+from pets_operator.status_types import Status
 
 pytestmark = pytest.mark.unit
 
@@ -23,7 +24,7 @@ def resolve(monkeypatch: pytest.MonkeyPatch, default_output: dict[str, Any], has
     monkeypatch.setattr(reconcile, "has_default_storage_class", has_default_storage_class)
     ctx = context.Context(api_client=None,  # type: ignore[arg-type]
                            settings=Settings(default_output=default_output))
-    return reconcile._resolve_output(ctx, old_status or {}), asked
+    return reconcile._resolve_output(ctx, Status.from_dict(old_status or {})), asked
 
 
 def test_the_default_is_a_claim_where_the_cluster_has_a_default_class(

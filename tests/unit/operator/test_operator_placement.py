@@ -199,7 +199,7 @@ def test_a_lost_pod_of_the_current_attempt_restarts_the_gang_uncounted_and_is_fo
     claim = {"persistentVolumeClaim": {"claimName": "out"}}
     p = plan(body(RUNNING, maxRestarts=2, output=claim), running_job(3, output=claim), gang,
              lost_pods=[lost], lost_nodes={"node-b": "Ready Unknown"})
-    st = p.status
+    st = p.status.to_dict()
     assert st["phase"] == api.RESTARTING and st["message"].startswith("attempt 3 failed (node node-b stopped")
     assert st["restarts"] == 4 and st["disruptions"] == 2 and st["attempt"] == 4
     assert st["message"] == (
@@ -228,8 +228,8 @@ def test_a_lost_pod_of_a_failed_attempt_is_the_cause_not_its_peers_exit() -> Non
                                                     "reason": "BackoffLimitExceeded", "message": "x"}]}
     p = plan(body(RUNNING, maxRestarts=2), failed, [peer, lost], lost_pods=[lost],
              lost_nodes={"node-b": "Ready Unknown"})
-    assert p.status["phase"] == api.RESTARTING and p.status["lastFailure"]["cause"] == "NodeLost"
-    assert p.status["disruptions"] == 2
+    assert p.status.phase == api.RESTARTING and p.status.last_failure["cause"] == "NodeLost"
+    assert p.status.disruptions == 2
 
 
 def test_a_lost_pod_of_an_older_attempt_is_only_force_deleted() -> None:
@@ -238,22 +238,22 @@ def test_a_lost_pod_of_an_older_attempt_is_only_force_deleted() -> None:
     lost = trainer_pod(0, job="pets-r2")
     st = {**RUNNING, "phase": api.RESTARTING}
     p = plan(body(st), None, [], stale=[stale], lost_pods=[lost], lost_nodes={"node-b": "Ready Unknown"})
-    assert p.status["phase"] == api.RESTARTING and p.status["restarts"] == 3
-    assert p.status["message"] == "waiting for the previous attempt's workload to go away"
+    assert p.status.phase == api.RESTARTING and p.status.restarts == 3
+    assert p.status.message == "waiting for the previous attempt's workload to go away"
     assert p.force_delete == [{"name": "pets-r2-0-x", "uid": "uid-pets-r2-0"}] and p.create == []
     assert [e.reason for e in p.events] == ["NodeLost"]
     # The same once the new attempt runs: its own pods are fine, nothing restarts.
     ok = [trainer_pod(i, job="pets-r3", deleting=False) for i in range(2)]
     p = plan(body(RUNNING), running_job(3), ok, stale=[stale], lost_pods=[lost],
              lost_nodes={"node-b": "Ready Unknown"})
-    assert p.status["phase"] == api.RUNNING and p.status["restarts"] == 3
+    assert p.status.phase == api.RUNNING and p.status.restarts == 3
     assert [f["name"] for f in p.force_delete] == ["pets-r2-0-x"]
 
 
 def test_no_lost_pod_no_action() -> None:
     gang = [trainer_pod(i, job="pets-r3", deleting=False) for i in range(2)]
     p = plan(body(RUNNING), running_job(3), gang)
-    assert p.status["phase"] == api.RUNNING and p.force_delete == [] and p.delete == []
+    assert p.status.phase == api.RUNNING and p.force_delete == [] and p.delete == []
 
 
 def test_a_suspended_workloads_lost_pod_is_force_deleted_without_a_restart() -> None:
@@ -263,7 +263,7 @@ def test_a_suspended_workloads_lost_pod_is_force_deleted_without_a_restart() -> 
     lost = trainer_pod(0, job="pets-r3")
     p = plan(body({**RUNNING, "phase": api.SUSPENDED}, suspend=True), suspended, [lost], lost_pods=[lost],
              lost_nodes={"node-b": "Ready Unknown"})
-    assert p.status["phase"] == api.SUSPENDED and p.status["restarts"] == 3
+    assert p.status.phase == api.SUSPENDED and p.status.restarts == 3
     assert [f["name"] for f in p.force_delete] == ["pets-r3-0-x"]
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from pets_operator import act, api, backends, builders, plan_types, pods, stall, status
+from pets_operator.status_types import Status
 
 from pets_contract import exits
 
@@ -287,11 +288,12 @@ def test_no_failed_pod_no_failure() -> None:
 # ----------------------------------------------------------------------------- the planner with pods
 
 
-def body(st: dict[str, Any] | None = None, **spec: Any) -> dict[str, Any]:
+def body(st: dict[str, Any] | Status | None = None, **spec: Any) -> dict[str, Any]:
+    """The stored training; a plan's typed status is stored as the API server would hold it."""
     return {
         "metadata": {"name": "pets", "namespace": "ns", "generation": 1, "uid": "u1"},
         "spec": {"replicas": 2, **spec},
-        "status": st or {},
+        "status": st.to_dict() if isinstance(st, Status) else st or {},
     }
 
 
@@ -323,19 +325,19 @@ def plan(
 
 def test_active_job_with_unschedulable_pods_is_pending_with_the_schedulers_words() -> None:
     p = plan(body(), job(active=2), [pod(0, scheduled=UNSCHEDULABLE), pod(1, scheduled=UNSCHEDULABLE)])
-    assert p.status["phase"] == api.PENDING
+    assert p.status.phase == api.PENDING
     assert (
-        p.status["message"]
+        p.status.message
         == "2/2 pod(s) waiting: unschedulable: 0/1 nodes are available: 1 Insufficient cpu."
     )
-    progressing = next(c for c in p.status["conditions"] if c["type"] == "Progressing")
+    progressing = next(c for c in p.status.conditions if c["type"] == "Progressing")
     assert progressing["reason"] == "Unschedulable"
     assert [e.reason for e in p.events] == ["Unschedulable"]
     # The next poll, same reason: no second Event.
     again = plan(
         body(p.status), job(active=2), [pod(0, scheduled=UNSCHEDULABLE), pod(1, scheduled=UNSCHEDULABLE)]
     )
-    assert again.events == [] and again.status["phase"] == api.PENDING
+    assert again.events == [] and again.status.phase == api.PENDING
 
 
 def test_running_only_when_every_rank_runs() -> None:
@@ -344,26 +346,26 @@ def test_running_only_when_every_rank_runs() -> None:
         job(active=2),
         [pod(0, phase="Running"), pod(1, scheduled=SCHEDULED, waiting="ContainerCreating")],
     )
-    assert half.status["phase"] == api.PENDING and half.status["message"].startswith("1/2 pod(s) waiting")
+    assert half.status.phase == api.PENDING and half.status.message.startswith("1/2 pod(s) waiting")
     full = plan(body(half.status), job(active=2, ready=2), [pod(0, phase="Running"), pod(1, phase="Running")])
-    assert full.status["phase"] == api.RUNNING and full.status["message"] == "2/2 pods running"
-    assert "pendingSince" not in full.status
+    assert full.status.phase == api.RUNNING and full.status.message == "2/2 pods running"
+    assert full.status.pending_since is None
 
 
 def test_pending_timeout_fails_with_the_reason_it_waited_for() -> None:
     waiting = [pod(0, scheduled=UNSCHEDULABLE), pod(1, scheduled=UNSCHEDULABLE)]
     b = body(scheduling={"pendingTimeoutSeconds": 60})
     first = plan(b, job(active=2), waiting)
-    assert first.status["pendingSince"] == "2026-01-02T03:04:05Z" and first.requeue_after == 60
+    assert first.status.pending_since == "2026-01-02T03:04:05Z" and first.requeue_after == 60
     later = plan(
         body(first.status, scheduling={"pendingTimeoutSeconds": 60}),
         job(active=2),
         waiting,
         now=NOW + timedelta(seconds=61),
     )
-    assert later.status["phase"] == api.FAILED
-    assert "spec.scheduling.pendingTimeoutSeconds=60" in later.status["message"]
-    assert "Insufficient cpu" in later.status["message"]
+    assert later.status.phase == api.FAILED
+    assert "spec.scheduling.pendingTimeoutSeconds=60" in later.status.message
+    assert "Insufficient cpu" in later.status.message
     assert [r["kind"] for r in later.delete] == ["Job"]
 
 
@@ -376,7 +378,7 @@ def test_suspended_time_does_not_count_towards_the_pending_timeout() -> None:
         scheduling={"pendingTimeoutSeconds": 60},
     )
     p = plan(b, suspended, [], now=NOW + timedelta(hours=1))
-    assert p.status["phase"] == api.SUSPENDED and "pendingSince" not in p.status
+    assert p.status.phase == api.SUSPENDED and p.status.pending_since is None
 
 
 def failed_job(**extra: Any) -> dict[str, Any]:
@@ -401,9 +403,9 @@ def test_permanent_error_fails_at_once_without_a_restart() -> None:
         failed(1, 1, "2026-01-02T03:00:03Z"),
     ]
     p = plan(body({"phase": api.RUNNING}), failed_job(reason="PodFailurePolicy"), gang)
-    assert p.status["phase"] == api.FAILED and p.status["restarts"] == 0
-    assert p.status["message"] == "failed: --model resnet9000: not a timm model (a restart cannot fix this)"
-    assert p.status["lastFailure"] == {
+    assert p.status.phase == api.FAILED and p.status.restarts == 0
+    assert p.status.message == "failed: --model resnet9000: not a timm model (a restart cannot fix this)"
+    assert p.status.last_failure == {
         "cause": "PermanentError",
         "pod": "pets-0-x",
         "rank": 0,
@@ -425,10 +427,10 @@ def test_a_crash_restarts_the_gang_and_counts() -> None:
         failed_job(),
         gang,
     )
-    assert p.status["phase"] == api.RESTARTING and p.status["restarts"] == 1
-    assert "disruptions" not in p.status
-    assert "(1/3)" in p.status["message"] and "checkpoint of epoch 2" in p.status["message"]
-    assert p.status["lastFailure"]["cause"] == "ExitCode" and p.status["lastFailure"]["rank"] == 0
+    assert p.status.phase == api.RESTARTING and p.status.restarts == 1
+    assert p.status.disruptions is None
+    assert "(1/3)" in p.status.message and "checkpoint of epoch 2" in p.status.message
+    assert p.status.last_failure["cause"] == "ExitCode" and p.status.last_failure["rank"] == 0
 
 
 def test_the_clusters_failures_restart_without_counting() -> None:
@@ -447,14 +449,14 @@ def test_the_clusters_failures_restart_without_counting() -> None:
     )
     st = {"phase": api.RUNNING, "restarts": 3, "disruptions": 1}  # 2 counted of maxRestarts 2
     p = plan(body(st, maxRestarts=2), failed_job(), [failed(0, 1, "2026-01-02T03:00:04Z"), evicted])
-    assert p.status["phase"] == api.RESTARTING
-    assert p.status["restarts"] == 4 and p.status["disruptions"] == 2
-    assert "not counted" in p.status["message"]
-    assert "resuming from the newest checkpoint" in p.status["message"]  # the default output is a claim
+    assert p.status.phase == api.RESTARTING
+    assert p.status.restarts == 4 and p.status.disruptions == 2
+    assert "not counted" in p.status.message
+    assert "resuming from the newest checkpoint" in p.status.message  # the default output is a claim
     # The same budget spent by a crash instead: Failed.
     crash = plan(body(st, maxRestarts=2), failed_job(), [failed(0, 1, "2026-01-02T03:00:04Z")])
-    assert crash.status["phase"] == api.FAILED and crash.status["conditions"]
-    assert "after 2 counted restart(s)" in crash.status["message"]
+    assert crash.status.phase == api.FAILED and crash.status.conditions
+    assert "after 2 counted restart(s)" in crash.status.message
 
 
 def test_a_rank_stopped_on_sigterm_restarts_without_counting_and_resumes_at_its_step() -> None:
@@ -467,24 +469,24 @@ def test_a_rank_stopped_on_sigterm_restarts_without_counting_and_resumes_at_its_
             failed(1, exits.STOPPED, "2026-01-02T03:00:01Z")]
     st = {"phase": api.RUNNING, "restarts": 2, "lastCheckpoint": {"epoch": 1}}
     p = plan(body(st, maxRestarts=2), failed_job(), gang, summary=summary)
-    assert p.status["phase"] == api.RESTARTING and p.status["disruptions"] == 1, p.status["message"]
-    assert p.status["lastFailure"]["cause"] == "Stopped"
-    assert "lastStep" not in p.status["lastFailure"]  # no step was ever read in this test's status
-    assert "not counted" in p.status["message"]
-    assert "resuming at step 37, from the checkpoint it saved on SIGTERM" in p.status["message"]
+    assert p.status.phase == api.RESTARTING and p.status.disruptions == 1, p.status.message
+    assert p.status.last_failure["cause"] == "Stopped"
+    assert "lastStep" not in p.status.last_failure  # no step was ever read in this test's status
+    assert "not counted" in p.status.message
+    assert "resuming at step 37, from the checkpoint it saved on SIGTERM" in p.status.message
 
 
 def test_the_work_a_restart_lost_is_counted_once_the_next_attempt_says_where_it_resumed() -> None:
     gang = [failed(0, 137, "2026-01-02T03:00:01Z"), failed(1, 1, "2026-01-02T03:00:03Z")]
     st = {"phase": api.RUNNING, "step": 57, "lastCheckpoint": {"epoch": 2, "step": 48}}
     restarted = plan(body(st), failed_job(), gang)
-    failure = restarted.status["lastFailure"]
+    failure = restarted.status.last_failure
     assert failure["lastStep"] == 57 and "lostSteps" not in failure  # known once the next attempt runs
     running = [pod(0, phase="Running"), pod(1, phase="Running")]
-    after = dict(restarted.status, phase=api.RUNNING)
+    after = dict(restarted.status.to_dict(), phase=api.RUNNING)
     p = plan(body(after), job(active=2, attempt=1), running,
              progress={"pets_resume_step": 48.0, "pets_step": 49.0})
-    assert p.status["lastFailure"]["lostSteps"] == 9 and p.status["resumeStep"] == 48
+    assert p.status.last_failure["lostSteps"] == 9 and p.status.resume_step == 48
     assert [(e.type, e.reason) for e in p.events if e.reason == "WorkLost"] == [("Warning", "WorkLost")]
     (lost,) = [e.message for e in p.events if e.reason == "WorkLost"]
     assert "lost at least 9 step(s): last read at step 57, the next attempt resumed at step 48" in lost
@@ -494,13 +496,13 @@ def test_the_work_a_restart_lost_is_counted_once_the_next_attempt_says_where_it_
     # An attempt that finished before any progress read: its summary says where it resumed.
     done = job(conditions=[{"type": "Complete", "status": "True"}], attempt=1, succeeded=2)
     finished = plan(body(after), done, [], summary={"status": "succeeded", "epochs": 5, "resume_step": 50})
-    assert finished.status["phase"] == api.SUCCEEDED and finished.status["lastFailure"]["lostSteps"] == 7
+    assert finished.status.phase == api.SUCCEEDED and finished.status.last_failure["lostSteps"] == 7
 
 
 def test_last_checkpoint_is_mirrored_from_progress() -> None:
     running = [pod(0, phase="Running"), pod(1, phase="Running")]
     p = plan(body(), job(active=2), running, progress={"pets_checkpoint_epoch": 3.0, "pets_epoch": 3.0})
-    assert p.status["lastCheckpoint"] == {"epoch": 3, "time": "2026-01-02T03:04:05Z"}
+    assert p.status.last_checkpoint == {"epoch": 3, "time": "2026-01-02T03:04:05Z"}
     same = plan(
         body(p.status),
         job(active=2),
@@ -508,15 +510,15 @@ def test_last_checkpoint_is_mirrored_from_progress() -> None:
         progress={"pets_checkpoint_epoch": 3.0},
         now=NOW + timedelta(seconds=10),
     )
-    assert same.status["lastCheckpoint"]["time"] == "2026-01-02T03:04:05Z"
+    assert same.status.last_checkpoint["time"] == "2026-01-02T03:04:05Z"
     # A step checkpoint mid-epoch 4 moves the step, not the epoch; the next epoch's checkpoint both.
     later = NOW + timedelta(seconds=20)
     mid = plan(body(same.status), job(active=2), running,
                progress={"pets_checkpoint_epoch": 3.0, "pets_checkpoint_step": 41.0}, now=later)
-    assert mid.status["lastCheckpoint"] == {"epoch": 3, "step": 41, "time": "2026-01-02T03:04:25Z"}
+    assert mid.status.last_checkpoint == {"epoch": 3, "step": 41, "time": "2026-01-02T03:04:25Z"}
     next_epoch = plan(body(mid.status), job(active=2), running,
                       progress={"pets_checkpoint_epoch": 4.0, "pets_checkpoint_step": 48.0}, now=later)
-    assert next_epoch.status["lastCheckpoint"] == {"epoch": 4, "step": 48, "time": "2026-01-02T03:04:25Z"}
+    assert next_epoch.status.last_checkpoint == {"epoch": 4, "step": 48, "time": "2026-01-02T03:04:25Z"}
 
 
 def test_the_dataset_report_is_mirrored_from_progress_then_the_summary() -> None:
@@ -524,18 +526,18 @@ def test_the_dataset_report_is_mirrored_from_progress_then_the_summary() -> None
     gauges = {"pets_dataset_images": 1796.0, "pets_dataset_classes": 10.0, "pets_dataset_skipped": 1.0,
               "pets_dataset_train_images": 1436.0, "pets_dataset_eval_images": 360.0}
     p = plan(body(), job(active=2), running, progress=gauges)
-    assert p.status["dataset"] == {"images": 1796, "classes": 10, "skipped": 1, "trainImages": 1436,
+    assert p.status.dataset == {"images": 1796, "classes": 10, "skipped": 1, "trainImages": 1436,
                                    "evalImages": 360}
     done = job(conditions=[{"type": "Complete", "status": "True"}], succeeded=2)
     report = {"layout": "imagefolder", "images": 1796, "classes": 10, "skipped": 2, "train_images": 1436,
               "eval_images": 360}
     finished = plan(body(p.status), done, [], summary={"status": "succeeded", "epochs": 5, "dataset": report})
-    assert finished.status["dataset"] == {"layout": "imagefolder", "images": 1796, "classes": 10,
+    assert finished.status.dataset == {"layout": "imagefolder", "images": 1796, "classes": 10,
                                           "skipped": 2, "trainImages": 1436, "evalImages": 360}
     # what the pod wrote is checked: a layout we do not know and counts out of range stay out
     odd = {"layout": "x" * 50, "images": -1, "classes": True, "skipped": 0.5}
     other = plan(body(), done, [], summary={"status": "succeeded", "epochs": 5, "dataset": odd})
-    assert "dataset" not in other.status
+    assert other.status.dataset is None
 
 
 def test_stalled_is_set_and_cleared() -> None:
@@ -543,12 +545,12 @@ def test_stalled_is_set_and_cleared() -> None:
     progress = {"pets_step": 10.0, "pets_elapsed_seconds": 100.0}  # 10 s a step -> bound 200 s
     start = plan(body({"phase": api.RUNNING}), job(active=2), running, progress=progress)
     assert stall.stall_bound(api.resolve_spec({}), start.status) == 200
-    stalled_cond = next(c for c in start.status["conditions"] if c["type"] == "Stalled")
+    stalled_cond = next(c for c in start.status.conditions if c["type"] == "Stalled")
     assert stalled_cond["status"] == "False"
     quiet = plan(
         body(start.status), job(active=2), running, progress=progress, now=NOW + timedelta(seconds=201)
     )
-    cond = next(c for c in quiet.status["conditions"] if c["type"] == "Stalled")
+    cond = next(c for c in quiet.status.conditions if c["type"] == "Stalled")
     assert cond["status"] == "True" and "no progress since 2026-01-02T03:04:05Z" in cond["message"]
     assert [e.reason for e in quiet.events] == ["Stalled"]
     moving = plan(
@@ -558,12 +560,13 @@ def test_stalled_is_set_and_cleared() -> None:
         progress={"pets_step": 11.0, "pets_elapsed_seconds": 110.0},
         now=NOW + timedelta(seconds=210),
     )
-    assert next(c for c in moving.status["conditions"] if c["type"] == "Stalled")["status"] == "False"
+    assert next(c for c in moving.status.conditions if c["type"] == "Stalled")["status"] == "False"
 
 
 def test_explicit_stall_timeout() -> None:
-    assert stall.stall_bound(api.resolve_spec({"scheduling": {"stallTimeoutSeconds": 30}}), {}) == 30
-    assert stall.stall_bound(api.resolve_spec({}), {}) is None  # no step yet: nothing to measure against
+    explicit = api.resolve_spec({"scheduling": {"stallTimeoutSeconds": 30}})
+    assert stall.stall_bound(explicit, Status()) == 30
+    assert stall.stall_bound(api.resolve_spec({}), Status()) is None  # no step yet: nothing to measure
 
 
 def test_unreadable_progress_is_said_once_after_the_grace() -> None:
@@ -571,7 +574,7 @@ def test_unreadable_progress_is_said_once_after_the_grace() -> None:
     error = "http://10.0.0.5:9090/metrics: cannot connect: Connection refused"  # scraper._describe
     started = "2026-01-02T03:04:00Z"  # 5 s before NOW: still starting, not flagged
     early = plan(body(), job(active=2), running, progress_error=error, rank0_running_since=started)
-    assert all(c["type"] != "ProgressReported" for c in early.status["conditions"])
+    assert all(c["type"] != "ProgressReported" for c in early.status.conditions)
     later = plan(
         body(early.status),
         job(active=2),
@@ -580,7 +583,7 @@ def test_unreadable_progress_is_said_once_after_the_grace() -> None:
         rank0_running_since=started,
         now=NOW + timedelta(seconds=30),
     )
-    cond = next(c for c in later.status["conditions"] if c["type"] == "ProgressReported")
+    cond = next(c for c in later.status.conditions if c["type"] == "ProgressReported")
     assert cond["status"] == "False" and cond["reason"] == "EndpointUnreachable"
     assert "Connection refused" in cond["message"] and "networkPolicy" in cond["message"]
     assert [e.reason for e in later.events] == ["ProgressUnreadable"]
@@ -602,33 +605,33 @@ def test_unreadable_progress_is_said_once_after_the_grace() -> None:
         now=NOW + timedelta(seconds=50),
     )
     assert (
-        next(c for c in readable.status["conditions"] if c["type"] == "ProgressReported")["status"] == "True"
+        next(c for c in readable.status.conditions if c["type"] == "ProgressReported")["status"] == "True"
     )
 
 
 def test_a_plans_deadline_only_ever_shortens_the_wait() -> None:
 
-    running = plan_types.Plan(status={"phase": api.RUNNING}, requeue_after=180.0)  # a stall bound far off
+    running = plan_types.Plan(status=Status(phase=api.RUNNING), requeue_after=180.0)  # a stall bound far off
     assert act.next_delay(running, poll_active=10.0) == 180.0  # a watched Job: no poll, the bound
-    assert act.next_delay(plan_types.Plan(status={"phase": api.RUNNING}), 10.0) == act.RESYNC
+    assert act.next_delay(plan_types.Plan(status=Status(phase=api.RUNNING)), 10.0) == act.RESYNC
     assert act.next_delay(running, poll_active=10.0, watched=False) == 10.0  # a PyTorchJob is polled
-    soon = plan_types.Plan(status={"phase": api.RUNNING}, requeue_after=3.0)
+    soon = plan_types.Plan(status=Status(phase=api.RUNNING), requeue_after=3.0)
     assert act.next_delay(soon, poll_active=10.0) == 3.0
-    restart = plan_types.Plan(status={"phase": api.RESTARTING}, requeue_after=0.0)
+    restart = plan_types.Plan(status=Status(phase=api.RESTARTING), requeue_after=0.0)
     assert act.next_delay(restart, poll_active=10.0) == 0.5
-    ttl = plan_types.Plan(status={"phase": api.SUCCEEDED}, requeue_after=60.0)
+    ttl = plan_types.Plan(status=Status(phase=api.SUCCEEDED), requeue_after=60.0)
     assert act.next_delay(ttl, poll_active=10.0) == 60.0
-    assert act.next_delay(plan_types.Plan(status={"phase": api.SUCCEEDED}), 10.0) is None
-    waiting = plan_types.Plan(status={"phase": api.PENDING, "pendingSince": "2026-01-02T03:04:05Z"})
+    assert act.next_delay(plan_types.Plan(status=Status(phase=api.SUCCEEDED)), 10.0) is None
+    waiting = plan_types.Plan(status=Status(phase=api.PENDING, pending_since="2026-01-02T03:04:05Z"))
     assert act.next_delay(waiting, poll_active=10.0) == 10.0  # mount failures: only in Events
-    assert act.next_delay(plan_types.Plan(status={"phase": api.PENDING}), 10.0) == act.RESYNC
-    assert act.next_delay(plan_types.Plan(status={"phase": api.QUEUED}), 10.0) == act.POLL_IDLE
+    assert act.next_delay(plan_types.Plan(status=Status(phase=api.PENDING)), 10.0) == act.RESYNC
+    assert act.next_delay(plan_types.Plan(status=Status(phase=api.QUEUED)), 10.0) == act.POLL_IDLE
 
 
 def test_a_rank_that_finished_first_is_not_waiting() -> None:
     ending = [pod(0, phase="Running"), pod(1, phase="Succeeded")]
     p = plan(body({"phase": api.RUNNING}), job(active=1), ending)
-    assert p.status["phase"] == api.RUNNING, p.status["message"]
+    assert p.status.phase == api.RUNNING, p.status.message
 
 
 def test_only_pods_stuck_creating_need_their_events_read() -> None:
@@ -644,17 +647,17 @@ def done(index: int, finished: str) -> dict[str, Any]:
 def test_every_rank_succeeded_is_success_before_the_job_has_counted_them() -> None:
     running = plan(body({"phase": api.RUNNING}), job(active=2, ready=2),
                    [done(0, "2026-01-02T03:04:01Z"), pod(1, phase="Running")])
-    assert running.status["phase"] == api.RUNNING
+    assert running.status.phase == api.RUNNING
     finished = [done(0, "2026-01-02T03:04:01Z"), done(1, "2026-01-02T03:04:03+00:00")]
     p = plan(body({"phase": api.RUNNING}), job(active=2, ready=2), finished)
-    assert p.status["phase"] == api.SUCCEEDED
-    succeeded = next(c for c in p.status["conditions"] if c["type"] == "Succeeded")
+    assert p.status.phase == api.SUCCEEDED
+    succeeded = next(c for c in p.status.conditions if c["type"] == "Succeeded")
     assert succeeded["reason"] == "AllRanksSucceeded"
-    assert p.status["completionTime"] == "2026-01-02T03:04:03Z" and p.status["workloadActive"] is False
+    assert p.status.completion_time == "2026-01-02T03:04:03Z" and p.status.workload_active is False
     # Any failed pod leaves the verdict to the Job's failure policy.
     failed = [done(0, "2026-01-02T03:04:01Z"), done(1, "2026-01-02T03:04:03Z"),
               pod(1, phase="Failed", terminated={"exitCode": 1})]
-    assert plan(body({"phase": api.RUNNING}), job(active=2, ready=2), failed).status["phase"] == api.RUNNING
+    assert plan(body({"phase": api.RUNNING}), job(active=2, ready=2), failed).status.phase == api.RUNNING
 
 
 def test_all_ranks_succeeded_needs_every_rank() -> None:

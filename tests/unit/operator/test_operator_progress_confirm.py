@@ -26,7 +26,7 @@ def plan(failing_for: float) -> plan_types.Plan:
 
 
 def reported(p: plan_types.Plan) -> dict[str, object] | None:
-    return next((c for c in p.status["conditions"] if c["type"] == "ProgressReported"), None)
+    return next((c for c in p.status.conditions if c["type"] == "ProgressReported"), None)
 
 
 def test_a_first_failed_read_says_nothing_and_looks_again_after_the_next_scrape() -> None:

@@ -26,6 +26,7 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 from pets_operator import goodput, mirror, pods
 from pets_operator.progress import PETS_TEXT_CAP, ProgressError, check_progress, parse_progress
+from pets_operator.status_types import Status
 from prometheus_client.utils import floatToGoString
 
 from pets_contract import gauges
@@ -53,9 +54,10 @@ def assert_checked(values: object) -> None:
         kind, top = gauges.READ[metric].kind, gauges.READ[metric].top
         assert type(value) is float and math.isfinite(value) and 0 <= value <= top, (metric, value)
         assert kind is float or value.is_integer(), (metric, value)
-    mirrored: dict[str, Any] = {}
-    mirror.mirror_progress(mirrored, values, NOW)
-    goodput.read_attempt(mirrored, 0, None, values)
+    typed = Status()
+    mirror.mirror_progress(typed, values, NOW)
+    goodput.read_attempt(typed, 0, None, values)
+    mirrored = typed.to_dict()
     json.dumps(mirrored, allow_nan=False)
     for gauge in gauges.group(gauges.PROGRESS):
         key = str(gauge.field)
@@ -247,8 +249,9 @@ def assert_summary_fits_a_status(summary: object, total_epochs: int) -> None:
     assert _depth(summary) <= pods.SUMMARY_MAX_DEPTH
     json.dumps(summary, allow_nan=False)
     copy.deepcopy(summary)
-    mirrored: dict[str, Any] = {}
-    mirror.mirror_summary(mirrored, summary, total_epochs)
+    typed = Status()
+    mirror.mirror_summary(typed, summary, total_epochs)
+    mirrored = typed.to_dict()
     json.dumps(mirrored, allow_nan=False)
     for key, top in (("evalAccuracy", 1.0), ("trainLoss", TOP), ("imagesPerSecond", TOP)):
         if key in mirrored:
@@ -310,8 +313,9 @@ def test_a_deeply_nested_summary_is_unreadable_not_a_crash(depth: int, opener: s
 def test_mirroring_any_summary_puts_only_in_range_fields_in_status(summary: dict[str, Any],
                                                                    total_epochs: int) -> None:
     """_mirror_summary on its own, whatever dict it is handed: the fields it sets are within range."""
-    mirrored: dict[str, Any] = {}
-    mirror.mirror_summary(mirrored, summary, total_epochs)
+    typed = Status()
+    mirror.mirror_summary(typed, summary, total_epochs)
+    mirrored = typed.to_dict()
     for key, top in (("evalAccuracy", 1.0), ("trainLoss", TOP), ("imagesPerSecond", TOP)):
         if key in mirrored:
             assert type(mirrored[key]) is float and math.isfinite(mirrored[key]) and 0 <= mirrored[key] <= top

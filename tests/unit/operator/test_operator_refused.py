@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -12,6 +13,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 from pets_operator import act, api, builders, children, context, handlers, plan_types, refusals, status
 from pets_operator.cluster import child_refusal_permanent
+from pets_operator.status_types import Status
 
 pytestmark = pytest.mark.unit
 
@@ -71,25 +73,25 @@ def service_manifest() -> dict[str, Any]:
 
 
 def cond(plan: plan_types.Plan, ctype: str) -> dict[str, Any]:
-    return next(c for c in plan.status["conditions"] if c["type"] == ctype)
+    return next(c for c in plan.status.conditions if c["type"] == ctype)
 
 
 def test_permanent_refusal_fails_with_the_servers_words_and_cleans_up() -> None:
     svc = service_manifest()
     p = refusals.plan_child_refused(body({"phase": api.PENDING, "pendingSince": "2026-01-02T03:00:00Z"}), VAP,
                                   NOW, True, child="Job pets-r0", cleanup=[svc])
-    assert p.status["phase"] == api.FAILED
-    assert VAP in p.status["message"] and "Job pets-r0" in p.status["message"]
+    assert p.status.phase == api.FAILED
+    assert VAP in p.status.message and "Job pets-r0" in p.status.message
     assert cond(p, "Failed")["reason"] == "ChildRejected" and cond(p, "Failed")["status"] == "True"
     assert [(e.type, e.reason) for e in p.events] == [("Warning", "ChildRejected")]
     assert p.delete == [{"apiVersion": "v1", "kind": "Service", "name": svc["metadata"]["name"],
                          "namespace": "ns"}]
     assert p.create == [] and p.requeue_after is None
-    assert p.status["completionTime"] == "2026-01-02T03:04:05Z" and "pendingSince" not in p.status
+    assert p.status.completion_time == "2026-01-02T03:04:05Z" and p.status.pending_since is None
     # Said once: the same refusal seen again emits no second Event.
-    again = refusals.plan_child_refused(body(p.status), VAP, NOW + timedelta(seconds=5), True,
+    again = refusals.plan_child_refused(body(p.status.to_dict()), VAP, NOW + timedelta(seconds=5), True,
                                       child="Job pets-r0")
-    assert again.events == [] and again.status["phase"] == api.FAILED
+    assert again.events == [] and again.status.phase == api.FAILED
 
 
 QUOTA = ('jobs.batch "pets-r0" is forbidden: exceeded quota: jobs, requested: count/jobs.batch=1, '
@@ -99,40 +101,40 @@ QUOTA = ('jobs.batch "pets-r0" is forbidden: exceeded quota: jobs, requested: co
 def test_transient_refusal_waits_pending_with_the_reason_and_backs_off() -> None:
     first = refusals.plan_child_refused(body({"phase": api.PENDING}), QUOTA, NOW, False, child="Job pets-r0",
                                       cleanup=[service_manifest()])
-    assert first.status["phase"] == api.PENDING and first.delete == []
+    assert first.status.phase == api.PENDING and first.delete == []
     assert cond(first, "Progressing")["reason"] == "ChildCreateRetrying"
-    assert QUOTA in first.status["message"] and "pets-r0" in first.status["message"]
-    assert first.status["pendingSince"] == "2026-01-02T03:04:05Z"
+    assert QUOTA in first.status.message and "pets-r0" in first.status.message
+    assert first.status.pending_since == "2026-01-02T03:04:05Z"
     assert [(e.type, e.reason) for e in first.events] == [("Warning", "ChildCreateRetrying")]
     delays = [first.requeue_after]
-    st = first.status
+    st = first.status.to_dict()
     for waited in (2, 4, 8, 16, 32, 64, 600):
         p = refusals.plan_child_refused(body(st), QUOTA, NOW + timedelta(seconds=waited), False,
                                       child="Job pets-r0")
-        assert p.events == [] and p.status["pendingSince"] == "2026-01-02T03:04:05Z"
+        assert p.events == [] and p.status.pending_since == "2026-01-02T03:04:05Z"
         delays.append(p.requeue_after)
-        st = p.status
+        st = p.status.to_dict()
     assert delays == [2.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 30.0]
 
 
 def test_transient_refusal_during_a_restart_stays_restarting_and_workload_is_not_active() -> None:
     p = refusals.plan_child_refused(body({"phase": api.RESTARTING, "restarts": 1, "workloadActive": True}),
                                   QUOTA, NOW, False)
-    assert p.status["phase"] == api.RESTARTING and p.status["workloadActive"] is False
+    assert p.status.phase == api.RESTARTING and p.status.workload_active is False
 
 
 def test_pending_timeout_bounds_a_transient_refusal() -> None:
     spec = {"scheduling": {"pendingTimeoutSeconds": 60}}
     st = {"phase": api.PENDING, "pendingSince": "2026-01-02T03:03:35Z"}  # 30 s ago
     waiting = refusals.plan_child_refused(body(st, **spec), QUOTA, NOW, False, child="Job pets-r0")
-    assert waiting.status["phase"] == api.PENDING and waiting.requeue_after == 30.0
+    assert waiting.status.phase == api.PENDING and waiting.requeue_after == 30.0
     later = refusals.plan_child_refused(body(st, **spec), QUOTA, NOW + timedelta(seconds=25), False,
                                       child="Job pets-r0")
     assert later.requeue_after == 5.0  # never sleeps past the deadline
     over = refusals.plan_child_refused(body(st, **spec), QUOTA, NOW + timedelta(seconds=31), False,
                                      child="Job pets-r0", cleanup=[service_manifest()])
-    assert over.status["phase"] == api.FAILED and cond(over, "Failed")["reason"] == "PendingTimeout"
-    assert "pendingTimeoutSeconds=60" in over.status["message"] and QUOTA in over.status["message"]
+    assert over.status.phase == api.FAILED and cond(over, "Failed")["reason"] == "PendingTimeout"
+    assert "pendingTimeoutSeconds=60" in over.status.message and QUOTA in over.status.message
     assert [d["kind"] for d in over.delete] == ["Service"]
 
 
@@ -293,17 +295,18 @@ def test_status_writes_within_a_phase_are_at_most_one_per_interval(
     cl.stored = dict(b["status"])
     log = logging.getLogger("test")
     creating = "containers are being created"
-    scheduled = plan_types.Plan(status={**b["status"], "message": f"2/2 pod(s) waiting: {creating}"})
+    stored = Status.from_dict(b["status"])
+    scheduled = plan_types.Plan(status=replace(stored, message=f"2/2 pod(s) waiting: {creating}"))
     act.carry_out(ctx, cl, b, scheduled, log)
     assert len(cl.statuses) == 1  # the first write goes at once
-    one_up = plan_types.Plan(status={**b["status"], "message": f"1/2 pod(s) waiting: {creating}"})
+    one_up = plan_types.Plan(status=replace(stored, message=f"1/2 pod(s) waiting: {creating}"))
     wait = act.carry_out(ctx, cl, b, one_up, log)
     assert len(cl.statuses) == 1 and wait is not None and 0 < wait <= act.STATUS_WRITE_INTERVAL
-    running = plan_types.Plan(status={**b["status"], "phase": api.RUNNING, "message": "2/2 pods running"})
+    running = plan_types.Plan(status=replace(stored, phase=api.RUNNING, message="2/2 pods running"))
     act.carry_out(ctx, cl, b, running, log)
     assert [s["phase"] for s in cl.statuses] == [api.PENDING, api.RUNNING]  # a phase change: at once
     b2, both = plan_creating_both()
-    both.status["phase"] = (b2.get("status") or {}).get("phase")  # same phase, but children to make
+    both.status.phase = (b2.get("status") or {}).get("phase")  # same phase, but children to make
     act.carry_out(ctx, cl, b2, both, log)
     assert cl.created == ["Service/pets", "NetworkPolicy/pets", "PersistentVolumeClaim/pets-output",
                           "Job/pets"]

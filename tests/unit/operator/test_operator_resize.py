@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from pets_operator import api, backends, builders, children, goodput, plan_types, resize, status
+from pets_operator.status_types import Status
 from test_operator_status import NOW, body
 
 pytestmark = pytest.mark.unit
@@ -51,35 +52,35 @@ def test_a_running_training_scaled_down_drains_and_restarts_at_the_new_size() ->
     p = plan(RUNNING, {"replicas": 1}, old)
     # The old gang goes (its pods stop with the SIGTERM save), as a new attempt, not a restart.
     assert p.delete == [{"apiVersion": "batch/v1", "kind": "Job", "name": "pets", "namespace": "ns"}]
-    assert p.status["attempt"] == 1 and p.status["restarts"] == 0
+    assert p.status.attempt == 1 and p.status.restarts == 0
     resized = [e for e in p.events if e.reason == "Resized"]
     assert len(resized) == 1 and resized[0].message.startswith("2 -> 1 (Scaled): ")
     assert "SIGTERM" in resized[0].message
-    assert p.status["resize"] == {"from": 2, "to": 1, "asked": 1, "reason": "Scaled",
+    assert p.status.resize == {"from": 2, "to": 1, "asked": 1, "reason": "Scaled",
                                   "since": "2026-01-02T03:04:05Z"}
-    assert p.status["replicas"] == 2  # what runs until it is gone
+    assert p.status.replicas == 2  # what runs until it is gone
     # Once it is gone, attempt 1 is built at the new size.
     later = NOW + timedelta(seconds=20)
-    made = plan(p.status, {"replicas": 1}, None, now=later)
+    made = plan(p.status.to_dict(), {"replicas": 1}, None, now=later)
     (new_job,) = [c for c in made.create if c["kind"] == "Job"]
     assert new_job["metadata"]["name"] == "pets-r1"
     assert new_job["spec"]["parallelism"] == new_job["spec"]["completions"] == 1
-    assert made.status["replicas"] == 1 and made.status["resize"]["to"] == 1
+    assert made.status.replicas == 1 and made.status.resize["to"] == 1
     # Its pods run: the resize is over, and its drain and restart were booked as resizing, not waiting.
     running = NOW + timedelta(seconds=50)
     new_job["status"] = {"active": 1, "ready": 1}
-    done = plan(made.status, {"replicas": 1}, new_job, now=running,
+    done = plan(made.status.to_dict(), {"replicas": 1}, new_job, now=running,
                 pods=[{**pod(0, True, 1), "status": {"phase": "Running", "conditions": []}}])
-    assert done.status["phase"] == api.RUNNING and "resize" not in done.status
-    assert done.status["goodput"]["resizingSeconds"] == 50.0
-    assert done.status["goodput"]["waitingSeconds"] == 0.0
+    assert done.status.phase == api.RUNNING and done.status.resize is None
+    assert done.status.goodput["resizingSeconds"] == 50.0
+    assert done.status.goodput["waitingSeconds"] == 0.0
 
 
 def test_status_names_the_size_it_runs_at_and_the_pods_selector() -> None:
     p = plan({}, {"replicas": 3}, None)
-    assert p.status["replicas"] == 3
-    assert p.status["selector"] == "training.pets.dev/training=pets,app.kubernetes.io/component=trainer"
-    assert resize.selector("pets") == p.status["selector"]
+    assert p.status.replicas == 3
+    assert p.status.selector == "training.pets.dev/training=pets,app.kubernetes.io/component=trainer"
+    assert resize.selector("pets") == p.status.selector
 
 
 def test_a_workload_built_smaller_than_asked_is_not_taken_for_an_edit() -> None:
@@ -93,8 +94,8 @@ def test_a_workload_built_smaller_than_asked_is_not_taken_for_an_edit() -> None:
     assert small["metadata"]["annotations"][api.ANNOTATION_SPEC_DIGEST] == builders.spec_digest(
         api.resolve_spec({"replicas": 2, "elastic": {"minReplicas": 1}}))
     small["status"] = {"active": 1}
-    again = plan(made.status, {"replicas": 2, "elastic": {"minReplicas": 1}}, small)
-    assert again.delete == [] and again.status["replicas"] == 1
+    again = plan(made.status.to_dict(), {"replicas": 2, "elastic": {"minReplicas": 1}}, small)
+    assert again.delete == [] and again.status.replicas == 1
 
 
 def _after_node_loss(elastic: dict[str, Any], placed: int, waited: float) -> plan_types.Plan:
@@ -112,11 +113,11 @@ def _after_node_loss(elastic: dict[str, Any], placed: int, waited: float) -> pla
 
 def test_after_a_node_loss_a_gang_that_does_not_fit_goes_on_at_the_size_placed() -> None:
     p = _after_node_loss({"minReplicas": 1}, placed=1, waited=31)
-    assert p.delete and p.delete[0]["name"] == "pets-r1" and p.status["attempt"] == 2
-    assert p.status["resize"]["reason"] == "NodeLost" and p.status["resize"]["to"] == 1
+    assert p.delete and p.delete[0]["name"] == "pets-r1" and p.status.attempt == 2
+    assert p.status.resize["reason"] == "NodeLost" and p.status.resize["to"] == 1
     (event,) = [e for e in p.events if e.reason == "Resized"]
     assert event.message.startswith("2 -> 1 (NodeLost): ") and "nodeLostSeconds=30" in event.message
-    assert p.status["restarts"] == 1  # not a failure
+    assert p.status.restarts == 1  # not a failure
     assert resize.next_size(api.resolve_spec({"replicas": 2, "elastic": {"minReplicas": 1}}), p.status) == 1
     # Scaled by its user during the drain: the next attempt is built at what was asked since.
     assert resize.next_size(api.resolve_spec({"replicas": 1, "elastic": {"minReplicas": 1}}), p.status) == 1
@@ -133,7 +134,7 @@ def test_after_a_node_loss_a_gang_that_does_not_fit_goes_on_at_the_size_placed()
 def test_it_waits_where_elastic_or_the_clock_says_so(elastic: dict[str, Any], placed: int,
                                                      waited: float) -> None:
     p = _after_node_loss(elastic, placed, waited)
-    assert p.delete == [] and "resize" not in p.status
+    assert p.delete == [] and p.status.resize is None
     assert "Resized" not in [e.reason for e in p.events]
 
 
@@ -144,8 +145,8 @@ def test_kueue_admitting_fewer_pods_rebuilds_the_workload_at_that_size() -> None
         api.resolve_spec(spec))
     workload["spec"]["parallelism"] = workload["spec"]["completions"] = 1  # Kueue's partial admission
     p = plan({**RUNNING, "phase": api.PENDING}, spec, workload)
-    assert p.status["resize"]["reason"] == "PartialAdmission" and p.status["resize"]["to"] == 1
-    assert p.delete and p.status["attempt"] == 1
+    assert p.status.resize["reason"] == "PartialAdmission" and p.status.resize["to"] == 1
+    assert p.delete and p.status.attempt == 1
     # From the size its pods were built for, not the parallelism Kueue lowered.
     (event,) = [e.message for e in p.events if e.reason == "Resized"]
     assert event.startswith("2 -> 1 (PartialAdmission): Kueue admitted 1 of the 2 pods"), event
@@ -163,11 +164,12 @@ def test_a_queued_elastic_job_asks_kueue_for_partial_admission() -> None:
 
 
 def test_goodput_lists_each_runs_world_size() -> None:
-    st: dict[str, Any] = {"replicas": 2}
+    st = Status(replicas=2)
     goodput.read_attempt(st, 0, "2026-01-02T03:00:00Z", {})
-    st["replicas"] = 1
+    st.replicas = 1
     goodput.read_attempt(st, 1, "2026-01-02T03:02:00Z", {})
-    assert [(r["attempt"], r["worldSize"]) for r in st["goodput"]["attempts"]] == [(0, 2), (1, 1)]
+    assert st.goodput is not None
+    assert [(r["attempt"], r["worldSize"]) for r in st.goodput["attempts"]] == [(0, 2), (1, 1)]
 
 
 @pytest.mark.parametrize(("spec", "ok"), [
@@ -195,12 +197,12 @@ def test_a_training_that_may_grow_gets_a_claim_every_node_can_mount() -> None:
 
 def test_the_global_batch_is_fixed_at_the_largest_size_and_passed_to_the_trainer() -> None:
     made = plan({}, {"replicas": 2, "batchSize": 16, "elastic": {"minReplicas": 1, "maxReplicas": 4}}, None)
-    assert made.status["globalBatch"] == 16 * 4
+    assert made.status.global_batch == 16 * 4
     (job,) = [c for c in made.create if c["kind"] == "Job"]
     args = job["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[args.index("--global-batch-size") + 1] == "64"
     plain = plan({}, {"replicas": 2, "batchSize": 16}, None)
-    assert plain.status["globalBatch"] == 32  # what the trainer would take at its first start anyway
+    assert plain.status.global_batch == 32  # what the trainer would take at its first start anyway
 
 
 def test_a_size_that_cannot_keep_the_global_batch_is_refused_and_the_gang_runs_on() -> None:
@@ -210,18 +212,18 @@ def test_a_size_that_cannot_keep_the_global_batch_is_refused_and_the_gang_runs_o
     st = {**RUNNING, "globalBatch": 128, "checkpointDir": "/output/checkpoints/x",
           "checkpointShape": builders.checkpoint_shape(api.resolve_spec({"replicas": 3}))}
     p = plan(st, {"replicas": 3}, old)
-    assert p.delete == [] and p.status["attempt"] == 0 and p.status["resizeRefused"] == 3
+    assert p.delete == [] and p.status.attempt == 0 and p.status.resize_refused == 3
     (refused,) = [e for e in p.events if e.reason == "ResizeRefused"]
     assert refused.type == "Warning"
     assert refused.message.startswith("spec.replicas=3 cannot keep the training's global batch 128")
     assert "sizes that keep it: 1, 2; it runs on at 2" in refused.message
-    again = plan(p.status, {"replicas": 3}, old)
+    again = plan(p.status.to_dict(), {"replicas": 3}, old)
     assert "ResizeRefused" not in [e.reason for e in again.events]  # said once
 
 
 def test_a_node_loss_shrinks_to_the_largest_size_that_keeps_the_global_batch() -> None:
     spec = api.resolve_spec({"replicas": 4, "elastic": {"minReplicas": 1, "maxReplicas": 4}})
-    status_ = {"globalBatch": 4 * 64}
+    status_ = Status(global_batch=4 * 64)
     assert [resize.fitting(spec, status_, n) for n in (4, 3, 2, 1)] == [4, 2, 2, 1]
     at_least_3 = api.resolve_spec({"replicas": 4, "elastic": {"minReplicas": 3}})
     assert resize.fitting(at_least_3, status_, 3) is None  # 3 cannot keep it, and 2 is below the bound

@@ -14,7 +14,6 @@ import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 import aiohttp
 import pytest
@@ -31,6 +30,7 @@ from pets_operator.scraper import (
     _describe,
     client_session,
 )
+from pets_operator.status_types import Status
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
 from pets_contract import gauges
@@ -304,9 +304,9 @@ def test_the_trainers_real_endpoint_reads_well_within_the_bounds() -> None:
         thread.join(5)
     assert reading.error is None and reading.progress is not None
     assert set(reading.progress) == set(gauges.READ) and reading.progress["pets_step"] == 1234567
-    mirrored: dict[str, Any] = {}
+    mirrored = Status()
     mirror.mirror_progress(mirrored, reading.progress, datetime(2026, 1, 2, tzinfo=UTC))
-    assert mirrored["step"] == 1234567 and mirrored["evalAccuracy"] == 0.875
+    assert mirrored.step == 1234567 and mirrored.eval_accuracy == 0.875
 
 
 def test_check_progress_is_pure_and_bounds_every_field() -> None:
@@ -359,12 +359,12 @@ def test_a_bad_gauge_reaches_status_and_events_as_its_kind_only() -> None:
 
     reading = run(main)
     planned = _plan(reading.progress, reading.error)
-    text = json.dumps({"status": planned.status, "events": [e.message for e in planned.events]},
+    text = json.dumps({"status": planned.status.to_dict(), "events": [e.message for e in planned.events]},
                       allow_nan=False)
     assert "value out of range: imagesPerSecond" in text and TOKEN not in text
-    reported = next(c for c in planned.status["conditions"] if c["type"] == "ProgressReported")
+    reported = next(c for c in planned.status.conditions if c["type"] == "ProgressReported")
     assert reported["status"] == "False" and "imagesPerSecond" in reported["message"]
-    assert "epoch" not in planned.status  # nothing of a refused reading is mirrored
+    assert planned.status.epoch is None  # nothing of a refused reading is mirrored
 
 
 # What the fuzz below builds its byte strings from: the format's tokens, the hostile numbers, and noise.
@@ -399,9 +399,9 @@ def test_fuzz_the_parser_and_checks_never_raise_else_and_never_pass_a_bad_value(
             kind, top = gauges.READ[metric].kind, gauges.READ[metric].top
             assert type(value) is float and math.isfinite(value) and 0 <= value <= top, (text, metric)
             assert kind is float or value.is_integer()
-        mirrored: dict[str, Any] = {}
+        mirrored = Status()
         mirror.mirror_progress(mirrored, values, datetime(2026, 1, 2, tzinfo=UTC))
-        json.dumps(mirrored, allow_nan=False)
+        json.dumps(mirrored.to_dict(), allow_nan=False)
     assert outcomes["ok"] > 100 and outcomes["error"] > 100, outcomes  # both paths were exercised
 
 
@@ -422,6 +422,6 @@ def test_status_tells_an_unreachable_rank_0_from_a_refused_answer(exc: BaseExcep
     error = f"http://10.0.0.5:9090/metrics: {_describe(exc)}"
     assert stall.unreachable(error) is unreachable
     planned = _plan(None, error)
-    reported = next(c for c in planned.status["conditions"] if c["type"] == "ProgressReported")
+    reported = next(c for c in planned.status.conditions if c["type"] == "ProgressReported")
     assert reported["reason"] == ("EndpointUnreachable" if unreachable else "ProgressRefused")
     assert ("networkPolicy" in reported["message"]) is unreachable

@@ -21,6 +21,7 @@ from pets_operator import (
     status,
 )
 from pets_operator.progress import parse_progress
+from pets_operator.status_types import Status
 
 pytestmark = pytest.mark.unit
 
@@ -28,9 +29,10 @@ NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 TARGET = builders.Target("pets", "ns")
 
 
-def body(st: dict[str, Any] | None = None, **spec: Any) -> dict[str, Any]:
+def body(st: dict[str, Any] | Status | None = None, **spec: Any) -> dict[str, Any]:
+    """The stored training; a plan's typed status is stored as the API server would hold it."""
     return {"metadata": {"name": "pets", "namespace": "ns", "generation": 3, "uid": "u1"},
-            "spec": spec, "status": st or {}}
+            "spec": spec, "status": st.to_dict() if isinstance(st, Status) else st or {}}
 
 
 def job(conditions: list[dict[str, Any]] | None = None, attempt: int = 0, suspend: bool = False,
@@ -57,7 +59,7 @@ def run(b: dict[str, Any], workload: dict[str, Any] | None, *, backend: str = "j
 
 
 def cond(plan: plan_types.Plan, ctype: str) -> dict[str, Any]:
-    return next(c for c in plan.status["conditions"] if c["type"] == ctype)
+    return next(c for c in plan.status.conditions if c["type"] == ctype)
 
 
 def test_new_training_creates_service_and_job_once() -> None:
@@ -65,12 +67,12 @@ def test_new_training_creates_service_and_job_once() -> None:
     observed = plan_types.Observed(backend=backends.JOB, workload=None, backend_reason="spec.backend is job")
     p = status.plan(body(replicas=2, backend="job"), spec, observed, TARGET, NOW)
     assert [m["kind"] for m in p.create] == ["Service", "NetworkPolicy", "PersistentVolumeClaim", "Job"]
-    assert p.status["phase"] == api.PENDING
-    assert p.status["observedGeneration"] == 3
-    assert p.status["children"] == {"service": "pets", "job": "pets", "outputClaim": "pets-output",
+    assert p.status.phase == api.PENDING
+    assert p.status.observed_generation == 3
+    assert p.status.children == {"service": "pets", "job": "pets", "outputClaim": "pets-output",
                                     "networkPolicy": "pets"}
-    assert p.status["workloadActive"] is True and p.status["attempt"] == 0
-    assert p.status["backendReason"] == "spec.backend is job"
+    assert p.status.workload_active is True and p.status.attempt == 0
+    assert p.status.backend_reason == "spec.backend is job"
     assert cond(p, "Progressing")["status"] == "True"
     # An explicit backend is no choice: no BackendSelected Event (`auto` gets one: the test below).
     assert [(e.reason, e.message) for e in p.events] == [("Created", "created Job pets")]
@@ -132,7 +134,7 @@ def test_running_with_progress_mirrored() -> None:
         "# TYPE pets_images_per_second gauge\npets_images_per_second 123.5\n")
     p = run(body({"phase": api.PENDING}), job(active=1, ready=1, startTime="2026-01-02T03:00:00Z"),
             progress=scrape)
-    st = p.status
+    st = p.status.to_dict()
     assert st["phase"] == api.RUNNING and st["activeReplicas"] == 1 and st["readyReplicas"] == 1
     assert st["epoch"] == 2 and st["totalEpochs"] == 5 and st["progress"] == "2/5"
     assert st["evalAccuracy"] == 0.875 and st["trainLoss"] == 0.5 and st["etaSeconds"] == 30.0
@@ -147,7 +149,7 @@ def test_succeeded_takes_the_summary() -> None:
                                                "final_train_loss": 0.2, "images_per_second": 120.0}))
     p = run(body({"phase": api.RUNNING}),
             job([{"type": "Complete"}], succeeded=2, completionTime="2026-01-02T03:04:00Z"), summary=summary)
-    st = p.status
+    st = p.status.to_dict()
     assert st["phase"] == api.SUCCEEDED and st["evalAccuracy"] == 0.94 and st["progress"] == "5/5"
     assert st["completionTime"] == "2026-01-02T03:04:00Z" and st["summary"]["status"] == "succeeded"
     assert cond(p, "Succeeded")["status"] == "True" and cond(p, "Progressing")["status"] == "False"
@@ -158,26 +160,26 @@ def test_failure_restarts_the_gang_then_fails() -> None:
     failed = job([{"type": "Failed", "reason": "BackoffLimitExceeded", "message": "pod failed"}])
     made = {"phase": api.RUNNING, "children": {"job": "pets", "service": "pets", "networkPolicy": "pets"}}
     p = run(body(made, maxRestarts=2), failed, summary={"status": "failed", "error": "CUDA out of memory"})
-    assert p.status["phase"] == api.RESTARTING and p.status["restarts"] == 1
+    assert p.status.phase == api.RESTARTING and p.status.restarts == 1
     assert p.delete == [{"apiVersion": "batch/v1", "kind": "Job", "name": "pets", "namespace": "ns"}]
     assert p.create == []
-    assert "CUDA out of memory" in p.status["message"]
+    assert "CUDA out of memory" in p.status.message
     assert [e.type for e in p.events] == ["Warning"]
-    assert p.status["children"]["job"] == "pets"  # switches to pets-r1 once the status is stored
+    assert p.status.children["job"] == "pets"  # switches to pets-r1 once the status is stored
 
     # Next round: old Job still going away -> wait, do not create yet.
     wait = run(body(p.status, maxRestarts=2), None, stale=[failed])
-    assert wait.create == [] and wait.status["phase"] == api.RESTARTING
+    assert wait.create == [] and wait.status.phase == api.RESTARTING
 
     # Old Job gone -> attempt 1 is created with its own name.
     again = run(body(p.status, maxRestarts=2), None)
     assert [m["metadata"]["name"] for m in again.create] == ["pets-output", "pets-r1"]
-    assert again.status["children"]["job"] == "pets-r1"
+    assert again.status.children["job"] == "pets-r1"
 
     # Last allowed restart used up -> Failed, nothing deleted, nothing created.
     final = run(body({"phase": api.RUNNING, "restarts": 2}, maxRestarts=2),
                 job([{"type": "Failed", "reason": "BackoffLimitExceeded"}], attempt=2))
-    assert final.status["phase"] == api.FAILED and final.delete == [] and final.create == []
+    assert final.status.phase == api.FAILED and final.delete == [] and final.create == []
     assert cond(final, "Failed")["reason"] == "MaxRestartsExceeded"
     assert any(e.type == "Warning" and e.reason == api.FAILED for e in final.events)
 
@@ -198,19 +200,19 @@ def test_the_phase_says_restarting_from_the_gang_restart_until_the_new_gang_runs
     Pending: that reads as a training that never started), then Running."""
     failed = job([{"type": "Failed", "reason": "BackoffLimitExceeded", "message": "pod failed"}])
     p = run(body({"phase": api.RUNNING}, replicas=2, maxRestarts=2), failed)
-    rounds = [(p.status["phase"], cond(p, "Progressing")["reason"])]
+    rounds = [(p.status.phase, cond(p, "Progressing")["reason"])]
     p = run(body(p.status, replicas=2, maxRestarts=2), None, stale=[failed])  # the old Job still goes
-    rounds.append((p.status["phase"], cond(p, "Progressing")["reason"]))
+    rounds.append((p.status.phase, cond(p, "Progressing")["reason"]))
     p = run(body(p.status, replicas=2, maxRestarts=2), None)  # gone: attempt 1 is created
     assert [m["metadata"]["name"] for m in p.create] == ["pets-output", "pets-r1"]  # the claim first
-    rounds.append((p.status["phase"], cond(p, "Progressing")["reason"]))
+    rounds.append((p.status.phase, cond(p, "Progressing")["reason"]))
     p = run(body(p.status, replicas=2, maxRestarts=2), job(attempt=1))  # created, no pod yet
-    rounds.append((p.status["phase"], cond(p, "Progressing")["reason"]))
+    rounds.append((p.status.phase, cond(p, "Progressing")["reason"]))
     p = run(body(p.status, replicas=2, maxRestarts=2), job(attempt=1, active=2),
             pods=[pending_pod(0, 1), pending_pod(1, 1)])  # its pods wait for their containers
-    rounds.append((p.status["phase"], cond(p, "Progressing")["reason"]))
+    rounds.append((p.status.phase, cond(p, "Progressing")["reason"]))
     p = run(body(p.status, replicas=2, maxRestarts=2), job(attempt=1, active=2, ready=2))
-    rounds.append((p.status["phase"], cond(p, "Progressing")["reason"]))
+    rounds.append((p.status.phase, cond(p, "Progressing")["reason"]))
     assert rounds == [
         (api.RESTARTING, "GangRestart"),
         (api.RESTARTING, "WaitingForOldAttempt"),
@@ -219,33 +221,33 @@ def test_the_phase_says_restarting_from_the_gang_restart_until_the_new_gang_runs
         (api.RESTARTING, "ContainerCreating"),
         (api.RUNNING, "PodsRunning"),
     ]
-    assert p.status["restarts"] == 1 and p.status["attempt"] == 1
+    assert p.status.restarts == 1 and p.status.attempt == 1
 
 
 def test_an_edit_during_a_restart_rebuilds_and_still_says_restarting() -> None:
     p = run(body({"phase": api.RESTARTING, "restarts": 1, "attempt": 1}, replicas=2, epochs=9),
             job(attempt=1), built_from={"replicas": 2})
     assert cond(p, "Progressing")["reason"] == "Rebuilding"
-    assert p.status["phase"] == api.RESTARTING
+    assert p.status.phase == api.RESTARTING
 
 
 def test_finished_is_terminal() -> None:
     p = run(body({"phase": api.SUCCEEDED, "completionTime": "2026-01-02T03:00:00Z"}), None)
-    assert p.create == [] and p.status["phase"] == api.SUCCEEDED
+    assert p.create == [] and p.status.phase == api.SUCCEEDED
 
 
 def test_suspend_and_resume_go_through_the_job() -> None:
     p = run(body({"phase": api.RUNNING}, suspend=True), job(active=2))
-    assert p.suspend is True and p.status["phase"] == api.SUSPENDED
+    assert p.suspend is True and p.status.phase == api.SUSPENDED
     assert cond(p, "Suspended")["status"] == "True"
     p2 = run(body(p.status, suspend=True), job([{"type": "Suspended"}], suspend=True))
-    assert p2.suspend is None and p2.status["phase"] == api.SUSPENDED
+    assert p2.suspend is None and p2.status.phase == api.SUSPENDED
     p3 = run(body(p2.status, suspend=False), job([{"type": "Suspended"}], suspend=True))
-    assert p3.suspend is False and p3.status["phase"] == api.PENDING
+    assert p3.suspend is False and p3.status.phase == api.PENDING
     assert [e.reason for e in p3.events] == ["Resumed"]
     # A training created suspended creates a suspended Job.
     p4 = run(body(suspend=True), None)
-    assert p4.create[-1]["spec"]["suspend"] is True and p4.status["phase"] == api.SUSPENDED
+    assert p4.create[-1]["spec"]["suspend"] is True and p4.status.phase == api.SUSPENDED
 
 
 def test_condition_transition_time_moves_only_on_change() -> None:
@@ -285,14 +287,14 @@ def test_child_timestamps_in_either_rfc3339_form() -> None:
     j = job([{"type": "Complete"}], startTime="2026-01-02T03:00:00+00:00",
             completionTime="2026-01-02T03:04:00+00:00")
     p = run(body({"phase": api.RUNNING}, ttlSecondsAfterFinished=600), j)
-    assert p.status["startTime"] == "2026-01-02T03:00:00Z"
-    assert p.status["completionTime"] == "2026-01-02T03:04:00Z"
+    assert p.status.start_time == "2026-01-02T03:00:00Z"
+    assert p.status.completion_time == "2026-01-02T03:04:00Z"
     assert p.requeue_after == pytest.approx(600 - 5)
 
 
 def test_invalid_spec_plan_fails_with_one_event() -> None:
     p = refusals.plan_invalid(body({"phase": api.PENDING}), "spec.dataset: bad", NOW)
-    assert p.status["phase"] == api.FAILED and p.status["message"] == "spec.dataset: bad"
+    assert p.status.phase == api.FAILED and p.status.message == "spec.dataset: bad"
     assert cond(p, "Failed") == {"type": "Failed", "status": "True", "reason": "InvalidSpec",
                                  "message": "spec.dataset: bad", "lastTransitionTime": "2026-01-02T03:04:05Z",
                                  "observedGeneration": 3}
@@ -300,12 +302,12 @@ def test_invalid_spec_plan_fails_with_one_event() -> None:
     assert p.create == [] and p.delete == []
     # The same reason again (an operator restart) writes nothing new and emits no second Event.
     again = refusals.plan_invalid(body(p.status), "spec.dataset: bad", NOW + timedelta(seconds=30))
-    assert again.status == p.status and again.events == []
+    assert again.status.to_dict() == p.status.to_dict() and again.events == []
 
 
 def test_backend_unavailable_plan_waits_pending() -> None:
     p = refusals.plan_backend_unavailable(body(), "spec.backend is 'pytorchjob' but ...", NOW)
-    assert p.status["phase"] == api.PENDING
+    assert p.status.phase == api.PENDING
     assert cond(p, "Progressing")["reason"] == "BackendUnavailable"
     assert [e.reason for e in p.events] == ["BackendUnavailable"]
     assert refusals.plan_backend_unavailable(body(p.status), "spec.backend is 'pytorchjob' but ...",
@@ -315,7 +317,7 @@ def test_backend_unavailable_plan_waits_pending() -> None:
 def test_target_attempt_names_the_workload_after_a_restart() -> None:
     p = run(body({"phase": api.RESTARTING, "restarts": 2, "children": {"networkPolicy": "pets"}}), None)
     assert [m["metadata"]["name"] for m in p.create] == ["pets-output", "pets-r2"]
-    assert p.status["children"] == {"service": "pets", "job": "pets-r2", "outputClaim": "pets-output",
+    assert p.status.children == {"service": "pets", "job": "pets-r2", "outputClaim": "pets-output",
                                     "networkPolicy": "pets"}
 
 
@@ -326,13 +328,13 @@ def test_target_attempt_names_the_workload_after_a_restart() -> None:
 ])
 def test_a_restart_says_where_it_resumes_for_each_output(output: dict[str, Any], says: str) -> None:
     spec = api.resolve_spec({"output": output})
-    assert restarts.resume_point(spec, {"lastCheckpoint": {"epoch": 2}}) == says
+    assert restarts.resume_point(spec, Status(last_checkpoint={"epoch": 2})) == says
     # With the run's steps known (the trainer's gauges), the step too: epochs are of equal length.
-    with_steps = {"lastCheckpoint": {"epoch": 2}, "totalEpochs": 5, "stepsTotal": 60}
+    with_steps = Status(last_checkpoint={"epoch": 2}, total_epochs=5, steps_total=60)
     assert restarts.resume_point(spec, with_steps) == says + (", step 24" if "epoch 2" in says else "")
     # A trainer that serves its newest checkpoint's step (a step checkpoint, mid-epoch): that step, read
     # up to a progress interval ago, so "or later".
-    step_checkpoint = {"lastCheckpoint": {"epoch": 2, "step": 31}}
+    step_checkpoint = Status(last_checkpoint={"epoch": 2, "step": 31})
     if "epoch 2" in says:
         assert restarts.resume_point(spec, step_checkpoint) == \
             "resuming from the newest checkpoint, at step 31 or later"
@@ -371,12 +373,12 @@ def test_an_unset_output_is_the_operators_choice_kept_in_status(
     spec = dataclasses.replace(api.resolve_spec({}), output=chosen)
     observed = plan_types.Observed(backend=backends.JOB, workload=None, output_reason=why)
     p = status.plan(body(), spec, observed, TARGET, NOW)
-    assert (p.status["output"], p.status["outputReason"]) == (chosen, why)
+    assert (p.status.output, p.status.output_reason) == (chosen, why)
     c = cond(p, "OutputDurable")
     assert (c["status"], c["reason"]) == (durable, reason) and words in c["message"], c
     claims = [m for m in p.create if m["kind"] == "PersistentVolumeClaim"]
     assert len(claims) == (1 if "managedClaim" in chosen else 0)
-    assert ("outputClaim" in p.status["children"]) == bool(claims)
+    assert ("outputClaim" in p.status.children) == bool(claims)
     if "emptyDir" in chosen:
         assert "epoch 0" in c["message"] and "set spec.output." in c["message"]  # what it costs, the fix
 
@@ -386,7 +388,7 @@ def test_an_output_the_spec_names_clears_an_old_choice() -> None:
     old = {"output": {"managedClaim": {}}, "outputReason": output_durability.OPERATOR_DEFAULT}
     observed = plan_types.Observed(backend=backends.JOB, workload=None)
     p = status.plan(body(old, output={"emptyDir": {}}), spec, observed, TARGET, NOW)
-    assert "output" not in p.status and "outputReason" not in p.status
+    assert p.status.output is None and p.status.output_reason is None
 
 
 def test_a_pending_claim_makes_output_durable_unknown_until_it_binds() -> None:
@@ -419,8 +421,8 @@ def test_a_claim_left_by_a_deleted_training_of_the_same_name_is_waited_for() -> 
     deleting = claim | {"metadata": {**claim["metadata"], "deletionTimestamp": "2026-01-02T03:04:00Z"}}
     for going in (old_owner, deleting):
         p = run(body(), None, output_claim=going)
-        assert p.create == [] and p.status["phase"] == api.PENDING
-        assert cond(p, "Progressing")["reason"] == "WaitingForOldClaim", p.status
+        assert p.create == [] and p.status.phase == api.PENDING
+        assert cond(p, "Progressing")["reason"] == "WaitingForOldClaim", p.status.to_dict()
         assert p.requeue_after == refusals.CHILD_RETRY_MIN_SECONDS
     # Ours (a round that made it, then crashed), or kept work (Retain: no owner): used as it is.
     ours = claim | {"metadata": {**claim["metadata"], "ownerReferences": [{"uid": "u1"}]}}
@@ -450,5 +452,5 @@ def test_a_training_that_leaves_pending_loses_pending_since_in_the_stored_status
     pending = {"phase": api.PENDING, "pendingSince": "2026-01-02T03:04:05Z", "attempt": 0,
                "children": {"job": "pets", "service": "pets"}}
     p = run(body(pending, replicas=2), job(active=2, ready=2))
-    assert "pendingSince" not in p.status
-    assert plan_types.merge_patch(pending, p.status)["pendingSince"] is None
+    assert p.status.pending_since is None
+    assert plan_types.merge_patch(pending, p.status.to_dict())["pendingSince"] is None

@@ -8,6 +8,7 @@ import json
 
 import pytest
 from pets_operator import mirror, pods
+from pets_operator.status_types import Status
 
 pytestmark = pytest.mark.unit
 
@@ -29,16 +30,16 @@ def test_a_real_summary_still_reads_and_mirrors() -> None:
     summary = pods.parse_summary(json.dumps({"status": "succeeded", "final_accuracy": 0.99375, "epochs": 5,
                                              "final_train_loss": 0.0386, "images_per_second": 301.7}))
     assert summary is not None
-    st: dict[str, object] = {}
+    st = Status()
     mirror.mirror_summary(st, summary, 5)
-    assert (st["evalAccuracy"], st["epoch"], st["progress"]) == (0.99375, 5, "5/5")
-    json.dumps(st, allow_nan=False)  # a patch the API server takes
+    assert (st.eval_accuracy, st.epoch, st.progress) == (0.99375, 5, "5/5")
+    json.dumps(st.to_dict(), allow_nan=False)  # a patch the API server takes
 
 
 @pytest.mark.parametrize("bad", [{"final_accuracy": 1.5}, {"final_accuracy": -0.1}, {"final_accuracy": True},
                                  {"final_accuracy": "0.9"}, {"epochs": -1}, {"epochs": 2.5},
                                  {"images_per_second": 2**60}])
 def test_values_out_of_their_fields_range_are_not_mirrored(bad: dict[str, object]) -> None:
-    st: dict[str, object] = {}
+    st = Status()
     mirror.mirror_summary(st, {"status": "succeeded", **bad}, 5)
-    assert not {"evalAccuracy", "epoch", "imagesPerSecond"} & st.keys(), st
+    assert not {"evalAccuracy", "epoch", "imagesPerSecond"} & st.to_dict().keys(), st

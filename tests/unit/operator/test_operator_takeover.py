@@ -15,6 +15,7 @@ from pets_operator import api, backends, builders, context, plan_types, status
 from pets_operator.backends import timestamp
 from pets_operator.mirror import older_than_status
 from pets_operator.progress import parse_progress
+from pets_operator.status_types import Status
 
 pytestmark = pytest.mark.unit
 
@@ -35,11 +36,11 @@ def ctx_over(indexed: dict[str, Any]) -> context.Context:
 
 
 def test_a_reading_older_than_the_status_shows_is_not_mirrored() -> None:
-    shown = {"lastProgressTime": timestamp(NOW)}
+    shown = Status(last_progress_time=timestamp(NOW))
     assert older_than_status(NOW - timedelta(seconds=3), shown)
     assert not older_than_status(NOW + timedelta(seconds=3), shown)
     assert not older_than_status(NOW, shown)  # the same second: ours may well be the newer
-    assert not older_than_status(None, shown) and not older_than_status(NOW, {})
+    assert not older_than_status(None, shown) and not older_than_status(NOW, Status())
 
 
 def plan_with(old_status: dict[str, Any], read_at: datetime) -> dict[str, Any]:
@@ -53,7 +54,7 @@ def plan_with(old_status: dict[str, Any], read_at: datetime) -> dict[str, Any]:
     observed = plan_types.Observed(backend=backends.JOB, workload=workload,
                                    service=backends.JOB.build_service(spec, target), progress=progress,
                                    progress_read_at=read_at)
-    return status.plan(b, spec, observed, target, NOW).status
+    return status.plan(b, spec, observed, target, NOW).status.to_dict()
 
 
 def test_a_stale_reading_does_not_take_the_step_back_and_a_newer_one_moves_it() -> None:

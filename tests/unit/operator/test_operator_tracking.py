@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from operator_specs import TARGET, env_of  # tests/unit/operator/operator_specs.py
 from pets_operator import api, backends, builders, plan_types, status, tracking, tracking_status
+from pets_operator.status_types import Status
 
 pytestmark = pytest.mark.unit
 
@@ -113,9 +114,9 @@ def summary(**report: Any) -> dict[str, Any]:
 
 def mirrored(progress: dict[str, float] | None = None, summary_: dict[str, Any] | None = None,
              old: dict[str, Any] | None = None) -> dict[str, Any]:
-    st: dict[str, Any] = {"conditions": [], **(old or {})}
+    st = Status.from_dict({"conditions": [], **(old or {})})
     tracking_status.mirror(st, progress, summary_, NOW, 2)
-    return st
+    return st.to_dict()
 
 
 def condition(st: dict[str, Any]) -> dict[str, Any] | None:
@@ -169,5 +170,5 @@ def test_the_planner_mirrors_a_succeeded_run() -> None:
     observed = plan_types.Observed(backend=backends.JOB, workload=job,
                                    summary=summary(mlflow_run_id=RUN_ID, mlflow_url=RUN_URL, ok=True))
     plan = status.plan(body, spec, observed, target, NOW)
-    assert plan.status["phase"] == api.SUCCEEDED
-    assert plan.status["tracking"]["mlflowRunId"] == RUN_ID
+    assert plan.status.phase == api.SUCCEEDED
+    assert plan.status.tracking["mlflowRunId"] == RUN_ID
