@@ -76,7 +76,7 @@ def plan(
     6. with one: `_read_progress`, then `_with_workload` says where it stands;
     7. goodput accounts the round's time."""
     r = _begin(body, spec, observed, target, now)
-    if r.old_phase in api.FINISHED_PHASES:  # terminal: nothing is created again, only the TTL remains
+    if r.old.phase in api.FINISHED_PHASES:  # terminal: nothing is created again, only the TTL remains
         r.status.workload_active = False
         _ttl(r.result, spec, r.status, now)
     else:
@@ -91,9 +91,9 @@ def plan(
                                           and ws.phase not in api.FINISHED_PHASES)
             edited = ws.phase not in api.FINISHED_PHASES and _built_from_older_spec(observed.workload, spec)
             if edited and not resize.refused(r.result, spec, observed, r.old):
-                _rebuild(r.result, spec, observed, target, r.old_phase, now, r.generation)
+                _rebuild(r.result, spec, observed, target, r.old.phase, now, r.generation)
             elif ws.phase not in api.FINISHED_PHASES and (smaller := _smaller(r, ws)) is not None:
-                _rebuild(r.result, spec, observed, target, r.old_phase, now, r.generation, smaller)
+                _rebuild(r.result, spec, observed, target, r.old.phase, now, r.generation, smaller)
             else:
                 _read_progress(r, ws)
                 _with_workload(r, ws)
@@ -119,10 +119,6 @@ class _Round:
         return self.result.status
 
     @property
-    def old_phase(self) -> str | None:
-        return self.old.phase
-
-    @property
     def generation(self) -> int | None:
         return self.meta.get("generation")
 
@@ -145,7 +141,7 @@ class _Round:
         return (self.old.children or {}).get("networkPolicy")
 
     def phase(self, phase: str, reason: str, message: str) -> None:
-        apply_phase(self.result, self.old_phase, phase, reason, message, self.now, self.generation)
+        apply_phase(self.result, self.old.phase, phase, reason, message, self.now, self.generation)
 
 
 def _begin(body: dict[str, Any], spec: Spec, observed: Observed, target: builders.Target,
@@ -199,7 +195,7 @@ def _without_workload(r: _Round, policy: dict[str, Any] | None) -> None:
     status, spec, observed, target = r.status, r.spec, r.observed, r.target
     status.workload_active = False
     if observed.stale:
-        phase = (api.RESTARTING if r.old_phase == api.RESTARTING else api.SUSPENDED if spec.suspend
+        phase = (api.RESTARTING if r.old.phase == api.RESTARTING else api.SUSPENDED if spec.suspend
                  else api.QUEUED if target.queued else api.PENDING)
         reason, message = "WaitingForOldAttempt", "waiting for the previous attempt's workload to go away"
     elif (left := deadline_left(spec, status, r.now)) is not None and left <= 0:
@@ -208,7 +204,7 @@ def _without_workload(r: _Round, policy: dict[str, Any] | None) -> None:
     elif _claim_of_another(observed.output_claim, r.meta.get("uid")):
         # A training of the same name was deleted and the garbage collector has yet to take its
         # claim: pods made now would mount a claim about to go (and wait for ever).
-        phase = api.RESTARTING if r.old_phase == api.RESTARTING else api.PENDING
+        phase = api.RESTARTING if r.old.phase == api.RESTARTING else api.PENDING
         reason = "WaitingForOldClaim"
         message = (f"waiting for the claim {builders.output_claim_name(target.name)} of an earlier "
                    "PetsTraining of this name to be deleted")
@@ -357,7 +353,7 @@ def _smaller(r: _Round, ws: WorkloadState) -> tuple[int, str, str] | None:
     if (admitted := resize.admitted_smaller(r.spec, r.observed, r.status)) is not None:
         return admitted, PARTIAL_ADMISSION, (f"Kueue admitted {admitted} of the {size} pods the workload's "
                                              f"pods were built for; rebuilt at world size {admitted}")
-    waiting = r.old_phase in (api.PENDING, api.RESTARTING)
+    waiting = r.old.phase in (api.PENDING, api.RESTARTING)
     if r.target.queued or not waiting or r.observed.backend.is_suspended(r.observed.workload or {}):
         return None
     if (placed := resize.placed_after_node_loss(r.spec, r.observed, r.status, size, r.now)) is not None:
