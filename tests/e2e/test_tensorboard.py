@@ -58,7 +58,10 @@ def test_tensorboard_serves_a_finished_trainings_scalars_to_a_browser(trainings:
     name = "boarded"
     trainings.create(name, {**SMALL_SPEC, "replicas": 1, "epochs": 3})
     status = trainings.wait_phase(name, "Succeeded")
-    assert status["tracking"]["ok"] is True, status.get("tracking")
+    # Nothing degraded. (status.tracking.ok is there only if a progress read caught the run: TensorBoard
+    # alone puts no run id or health in the summary, and 3 short epochs may end between two reads.)
+    assert (status.get("tracking") or {}).get("ok") is not False, status.get("tracking")
+    assert not [c for c in status["conditions"] if c["type"] == "TrackingDegraded" and c["status"] == "True"]
 
     pets = PetsTrainingClient(namespace=trainings.namespace, kubeconfig=cluster_kubeconfig())
     with pets.tensorboard(name, port=0) as board:
