@@ -236,6 +236,14 @@ def test_finished_is_terminal() -> None:
     assert p.create == [] and p.status.phase == api.SUCCEEDED
 
 
+def test_a_field_the_planner_does_not_model_is_kept_as_it_was() -> None:
+    """A newer operator's field (a downgrade): every round writes it back as read, never removes it."""
+    stored = {"phase": api.RUNNING, "attempt": 0, "fromANewerOperator": {"kept": [1, 2]}}
+    for p in (run(body(stored), job(active=2)), refusals.plan_invalid(body(stored), "bad", NOW)):
+        assert p.status.to_dict()["fromANewerOperator"] == {"kept": [1, 2]}
+        assert "fromANewerOperator" not in plan_types.merge_patch(stored, p.status.to_dict())
+
+
 def test_suspend_and_resume_go_through_the_job() -> None:
     p = run(body({"phase": api.RUNNING}, suspend=True), job(active=2))
     assert p.suspend is True and p.status.phase == api.SUSPENDED
