@@ -196,13 +196,13 @@ bench-scrape: install ## one progress-scrape pass over 1000 local endpoints, the
 
 # Every bench that needs no cluster, in a short mode, its results under output/bench-smoke/ (the full
 # runs' results stay where they are): a documented bench cannot break unseen. CI runs it, and
-# `make bench-e2e BENCH_E2E_ARGS="--runs 1"` on its e2e cluster.
+# `make bench-e2e BENCH_E2E_ARGS="--runs 1"` on its e2e cluster. Not bench and bench-preempt: the unit
+# tests run both end to end on a tinier model and check what they print (tests/unit/trainer/test_bench.py,
+# test_bench_preempt.py), and running them here too cost CI 134 s.
 SMOKE := output/bench-smoke
 .PHONY: bench-smoke
-bench-smoke: install tools ## every bench above but bench-e2e in a short mode (a few trainings, a few steps), as CI runs them -> output/bench-smoke/
+bench-smoke: install tools ## every bench above but bench, bench-preempt (run by the unit tests) and bench-e2e in a short mode, as CI runs them -> output/bench-smoke/
 	mkdir -p $(SMOKE)
-	$(MAKE) bench BENCH_ARGS="--steps 1 --repeats 1"
-	$(MAKE) bench-preempt BENCH_PREEMPT_ARGS="--epochs 2 --preempt-at 1.5 --images-per-class 50 --output $(SMOKE)"
 	$(MAKE) bench-operator BENCH_OPERATOR_ARGS="--count 5 --settle 2 --out $(abspath $(SMOKE))/operator.json"
 	$(MAKE) bench-scale COUNT=5 SCALE_ARGS="--nodes 3 --idle 5 --settle 5 --quiet 3 --out $(abspath $(SMOKE))/scale.json"
 	$(MAKE) bench-scrape BENCH_SCRAPE_ARGS="--count 40 --hostile 4 --repeats 1 --out $(SMOKE)/scrape.json"
