@@ -32,18 +32,18 @@ t0=$SECONDS
 suites=(tests/e2e/test_cluster_smoke.py tests/e2e/test_backends_and_queues.py tests/e2e/test_training.py
   tests/e2e/test_client_e2e.py tests/e2e/test_dataset_sources.py tests/e2e/test_hostile_pods.py
   tests/e2e/test_output_claim.py)
-# Training across nodes and a node lost need two nodes that take pods (make cluster-up NODES=3).
+# Training across nodes, a node lost and a resize need two nodes that take pods (make cluster-up NODES=3).
 workers=$(kubectl get nodes -o jsonpath='{range .items[*]}{.spec.taints[*].key}{"\n"}{end}' |
   grep -cv 'node-role.kubernetes.io/control-plane' || true)
 # A cluster asked for with NODES=3 (as CI does) that came up short fails the run: it would hide node loss
 # and spreading. Only a person who asked for a smaller cluster gets the suite skipped.
 requested=$(cat "$PETS_STATE/nodes-requested" 2>/dev/null || echo 1)
 if ((workers >= 2)); then
-  suites+=(tests/e2e/test_several_nodes.py)
+  suites+=(tests/e2e/test_several_nodes.py tests/e2e/test_resize.py)
 elif ((requested >= 3)) || [[ ${CI:-} == true ]]; then
-  die "the cluster has $workers worker node(s) but tests/e2e/test_several_nodes.py needs 2, and it was asked for with NODES=$requested${CI:+ (CI=$CI)}: kubectl get nodes"
+  die "the cluster has $workers worker node(s) but tests/e2e/test_several_nodes.py and test_resize.py need 2, and it was asked for with NODES=$requested${CI:+ (CI=$CI)}: kubectl get nodes"
 else
-  log "NOT running tests/e2e/test_several_nodes.py: this cluster was asked for with NODES=$requested ($workers worker(s)); it needs 2 workers (make cluster-up NODES=3)"
+  log "NOT running tests/e2e/test_several_nodes.py and test_resize.py: this cluster was asked for with NODES=$requested ($workers worker(s)); they need 2 workers (make cluster-up NODES=3)"
 fi
 # NetworkPolicy's own module, last: on a cluster brought up with POLICY=0 it starts an enforcer on every
 # node for its duration (make cluster-up starts them otherwise, and the whole suite runs policed), and
