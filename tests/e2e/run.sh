@@ -29,9 +29,11 @@ t0=$SECONDS
 # The longest modules first (after the smoke checks), so the two workers below end close together:
 # test_backends_and_queues.py (about 670 s alone on the 2-core CI machine; it installs the real
 # training-operator and Kueue, cluster.sh addon-up), test_training.py (500 s), then the rest.
+# The watching modules start their add-ons themselves: MLflow, Prometheus (docs/watching.md).
 suites=(tests/e2e/test_cluster_smoke.py tests/e2e/test_backends_and_queues.py tests/e2e/test_training.py
-  tests/e2e/test_client_e2e.py tests/e2e/test_dataset_sources.py tests/e2e/test_hostile_pods.py
-  tests/e2e/test_output_claim.py)
+  tests/e2e/test_client_e2e.py tests/e2e/test_dataset_sources.py tests/e2e/test_tracking.py
+  tests/e2e/test_hostile_pods.py tests/e2e/test_output_claim.py tests/e2e/test_dashboard.py
+  tests/e2e/test_tensorboard.py)
 # Training across nodes, a node lost and a resize need two nodes that take pods (make cluster-up NODES=3).
 workers=$(kubectl get nodes -o jsonpath='{range .items[*]}{.spec.taints[*].key}{"\n"}{end}' |
   grep -cv 'node-role.kubernetes.io/control-plane' || true)
