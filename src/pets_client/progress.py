@@ -124,6 +124,26 @@ def final_line(name: str, status: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
+# status.goodput's parts, in the order a reader asks about them (docs/operator.md, "Preemption and goodput").
+TIME_PARTS = (("productiveSeconds", "training"), ("startupSeconds", "start-up"),
+              ("evalSeconds", "evaluation"), ("checkpointSeconds", "checkpoints"),
+              ("restoreSeconds", "restores"), ("lostSeconds", "work lost"), ("resizingSeconds", "resizing"),
+              ("waitingSeconds", "waiting"), ("unaccountedSeconds", "unaccounted"))
+
+
+def time_split_line(status: dict[str, Any]) -> str | None:
+    """Where a training's wall time went, from status.goodput: the ratio, then each part that took any
+    time. None before the operator has booked any."""
+    book = status.get("goodput")
+    book = book if isinstance(book, dict) else {}
+    ratio, wall = _float(book.get("ratio")), _float(book.get("wallSeconds"))
+    if ratio is None or not wall:
+        return None
+    parts = [f"{label} {seconds:.1f} s" for key, label in TIME_PARTS
+             if (seconds := _float(book.get(key))) is not None and round(seconds, 1) > 0]
+    return f"goodput {ratio:.2f} of {wall:.0f} s: " + ", ".join(parts)
+
+
 def final_accuracy(status: dict[str, Any]) -> float | None:
     summary = status.get("summary") if isinstance(status.get("summary"), dict) else {}
     final = _float(summary.get("final_accuracy")) if summary else None
@@ -161,6 +181,8 @@ def live_line(status: dict[str, Any]) -> str | None:
 if __name__ == "__main__":
     # `python3 src/pets_client/progress.py < training.json`: runs on the host's Python alone (the file
     # imports nothing outside the standard library), which is how `make demo` uses it before any venv.
-    line = live_line(json.load(sys.stdin).get("status") or {})
+    # `--time-split`: where its time went (status.goodput) instead of what it is doing.
+    read = time_split_line if sys.argv[1:] == ["--time-split"] else live_line
+    line = read(json.load(sys.stdin).get("status") or {})
     if line:
         print(line)

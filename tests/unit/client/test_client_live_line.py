@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pets_client.progress import live_line
+from pets_client.progress import live_line, time_split_line
 
 pytestmark = pytest.mark.unit
 
@@ -58,3 +58,22 @@ def test_the_file_runs_on_the_standard_library_alone(tmp_path: Path) -> None:
 def test_pods_count_the_active_ones_while_the_ready_count_lags() -> None:
     status = {"phase": "Running", "replicas": 2, "readyReplicas": 0, "activeReplicas": 2}
     assert live_line(status) == "Running: 2/2 pods, waiting for the first step"
+
+
+def test_the_time_split_names_each_part_that_took_time_in_the_readers_order() -> None:
+    # status.goodput of the resize e2e's training (2026-11-28), as the operator booked it.
+    book = {"ratio": 0.3223, "wallSeconds": 103, "productiveSeconds": 33.199, "startupSeconds": 11.377,
+            "evalSeconds": 9.272, "checkpointSeconds": 0.193, "restoreSeconds": 0.065, "lostSeconds": 0,
+            "resizingSeconds": 12.943, "waitingSeconds": 6.425, "unaccountedSeconds": 29.526}
+    assert time_split_line({"goodput": book}) == (
+        "goodput 0.32 of 103 s: training 33.2 s, start-up 11.4 s, evaluation 9.3 s, checkpoints 0.2 s, "
+        "restores 0.1 s, resizing 12.9 s, waiting 6.4 s, unaccounted 29.5 s")
+    assert time_split_line({}) is None and time_split_line({"goodput": {"ratio": 0.5}}) is None
+
+
+def test_make_demo_prints_the_time_split_with_the_host_python_alone() -> None:
+    training = {"status": {"goodput": {"ratio": 0.8, "wallSeconds": 50, "productiveSeconds": 40,
+                                       "startupSeconds": 10}}}
+    out = subprocess.run([sys.executable, "-I", "-S", str(PROGRESS_PY), "--time-split"],
+                         input=json.dumps(training), capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout == "goodput 0.80 of 50 s: training 40.0 s, start-up 10.0 s\n"
