@@ -64,6 +64,13 @@ done
 step "done"
 accuracy=$(kubectl -n "$NAMESPACE" get pt "$name" -o jsonpath='{.status.evalAccuracy}')
 echo "PetsTraining $NAMESPACE/$name Succeeded: eval accuracy $accuracy"
+# Where its time went (status.goodput), once the operator has booked the finished training.
+for _ in 1 2 3 4 5; do
+  split=$(kubectl -n "$NAMESPACE" get pt "$name" -o json | python3 "$E2E_ROOT/src/pets_client/progress.py" --time-split || true)
+  [[ $split == *training* ]] && break
+  sleep 2
+done
+echo "Time: ${split:-status.goodput not booked yet}"
 # Where the results are: the claim the operator made (status.children.outputClaim), and on this machine
 # its volume's directory (the local cluster's shared storage is a hostPath).
 claim=$(kubectl -n "$NAMESPACE" get pt "$name" -o jsonpath='{.status.children.outputClaim}')
