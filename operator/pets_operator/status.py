@@ -88,7 +88,7 @@ def plan(
             _without_workload(r, policy)
         else:
             r.status.workload_active = (not observed.backend.is_suspended(observed.workload)
-                                          and ws.phase not in api.FINISHED_PHASES)
+                                        and ws.phase not in api.FINISHED_PHASES)
             edited = ws.phase not in api.FINISHED_PHASES and _built_from_older_spec(observed.workload, spec)
             if edited and not resize.refused(r.result, spec, observed, r.old):
                 _rebuild(r.result, spec, observed, target, r.old.phase, now, r.generation)
