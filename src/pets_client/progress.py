@@ -99,6 +99,13 @@ def dataset_line(name: str, old: dict[str, Any] | None, new: dict[str, Any]) -> 
     return text
 
 
+def _goodput(status: dict[str, Any]) -> tuple[dict[str, Any], float | None, float | None]:
+    """status.goodput (empty when absent or not an object), its ratio and its wall seconds."""
+    book = status.get("goodput")
+    book = book if isinstance(book, dict) else {}
+    return book, _float(book.get("ratio")), _float(book.get("wallSeconds"))
+
+
 def final_line(name: str, status: dict[str, Any]) -> str:
     """One line for the end: the phase, the accuracy and the epochs, or why it failed."""
     phase = status.get("phase") or "unknown"
@@ -112,9 +119,7 @@ def final_line(name: str, status: dict[str, Any]) -> str:
     epoch, total = _int(status.get("epoch")), _int(status.get("totalEpochs"))
     if epoch is not None and total:
         parts.append(f"epoch {epoch}/{total}")
-    book = status.get("goodput")
-    book = book if isinstance(book, dict) else {}
-    ratio, wall = _float(book.get("ratio")), _float(book.get("wallSeconds"))
+    book, ratio, wall = _goodput(status)
     if ratio is not None and wall:
         kept = f"goodput {100 * ratio:.0f}% of {wall:.0f} s"
         lost = _float(book.get("lostSeconds"))
@@ -134,9 +139,7 @@ TIME_PARTS = (("productiveSeconds", "training"), ("startupSeconds", "start-up"),
 def time_split_line(status: dict[str, Any]) -> str | None:
     """Where a training's wall time went, from status.goodput: the ratio, then each part that took any
     time. None before the operator has booked any."""
-    book = status.get("goodput")
-    book = book if isinstance(book, dict) else {}
-    ratio, wall = _float(book.get("ratio")), _float(book.get("wallSeconds"))
+    book, ratio, wall = _goodput(status)
     if ratio is None or not wall:
         return None
     parts = [f"{label} {seconds:.1f} s" for key, label in TIME_PARTS
