@@ -1,5 +1,6 @@
 """``python -m pets_training`` (what ``accelerate launch -m pets_training`` runs): the ``pets-train`` CLI."""
 
 from pets_training.cli import main
+from pets_training.leave import leave
 
-raise SystemExit(main())
+leave(main())

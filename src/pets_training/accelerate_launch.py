@@ -49,4 +49,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from .leave import leave
+
+    leave(main())

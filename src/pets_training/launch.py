@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 from .config import MIXED_PRECISION_CHOICES
 from .contract import (
@@ -284,5 +285,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     return launch_accelerate(child_command(plan, command), os.environ)
 
 
+def entrypoint() -> NoReturn:
+    """``pets-launch``: :func:`main`, then out without the interpreter's teardown (leave.py)."""
+    from .leave import leave
+
+    leave(main())
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    entrypoint()
