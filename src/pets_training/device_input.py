@@ -169,14 +169,14 @@ def choose_input_path(requested: str, images: PetsImages, device: torch.device) 
     if requested not in INPUT_PATHS:
         raise ValueError(f"input_path must be one of {', '.join(INPUT_PATHS)}, got {requested!r}")
     if requested == "cpu":
-        return "cpu", "input path cpu (asked): decode and crop in the DataLoader workers"
+        return "cpu", "input path cpu (asked): decode and crop on the CPU"
     if images.files() is None:
-        return "cpu", "input path cpu: the synthetic set is generated in the DataLoader workers"
+        return "cpu", "input path cpu: the synthetic set is generated on the CPU"
     if requested == "device":
         return "device", f"input path device (asked): workers read the files, decode and crop on {device}"
     missing = gpu_decoder_missing(device)
     if missing:
-        return "cpu", f"input path cpu: no GPU JPEG decoder ({missing}); decode and crop in the workers"
+        return "cpu", f"input path cpu: no GPU JPEG decoder ({missing}); decode and crop on the CPU"
     return "device", f"input path device: workers read the files, nvJPEG decodes and crops on {device}"
 
 

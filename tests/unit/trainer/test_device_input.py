@@ -134,7 +134,7 @@ def test_without_a_gpu_decoder_auto_falls_back_to_the_cpu_with_one_line(data: Pe
     assert choose_input_path("cpu", data.train, CPU)[0] == "cpu"
     synthetic = build_data("synthetic", 32, 42, 0.8, 3, 10)
     assert choose_input_path("device", synthetic.train, CPU) == (
-        "cpu", "input path cpu: the synthetic set is generated in the DataLoader workers")
+        "cpu", "input path cpu: the synthetic set is generated on the CPU")
     with pytest.raises(ValueError, match="input_path must be one of auto, cpu, device"):
         choose_input_path("gpu", data.train, CPU)
 

@@ -57,7 +57,8 @@ def test_this_machine_reports_something_sane() -> None:
 
 def test_plan_splits_cpus_between_local_processes() -> None:
     assert plan_cpu(8, 2) == CpuPlan(threads=4, workers=2)  # 8 CPUs, 2 processes: 4 threads, 2 workers each
-    assert (plan_cpu(2, 2).threads, plan_cpu(2, 2).workers) == (1, 1)
+    assert (plan_cpu(2, 2).threads, plan_cpu(2, 2).workers) == (1, 0)  # one CPU each: no worker
+    assert (plan_cpu(3, 1).threads, plan_cpu(3, 1).workers) == (3, 1)
     assert (plan_cpu(64, 1).threads, plan_cpu(64, 1).workers) == (64, 4)
     assert plan_cpu(8, 2, threads=3, workers=0) == CpuPlan(threads=3, workers=0)  # explicit values win, 0 too
     with pytest.raises(ValueError, match="local_processes must be >= 1"):
