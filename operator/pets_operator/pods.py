@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pets_contract import exits
-from pets_training.redact import redact_urls
+from pets_contract.redact import redact_urls
 
 DATASET_INIT = "dataset"  # the init container that fetches spec.dataset.url (builders.dataset_init_container)
 

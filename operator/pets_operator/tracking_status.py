@@ -12,9 +12,9 @@ from typing import Any
 from pets_contract import gauges
 from pets_contract import summary as summary_keys
 from pets_contract import tracking as keys
+from pets_contract.redact import has_userinfo, redact_urls
 from pets_operator.plan_types import set_condition
 from pets_operator.status_types import Status
-from pets_training.redact import has_userinfo, redact_urls
 
 CONDITION = "TrackingDegraded"
 FAILURES = gauges.BY_KEY["tracking_failures"].name  # rank 0's gauge: 1 once a tracking server failed

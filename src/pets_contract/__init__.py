@@ -9,6 +9,7 @@ kubernetes, no kopf). Every other module reads these tables; none keeps a copy.
 - ``summary``: the keys of the trainer's final summary, and the status fields they set.
 - ``names``: the API's names, the labels and annotations, the output files, the pods' uid.
 - ``tracking``: what the trainer logs to TensorBoard and MLflow (scalar tags, run tags, summary keys).
+- ``redact``: what every side shows of a URL: never its userinfo or query string, where credentials ride.
 """
 
 # The one source of the version: the package, the images' tags, the chart (a unit test compares) and

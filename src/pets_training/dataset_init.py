@@ -38,10 +38,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from pets_contract.redact import redact_urls
+
 from .archive import ArchiveError, blocks, quantity_bytes, unpack
 from .contract import PERMANENT_EXIT_CODE, PermanentError
 from .data import DataError, list_samples
-from .redact import redact_urls
 
 log = logging.getLogger("pets-dataset-init")
 

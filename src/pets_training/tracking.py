@@ -28,10 +28,10 @@ from pets_contract import env as contract_env
 from pets_contract import summary as summary_keys
 from pets_contract import tracking as keys
 from pets_contract.names import MLFLOW_RUN_FILE, TENSORBOARD_DIR
+from pets_contract.redact import redact_urls
 
 from .config import TrainConfig
 from .progress import write_summary
-from .redact import redact_urls
 
 log = logging.getLogger("pets_training")
 

@@ -1,8 +1,8 @@
-"""URL redaction: userinfo and query strings never shown (pets_training.redact)."""
+"""URL redaction: userinfo and query strings never shown (pets_contract.redact)."""
 
 import pytest
 
-from pets_training.redact import has_userinfo, redact_urls
+from pets_contract.redact import has_userinfo, redact_urls
 
 pytestmark = pytest.mark.unit
 
