@@ -151,7 +151,7 @@ def reconcile_once(ctx: Context, snap: Snapshot, logger: Logger) -> float | None
                         rank0_running_since=rank0.running_since, queue_workload=queue_workload,
                         queue_served=queue_served, lost_pods=lost_pods, lost_nodes=lost_nodes,
                         output_reason=output_reason, output_claim=output_claim)
-    result = status.plan(body, spec, observed, target, now)
+    result = status.plan(body, spec, observed, target, now, old_status)
     result.delete = [r for r in result.delete if r["name"] not in deleting]
     delay = carry_out(ctx, cl, body, result, logger, restarts=restarts, watched=watched)
     if delay is not None and len(candidates) > len(lost_pods):

@@ -64,9 +64,11 @@ def plan(
     observed: Observed,
     target: builders.Target,
     now: datetime,
+    old: Status | None = None,
 ) -> Plan:
     """Decide the next step for one PetsTraining. `target.attempt` must be status.attempt (before that
-    field existed: status.restarts). The round, step by step:
+    field existed: status.restarts); `old`, body's status typed, when the caller has made it already.
+    The round, step by step:
 
     1. `_begin`: the fields every round writes, the output and its durability, older attempts cleaned up;
     2. a finished training keeps only its TTL (`_ttl`);
@@ -75,7 +77,7 @@ def plan(
     5. with one built from an edited spec: `_rebuild`;
     6. with one: `_read_progress`, then `_with_workload` says where it stands;
     7. goodput accounts the round's time."""
-    r = _begin(body, spec, observed, target, now)
+    r = _begin(body, spec, observed, target, now, old)
     if r.old.phase in api.FINISHED_PHASES:  # terminal: nothing is created again, only the TTL remains
         r.status.workload_active = False
         _ttl(r.result, spec, r.status, now)
@@ -145,10 +147,10 @@ class _Round:
 
 
 def _begin(body: dict[str, Any], spec: Spec, observed: Observed, target: builders.Target,
-           now: datetime) -> _Round:
+           now: datetime, old: Status | None) -> _Round:
     """The fields every round writes, the output and its durability; older attempts' workloads are always
     cleaned up (a restart deletes, then recreates), and pods stuck on a lost node force-deleted."""
-    old = Status.from_dict(body.get("status") or {})
+    old = Status.from_dict(body.get("status") or {}) if old is None else old
     status = old.copy()
     r = _Round(spec, observed, target, now, body.get("metadata") or {}, old, Plan(status=status))
     backend = observed.backend
