@@ -95,19 +95,25 @@ class Trainings:
         self.custom.patch_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name,
                                                    {"spec": spec})
 
+    def status_unless_failed(self, name: str) -> dict[str, Any]:
+        """The status; a training that Failed fails the test at once, as a wait for anything else is over."""
+        status = self.status(name)
+        if status.get("phase") == "Failed":
+            pytest.fail(f"{self.namespace}/{name} Failed: {json.dumps(status, indent=1)}\n"
+                        f"{self.describe(name)}")
+        return status
+
     def wait_phase(self, name: str, phase: str, timeout_s: float = TRAIN_TIMEOUT_S) -> dict[str, Any]:
         def probe() -> dict[str, Any] | None:
-            status = self.status(name)
-            if status.get("phase") == "Failed" and phase != "Failed":
-                pytest.fail(f"{self.namespace}/{name} Failed: {json.dumps(status, indent=1)}\n"
-                            f"{self.describe(name)}")
+            status = self.status(name) if phase == "Failed" else self.status_unless_failed(name)
             return status if status.get("phase") == phase else None
         return wait_for(f"{self.namespace}/{name} phase {phase}", probe, timeout_s, POLL_S)
 
     def wait_epoch(self, name: str, epoch: int, timeout_s: float = TRAIN_TIMEOUT_S) -> dict[str, Any]:
-        return wait_for(f"{self.namespace}/{name} status.epoch >= {epoch}",
-                        lambda: (s := self.status(name)) and (s.get("epoch") or 0) >= epoch and s,
-                        timeout_s, POLL_S)
+        def probe() -> dict[str, Any] | None:
+            status = self.status_unless_failed(name)
+            return status if (status.get("epoch") or 0) >= epoch else None
+        return wait_for(f"{self.namespace}/{name} status.epoch >= {epoch}", probe, timeout_s, POLL_S)
 
     def jobs(self, name: str) -> list[Any]:
         return self.batch.list_namespaced_job(

@@ -48,6 +48,19 @@ release=$PETS_STATE/upgrade/$PREVIOUS
 rm -rf "$release"
 mkdir -p "$release"
 git archive "$COMMIT" charts src operator image/requirements.py pyproject.toml | tar -x -C "$release"
+# The release's console scripts (pets-launch, ...), as pip would write them from its pyproject.toml: this
+# tree's may name a function the release's code does not have.
+python3 - "$release" <<'EOF'
+import pathlib, sys, tomllib
+root = pathlib.Path(sys.argv[1])
+(root / "bin").mkdir()
+for name, target in tomllib.loads((root / "pyproject.toml").read_text())["project"]["scripts"].items():
+    module, function = target.split(":")
+    script = root / "bin" / name
+    script.write_text(f"#!/opt/venv/bin/python\nimport sys\nfrom {module} import {function}\n"
+                      f"if __name__ == '__main__':\n    sys.exit({function}())\n")
+    script.chmod(0o755)
+EOF
 
 for name in trainer operator; do
   if ! diff -q <(python3 "$release/image/requirements.py" "$name" --runtime) \
@@ -70,6 +83,7 @@ for name in operator trainer; do
     for package in $packages; do
       echo "COPY $package /opt/venv/lib/python3.11/site-packages/$(basename "$package")/"
     done
+    echo "COPY bin/ /opt/venv/bin/"
     echo "USER 65532:65532"
     echo "LABEL org.opencontainers.image.version=$PREVIOUS org.opencontainers.image.revision=$COMMIT"
   } >"$release/Dockerfile.$name"
