@@ -120,7 +120,7 @@ LOOPS = {
     "tutorial": "tutorial loop as written (fp32, PIL + ToTensor, autograd through the frozen backbone)",
     "tutorial-mp": "tutorial loop with its mixed precision ({precision})",
     "ours": "ours (pets-train: {precision} autocast, channels_last, no-grad frozen backbone, uint8 batches, "
-            "decode and crop in the workers, quota-sized threads)",
+            "decode and crop on the CPU, quota-sized threads and workers)",
     "ours-device": "ours on the device input path (workers read files; decode and crop on the {device})",
     "ceiling": "model-only ceiling (our step on one batch in memory, no data loading)",
 }
