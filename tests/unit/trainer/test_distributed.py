@@ -100,7 +100,7 @@ def test_gather_for_metrics_does_not_count_padding(tmp_path: Path) -> None:
     assert correct <= count and plain_correct <= plain_count
     # the eval store (each process's shard padded and masked to one batch shape) counts the same
     assert result["store"] == result["metrics"]
-    assert result["store_shapes"] == [[4, 3, 32, 32]]  # 5 and 4 images: batches of 4, the last padded
+    assert result["store_shapes"] == [[3, 3, 32, 32]]  # 5 and 4 images: 2 batches of 4 at most, evened to 3
 
 
 @pytest.mark.timeout(400)

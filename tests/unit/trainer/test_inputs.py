@@ -3,6 +3,7 @@ shards and the eval store (static batch shapes, padding masked, every sample cou
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -30,6 +31,7 @@ def test_the_shards_cover_the_set_once_in_batches_of_one_shape(n: int, world: in
         indices, batch, batches = eval_shard(n, rank, world, batch_size)
         assert 1 <= batch <= batch_size and len(indices) <= batch * batches
         assert len(indices) > batch * (batches - 2)  # at most one batch of padding beyond the last real one
+        assert batch * batches - math.ceil(n / world) < batches  # evened out: under one image a batch
         seen += indices
         plans.add((batch, batches))
     assert sorted(seen) == list(range(n))
@@ -39,13 +41,15 @@ def test_the_shards_cover_the_set_once_in_batches_of_one_shape(n: int, world: in
 def test_the_store_holds_the_eval_transform_of_its_shard_padded_and_masked() -> None:
     data = build_data("synthetic", 32, 42, 0.8, 3, 15)  # 9 eval images
     store = build_eval_store(data.eval, 4, 1, 2, 0, torch.device("cpu"))  # rank 1 of 2: images 1, 3, 5, 7
+    # rank 0's shard has 5: two batches of at most 4, evened out to 3 each, on every rank
     assert len(store) == 2 and store.samples == 4
-    assert {tuple(t.shape) for t in store.images} == {(4, 3, 32, 32)}
-    assert [v.tolist() for v in store.valid] == [[True] * 4, [False] * 4]
+    assert {tuple(t.shape) for t in store.images} == {(3, 3, 32, 32)}
+    assert [v.tolist() for v in store.valid] == [[True] * 3, [True, False, False]]
     for position, index in enumerate([1, 3, 5, 7]):
         image, label = data.eval[index]
-        assert torch.equal(store.images[0][position], image) and int(store.labels[0][position]) == label
-    assert store.images[0].dtype == torch.uint8 and store.nbytes == 2 * 4 * 3 * 32 * 32
+        batch, row = divmod(position, 3)
+        assert torch.equal(store.images[batch][row], image) and int(store.labels[batch][row]) == label
+    assert store.images[0].dtype == torch.uint8 and store.nbytes == 2 * 3 * 3 * 32 * 32
 
 
 def test_workers_from_the_preloaded_forkserver_build_the_same_store() -> None:
@@ -69,13 +73,13 @@ def test_workers_from_the_preloaded_forkserver_build_the_same_store() -> None:
 
 
 def test_evaluate_counts_every_image_once_as_a_plain_loop_does() -> None:
-    data = build_data("synthetic", 32, 42, 0.8, 3, 15)  # 9 eval images: batches of 4, 4 and 1 padded
+    data = build_data("synthetic", 32, 42, 0.8, 3, 15)  # 9 eval images: 2 batches of 5, 1 padded
     accelerator = Accelerator(cpu=True)
     model = create_model("resnet10t", data.num_classes)
     module = accelerator.prepare(trainable_module(model, unfreeze=False))
     normalise = Normalise(model, accelerator.device, channels_last=False)
-    store = build_eval_store(data.eval, 4, 0, 1, 0, accelerator.device)
-    assert [int(v.sum()) for v in store.valid] == [4, 4, 1]
+    store = build_eval_store(data.eval, 5, 0, 1, 0, accelerator.device)
+    assert [int(v.sum()) for v in store.valid] == [5, 4]
     correct, counted = evaluate(module, store, accelerator, normalise)
     module.eval()
     with torch.no_grad():
