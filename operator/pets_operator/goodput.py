@@ -134,6 +134,8 @@ def read_summary(status: Status, attempt: int, summary: dict[str, Any]) -> None:
         return
     book = _book(status)
     run = _run(book, attempt, None)
+    if status.replicas:  # a run that ended before any progress read has only its summary
+        run["worldSize"] = int(status.replicas)
     for gauge in TIME_GAUGES:
         if (value := _seconds(times.get(gauge.summary_key))) is not None:
             run[str(gauge.field)] = value

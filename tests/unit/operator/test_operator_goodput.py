@@ -172,3 +172,13 @@ def test_a_run_that_could_not_use_the_newest_step_checkpoint_says_so_once() -> N
     finished = plan(created(), done, [], now=at(30), summary=summary)
     assert finished.status.resume_skipped_checkpoints == 1
     assert [e.reason for e in finished.events].count("CheckpointSkipped") == 1
+
+
+def test_a_run_that_ended_before_any_progress_read_has_its_world_size_from_the_summary() -> None:
+    """A short last run (a resize's, say) can finish between two reads: only its summary books it."""
+    done = job(succeeded=2, conditions=[{"type": "Complete", "status": "True"}])
+    split = {"startup": 1.0, "train": 4.0, "eval": 0.5, "checkpoint": 0.1, "restore": 0.0}
+    finished = plan(created(), done, [], now=at(30),
+                    summary={"status": "succeeded", "epochs": 5, "resume_step": 0, "time_seconds": split})
+    (run,) = finished.status.goodput["attempts"]
+    assert run["worldSize"] == 2 and run["trainSeconds"] == 4.0
