@@ -70,10 +70,17 @@ def book_phase(status: Status, old_phase: str | None, phase: str, now: datetime)
     book["phaseSince"] = timestamp(now)
 
 
-def _run(book: dict[str, Any], attempt: int, started: str | None) -> dict[str, Any]:
-    """The entry of one run of the trainer: an attempt, or a part of one (a Kueue preemption or a
-    suspension stops its pods, and the same attempt's workload starts new ones), told apart by when rank
-    0's container started (None: the newest run of that attempt)."""
+def _run(status: Status, attempt: int, started: str | None) -> dict[str, Any]:
+    """The entry of one run of the trainer, with the world size it runs at: an attempt, or a part of one
+    (a Kueue preemption or a suspension stops its pods, and the same attempt's workload starts new
+    ones), told apart by when rank 0's container started (None: the newest run of that attempt)."""
+    run = _entry(_book(status), attempt, started)
+    if status.replicas:
+        run["worldSize"] = int(status.replicas)
+    return run
+
+
+def _entry(book: dict[str, Any], attempt: int, started: str | None) -> dict[str, Any]:
     runs = book.setdefault("attempts", [])
     newest = next((run for run in reversed(runs) if run.get("attempt") == attempt), None)
     if newest is not None and (started is None or newest.get("startedAt") in (None, started)):
@@ -115,9 +122,7 @@ def read_attempt(status: Status, attempt: int, started: str | None,
                  progress: dict[str, float]) -> None:
     """Rank 0's gauges of this run, as read now."""
     book = _book(status)
-    run = _run(book, attempt, started)
-    if status.replicas:
-        run["worldSize"] = int(status.replicas)
+    run = _run(status, attempt, started)
     for gauge in TIME_GAUGES:
         if (value := _seconds(progress.get(gauge.name))) is not None:
             run[str(gauge.field)] = value
@@ -133,9 +138,7 @@ def read_summary(status: Status, attempt: int, summary: dict[str, Any]) -> None:
     if not isinstance(times, dict):
         return
     book = _book(status)
-    run = _run(book, attempt, None)
-    if status.replicas:  # a run that ended before any progress read has only its summary
-        run["worldSize"] = int(status.replicas)
+    run = _run(status, attempt, None)  # a run that ended before any progress read has only its summary
     for gauge in TIME_GAUGES:
         if (value := _seconds(times.get(gauge.summary_key))) is not None:
             run[str(gauge.field)] = value
