@@ -11,9 +11,9 @@ from pets_operator.plan_types import Event, Plan, set_condition
 
 
 def apply_phase(result: Plan, old_phase: str | None, phase: str, reason: str, message: str,
-                 now: datetime, generation: int | None) -> None:
+                 now: datetime, generation: int | None, rank0_started: str | None = None) -> None:
     status = result.status
-    goodput.book_phase(status, old_phase, phase, now)
+    goodput.book_phase(status, old_phase, phase, now, rank0_started)
     status.phase = phase
     status.message = message
     active = phase in (api.PENDING, api.RUNNING, api.RESTARTING)

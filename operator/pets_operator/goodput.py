@@ -5,7 +5,8 @@ docs/operator.md ("Preemption and goodput"):
 
 - wall: from the PetsTraining's creation to its completion (or to `asOf`, while it runs).
 - waiting: the operator's phases Pending, Queued, Suspended, Preempted and Restarting, booked when the
-  phase changes (and from the creation to the first phase).
+  phase changes (and from the creation to the first phase); a wait ends in Running when rank 0's
+  container started.
 - resizing: those phases while a resize is under way (status.resize): the old gang's drain and the new
   one's start, up to its pods running (resize.py). Each run says its world size.
 - startup, train, eval, checkpoint, restore: each run's own split (an attempt, or the part of it
@@ -16,8 +17,8 @@ docs/operator.md ("Preemption and goodput"):
   suspension): the steps a run had done past the point the next one resumed at, times that run's
   seconds per step. Part of its train time.
 - productive: train less lost. The ratio is productive / wall.
-- unaccounted: wall less all the others: process start and imports before the trainer's clock, the
-  pod's end, a dead attempt's last seconds after its last read, the operator's reaction time.
+- unaccounted: wall less all the others: the trainer's end and the pod's, a dead attempt's last seconds
+  after its last read, the operator's reaction time.
 
 The totals are made again only when an input changed (a phase, an attempt's parts), so an idle poll
 writes nothing: `asOf` says when they were made.
@@ -57,17 +58,24 @@ def begin(status: Status, created: str | None, now: datetime) -> None:
     _book(status).setdefault("phaseSince", created or timestamp(now))
 
 
-def book_phase(status: Status, old_phase: str | None, phase: str, now: datetime) -> None:
-    """At a phase change: the time spent in a waiting phase (or before the first phase) is waiting."""
+def book_phase(status: Status, old_phase: str | None, phase: str, now: datetime,
+               rank0_started: str | None = None) -> None:
+    """At a phase change: the time spent in a waiting phase (or before the first phase) is waiting. Into
+    Running, the wait ends when rank 0's container started (the trainer's start-up counts from there), not
+    when the operator saw the gang running."""
     if phase == old_phase:
         return
     book = _book(status)
     since = book.get("phaseSince")
+    end = now
+    if since and phase == api.RUNNING and rank0_started and \
+            parse_timestamp(since) <= parse_timestamp(rank0_started) < now:
+        end = parse_timestamp(rank0_started)
     if since and (old_phase is None or old_phase in WAITING_PHASES):
-        waited = max(0.0, (now - parse_timestamp(since)).total_seconds())
+        waited = max(0.0, (end - parse_timestamp(since)).total_seconds())
         key = "bookedResizingSeconds" if status.resize else "bookedWaitingSeconds"
         book[key] = round(float(book.get(key) or 0.0) + waited, 3)
-    book["phaseSince"] = timestamp(now)
+    book["phaseSince"] = timestamp(end)
 
 
 def _run(status: Status, attempt: int, started: str | None) -> dict[str, Any]:

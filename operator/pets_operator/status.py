@@ -143,7 +143,8 @@ class _Round:
         return (self.old.children or {}).get("networkPolicy")
 
     def phase(self, phase: str, reason: str, message: str) -> None:
-        apply_phase(self.result, self.old.phase, phase, reason, message, self.now, self.generation)
+        apply_phase(self.result, self.old.phase, phase, reason, message, self.now, self.generation,
+                    self.observed.rank0_running_since)
 
 
 def _begin(body: dict[str, Any], spec: Spec, observed: Observed, target: builders.Target,

@@ -44,4 +44,8 @@ ACCELERATE_MIXED_PRECISION = "ACCELERATE_MIXED_PRECISION"
 # process that fails permanently appends its exit code, since torchrun exits 1 whatever its workers did.
 EXIT_CODE_FILE = "PETS_EXIT_CODE_FILE"
 
+# Set by the trainer's entry points (`pets-launch`, `python -m pets_training`) to the Unix time they
+# started, kept by the processes they start: a run's start-up counts from it, imports included.
+PROCESS_STARTED = "PETS_PROCESS_STARTED"
+
 DEFAULT_MAIN_PORT = 29500  # torch.distributed's, and spec.masterPort's default

@@ -17,7 +17,7 @@ Everything else about a run travels as trainer flags (mixed precision, output di
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 
 from pets_contract.env import (
@@ -37,6 +37,7 @@ from pets_contract.env import (
     NUM_MACHINES,
     OPERATOR_ENV,
     OUTPUT_DIR,
+    PROCESS_STARTED,
     PROCS_PER_MACHINE,
     RANK,
     RESOLVE_TIMEOUT,
@@ -52,6 +53,7 @@ __all__ = [
     "ACCELERATE_MIXED_PRECISION", "ATTEMPT", "CONTROLLER_ENV", "EXIT_CODE_FILE", "FAILURE_EXIT_CODE",
     "LAUNCH_EXIT_CODE", "OPERATOR_ENV", "OUTPUT_DIR", "PERMANENT_EXIT_CODE", "STOPPED_EXIT_CODE",
     "SUCCESS_EXIT_CODE", "ContractError", "PermanentError", "PodContract", "ProcessContext", "attempt_number",
+    "mark_process_start", "take_process_start",
 ]
 
 
@@ -122,6 +124,24 @@ def _cpus(env: Mapping[str, str]) -> int | None:
     if value < 1:
         raise ContractError(f"{CPU_LIMIT} must be at least 1, got {raw!r}")
     return value
+
+
+def mark_process_start(env: MutableMapping[str, str], now: float) -> None:
+    """An entry point's first act: the training processes it starts count their start-up from ``now`` (Unix
+    time). An entry point started by another keeps the first one's time."""
+    env.setdefault(PROCESS_STARTED, f"{now:.3f}")
+
+
+def take_process_start(env: MutableMapping[str, str], now: float) -> float | None:
+    """How long ago (seconds) the entry point that started this process started; None where none said so,
+    or said no time before ``now``. Taken once: a second run in the same process counts from its own
+    start."""
+    raw = env.pop(PROCESS_STARTED, None)
+    try:
+        ago = now - float(raw or "nan")
+    except ValueError:
+        return None
+    return ago if 0.0 <= ago < math.inf else None
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,7 @@ from .contract import (
     STOPPED_EXIT_CODE,
     ContractError,
     PodContract,
+    mark_process_start,
 )
 
 log = logging.getLogger("pets_training.launch")
@@ -287,6 +288,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def entrypoint() -> NoReturn:
     """``pets-launch``: :func:`main`, then out without the interpreter's teardown (leave.py)."""
+    mark_process_start(os.environ, time.time())
     from .leave import leave
 
     leave(main())

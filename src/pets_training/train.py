@@ -36,7 +36,7 @@ from pets_contract.names import (
 
 from .checkpoint import attempt_from_env, claim
 from .config import TrainConfig, resolve, to_yaml
-from .contract import PodContract, ProcessContext
+from .contract import PodContract, ProcessContext, take_process_start
 from .data import build_data, check_fits_world, report_counts, write_report
 from .finish import end_run, finish_run
 from .inputs import EvalStoreBuild, evaluate, start_worker_server, train_loader
@@ -85,7 +85,9 @@ def training_function(
     finished, else None. This is also the function ``accelerate.notebook_launcher`` runs. ``pod`` and
     ``process`` are read from the environment unless the caller has read them. ``stop``, once set, ends
     the run after the current step with a step checkpoint (every rank agrees on the step)."""
-    split = TimeSplit()  # the start of this run: its time counts from here (docs/trainer.md)
+    # the start of this run: its entry point's start, or this call's (docs/trainer.md)
+    since_start = take_process_start(os.environ, time.time())
+    split = TimeSplit(None if since_start is None else time.perf_counter() - since_start)
     cfg = config if isinstance(config, TrainConfig) else resolve(overrides=config or {})
     pod = PodContract.from_env(os.environ) if pod is None else pod
     process = ProcessContext.from_env(os.environ) if process is None else process

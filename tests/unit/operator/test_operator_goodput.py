@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from pets_operator import api, goodput
+from pets_operator.backends import timestamp
 from pets_operator.status_types import Status
 from test_operator_pods import NOW, body, failed, failed_job, job, plan, pod
 
@@ -72,6 +73,21 @@ def test_a_training_with_one_restart_adds_up_to_its_wall_time_part_by_part() -> 
     later = plan(created(p.status), done, [], now=at(500), summary=summary)
     assert later.status.goodput == book
     declared(book, api.STATUS_SCHEMA["properties"]["goodput"], "status.goodput")
+
+
+def test_the_wait_ends_when_rank_0_started_not_when_the_operator_saw_the_gang_running() -> None:
+    """The trainer's start-up counts from its container's start, imports included: the wait stops there."""
+    p = plan(created(), job(active=2), [pod(0), pod(1)], now=at(2))
+    p = plan(created(p.status), job(active=2), RUNNING, now=at(10), rank0_running_since=timestamp(at(7)),
+             progress=gauges(1, 0, 3.0, 0.0))
+    assert p.status.phase == api.RUNNING and p.status.goodput["waitingSeconds"] == 7.0
+    assert p.status.goodput["phaseSince"] == timestamp(at(7))
+    # A start from before the wait began is another run's: the wait ends when the gang was seen running.
+    status = Status()
+    goodput.begin(status, timestamp(at(0)), at(0))
+    goodput.book_phase(status, None, api.PENDING, at(1))
+    goodput.book_phase(status, api.PENDING, api.RUNNING, at(9), rank0_started=timestamp(at(-5)))
+    assert status.goodput["bookedWaitingSeconds"] == 9.0
 
 
 def test_an_idle_poll_writes_nothing() -> None:

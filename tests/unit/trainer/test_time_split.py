@@ -5,13 +5,16 @@ checkpoint, restore) do not overlap and add up to the run's wall time; they are 
 from __future__ import annotations
 
 import json
+import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
 from pets_contract import gauges
+from pets_contract.env import PROCESS_STARTED
 from pets_training.cli import stopped_summary
+from pets_training.contract import mark_process_start, take_process_start
 from pets_training.progress import TIME_PARTS, MetricsServer, TimeSplit, summary_json
 from pets_training.stepsave import StopRequest
 
@@ -36,6 +39,20 @@ def test_the_split_charges_each_piece_once() -> None:
     assert split.seconds == {"startup": 2.5, "train": 4.5, "eval": 0.5, "checkpoint": 0.5, "restore": 2.0}
     assert sum(split.seconds.values()) == 110.0 - 100.0
     assert list(split.rounded()) == list(TIME_PARTS)
+
+
+def test_the_first_entry_point_marks_the_start_and_a_run_takes_it_once() -> None:
+    env: dict[str, str] = {}
+    mark_process_start(env, 1000.0)  # pets-launch
+    mark_process_start(env, 1003.0)  # the `python -m pets_training` it starts keeps the launcher's time
+    assert env == {PROCESS_STARTED: "1000.000"}
+    assert take_process_start(env, 1007.5) == 7.5
+    assert take_process_start(env, 1010.0) is None  # a second run in the process counts from its own start
+
+
+@pytest.mark.parametrize("value", ["", "soon", "nan", "inf", "2000"])
+def test_a_start_that_is_no_time_before_now_is_not_taken(value: str) -> None:
+    assert take_process_start({PROCESS_STARTED: value}, 1000.0) is None
 
 
 def test_the_time_gauges_are_the_trainers_own_and_served() -> None:
@@ -120,3 +137,14 @@ def test_a_runs_parts_add_up_to_its_wall_time_and_are_served(tmp_path: Path) -> 
     assert [s["pets_eval_seconds_total"] > 0 for s in seen] == [False] * STEPS + [True] * STEPS
     assert [s["pets_checkpoint_seconds_total"] > 0 for s in seen] == [False] * STEPS + [True] * STEPS
     assert "first training step done" in output
+
+
+def test_a_run_started_by_an_entry_point_counts_its_startup_from_that_start(tmp_path: Path) -> None:
+    """The entry point's imports (torch, timm, accelerate: seconds) are start-up, not time no part counts."""
+    settings = {**TINY, "epochs": 1, "output_dir": str(tmp_path), "metrics_port": free_port()}
+    now = time.time()
+    output, seconds = run([PYTHON, "-c", RUNNER, json.dumps(settings)], timeout=170,
+                          env={PROCESS_STARTED: f"{now - 600.0:.3f}"})  # an entry point 10 minutes ago
+    result = json.loads(output.split("RESULT ", 1)[1].splitlines()[0])
+    startup = result["summary"]["time_seconds"]["startup"]
+    assert 600.0 <= startup <= 600.0 + seconds, (startup, seconds)  # the child's start and imports too
