@@ -112,7 +112,8 @@ def test_pytorchjob_trains_under_the_real_training_operator(trainings: Trainings
 def test_pytorchjob_worker_deleted_mid_run_restarts_the_gang_and_resumes(trainings: Trainings,
                                                                          shared_output: str) -> None:
     name = "pj-resume"
-    spec = {**LONGER_SPEC, "backend": "pytorchjob", "epochs": 4,
+    # 10 epochs: the deletion lands while it trains (as in test_training's crash, 4 could be over by then)
+    spec = {**LONGER_SPEC, "backend": "pytorchjob", "epochs": 10,
             "output": {"persistentVolumeClaim": {"claimName": shared_output}}}
     trainings.create(name, spec)
     trainings.wait_epoch(name, 1)
@@ -123,7 +124,7 @@ def test_pytorchjob_worker_deleted_mid_run_restarts_the_gang_and_resumes(trainin
 
     status = trainings.wait_phase(name, "Succeeded")
     assert status["restarts"] == 1, status
-    assert status["epoch"] == 4 and status["children"]["pytorchJob"] == f"{name}-r1", status
+    assert status["epoch"] == spec["epochs"] and status["children"]["pytorchJob"] == f"{name}-r1", status
     assert [p["metadata"]["name"] for p in pytorchjobs(trainings, name)] == [f"{name}-r1"]
     master = pod_logs(trainings.namespace, rank_pod(trainings, name, 0).metadata.name)
     assert "resume: continuing" in master, master[-3000:]  # after an epoch, or at the step saved on SIGTERM

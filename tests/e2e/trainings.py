@@ -31,10 +31,9 @@ SMALL_SPEC: dict[str, Any] = {
     "maxRestarts": 2,
 }
 
-# Epochs of 10-20 s: longer than the operator's 10 s progress poll, so status shows an epoch while
-# Running, and the fault tests can act mid-run, yet short enough for the suite to fit CI's time. With
-# 600 images a class an epoch took about a minute on the 2-core CI machine (a Xeon without bf16
-# instructions, November 2026), three times what the tests were written for; hence 200.
+# 640 training images of 128 px an epoch. Since the trainer's faster start and evaluation an epoch takes
+# about 4 s on the 2-core CI machine, under the operator's 10 s progress poll: a test that must act
+# mid-run (a crash, an eviction, a lost node) asks for enough epochs to outlast the poll and its fault.
 LONGER_SPEC: dict[str, Any] = {**SMALL_SPEC, "imageSize": 128,
                                "dataset": {"synthetic": {"numClasses": 4, "imagesPerClass": 200}}}
 
