@@ -66,13 +66,14 @@ def book_phase(status: Status, old_phase: str | None, phase: str, now: datetime,
     if phase == old_phase:
         return
     book = _book(status)
-    since = book.get("phaseSince")
+    since = parse_timestamp(book["phaseSince"]) if book.get("phaseSince") else None
     end = now
-    if since and phase == api.RUNNING and rank0_started and \
-            parse_timestamp(since) <= parse_timestamp(rank0_started) < now:
-        end = parse_timestamp(rank0_started)
+    if since and phase == api.RUNNING and rank0_started:
+        started = parse_timestamp(rank0_started)
+        if since <= started < now:
+            end = started
     if since and (old_phase is None or old_phase in WAITING_PHASES):
-        waited = max(0.0, (end - parse_timestamp(since)).total_seconds())
+        waited = max(0.0, (end - since).total_seconds())
         key = "bookedResizingSeconds" if status.resize else "bookedWaitingSeconds"
         book[key] = round(float(book.get(key) or 0.0) + waited, 3)
     book["phaseSince"] = timestamp(end)

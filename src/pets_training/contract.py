@@ -137,8 +137,10 @@ def take_process_start(env: MutableMapping[str, str], now: float) -> float | Non
     or said no time before ``now``. Taken once: a second run in the same process counts from its own
     start."""
     raw = env.pop(PROCESS_STARTED, None)
+    if raw is None:
+        return None
     try:
-        ago = now - float(raw or "nan")
+        ago = now - float(raw)
     except ValueError:
         return None
     return ago if 0.0 <= ago < math.inf else None

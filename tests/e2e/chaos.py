@@ -38,7 +38,7 @@ MODES = {
     # by 0.8 of it): with 8 epochs they ended by 91 s and the node fault found nothing to hit.
     "short": Mode(trainings=3, queued=1, epochs=24, duration_s=180.0),
     # make chaos: the batch, 8 trainings, some under Kueue; 16 epochs, scaled as short's were
-    # (not yet run at 16: see docs/operator.md's figures).
+    # (not yet run at 16).
     "full": Mode(trainings=8, queued=3, epochs=16, duration_s=420.0),
 }
 

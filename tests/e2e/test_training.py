@@ -93,7 +93,7 @@ def test_worker_crash_mid_training_restarts_gang_and_resumes(trainings: Training
                                                              shared_output: str) -> None:
     name = "resume"
     # 10 epochs: the crash, after the operator's 10 s poll has seen epoch 1 and a checkpoint, lands while
-    # it trains (4 took 19 s in all at 11-28, and one CI run found it Succeeded at its first look).
+    # it trains (4 took 19 s in all, and one CI run found it Succeeded at its first look).
     spec = {**LONGER_SPEC, "epochs": 10, "output": {"persistentVolumeClaim": {"claimName": shared_output}}}
     trainings.create(name, spec)
     status = trainings.wait_epoch(name, 1)
