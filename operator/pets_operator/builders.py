@@ -150,9 +150,6 @@ def selector(name: str) -> dict[str, str]:
     return {api.LABEL_TRAINING: name, api.LABEL_COMPONENT: "trainer"}
 
 
-DATASET_INIT = pods.DATASET_INIT
-
-
 def dataset_cache_name(spec: Spec) -> str:
     """The cache claim of spec.dataset.url: one per source (url, digest, endpoint), shared by every
     training in the namespace that reads it."""
@@ -178,7 +175,7 @@ def dataset_init_container(spec: Spec, trainer: dict[str, Any]) -> dict[str, Any
         if s3.get(key):
             args += [flag, s3[key]]
     container: dict[str, Any] = {
-        "name": DATASET_INIT,
+        "name": pods.DATASET_INIT,
         "image": trainer["image"],
         "imagePullPolicy": trainer["imagePullPolicy"],
         "command": ["pets-dataset-init"],

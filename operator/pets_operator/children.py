@@ -9,35 +9,21 @@ from collections.abc import Mapping
 from typing import Any
 
 from pets_contract import exits
-from pets_operator import api
-from pets_operator.builders import (
-    CONTAINER,
-    DATASET_INIT,
-    Target,
-    attempt_deadline,
-    created_suspended,
-    dataset_cache_name,
-    gang_access_modes,
-    labels,
-    output_claim_name,
-    pod_template,
-    selector,
-    service_name,
-    workload_metadata,
-)
+from pets_operator import api, builders, pods
 from pets_operator.spec import Spec
 
 
-def build_dataset_cache_claim(spec: Spec, target: Target) -> dict[str, Any] | None:
+def build_dataset_cache_claim(spec: Spec, target: builders.Target) -> dict[str, Any] | None:
     """The PersistentVolumeClaim spec.dataset.url is fetched into, or None for another source. Not owned
     by the training (children.owned): the next training on the same data finds it full."""
     if spec.dataset_source != "url":
         return None
-    return _claim({"name": dataset_cache_name(spec), "namespace": target.namespace,
+    return _claim({"name": builders.dataset_cache_name(spec), "namespace": target.namespace,
                    "labels": {"app.kubernetes.io/name": "pets-training", api.LABEL_COMPONENT: "dataset-cache",
                               api.LABEL_DATASET_CACHE: "true"},
                    "annotations": {api.ANNOTATION_DATASET_URL: spec.dataset["url"]}},
-                  gang_access_modes(spec), spec.dataset.get("cache") or {}, api.DEFAULT_DATASET_CACHE_SIZE)
+                  builders.gang_access_modes(spec), spec.dataset.get("cache") or {},
+                  api.DEFAULT_DATASET_CACHE_SIZE)
 
 
 def _claim(metadata: dict[str, Any], access_modes: list[str], wanted: Mapping[str, Any],
@@ -54,10 +40,10 @@ def _claim(metadata: dict[str, Any], access_modes: list[str], wanted: Mapping[st
 def output_access_modes(spec: Spec) -> list[str]:
     """spec.output.managedClaim's access modes; unset: gang_access_modes."""
     claim = api.output_of(spec)["managedClaim"]
-    return list(claim.get("accessModes") or gang_access_modes(spec))
+    return list(claim.get("accessModes") or builders.gang_access_modes(spec))
 
 
-def build_output_claim(spec: Spec, target: Target) -> dict[str, Any] | None:
+def build_output_claim(spec: Spec, target: builders.Target) -> dict[str, Any] | None:
     """The PersistentVolumeClaim of spec.output.managedClaim, or None for another output. With
     retentionPolicy Retain it carries the output-retention label, and the operator gives it no owner
     reference, so deleting the training leaves it."""
@@ -65,8 +51,9 @@ def build_output_claim(spec: Spec, target: Target) -> dict[str, Any] | None:
     if claim is None:
         return None
     retention = claim.get("retentionPolicy") or "Delete"
-    return _claim({"name": output_claim_name(target.name), "namespace": target.namespace,
-                   "labels": labels(target.name, "output") | {api.LABEL_OUTPUT_RETENTION: retention}},
+    return _claim({"name": builders.output_claim_name(target.name), "namespace": target.namespace,
+                   "labels": builders.labels(target.name, "output")
+                   | {api.LABEL_OUTPUT_RETENTION: retention}},
                   output_access_modes(spec), claim, api.DEFAULT_OUTPUT_CLAIM_SIZE)
 
 
@@ -77,20 +64,20 @@ def owned(manifest: dict[str, Any]) -> bool:
     return found.get(api.LABEL_OUTPUT_RETENTION) != "Retain" and api.LABEL_DATASET_CACHE not in found
 
 
-def build_service(spec: Spec, target: Target) -> dict[str, Any]:
+def build_service(spec: Spec, target: builders.Target) -> dict[str, Any]:
     """Headless Service giving every pod the stable name `<job>-<index>.<service>`."""
     return {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": {
-            "name": service_name(target.name),
+            "name": builders.service_name(target.name),
             "namespace": target.namespace,
-            "labels": labels(target.name, "rendezvous"),
+            "labels": builders.labels(target.name, "rendezvous"),
         },
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
-            "selector": selector(target.name),
+            "selector": builders.selector(target.name),
             "ports": [
                 {"name": "rendezvous", "port": spec.master_port, "targetPort": spec.master_port,
                  "protocol": "TCP"},
@@ -101,24 +88,16 @@ def build_service(spec: Spec, target: Target) -> dict[str, Any]:
     }
 
 
-def network_policy_name(name: str) -> str:
-    return name
-
-
-def network_policy_wanted(spec: Spec, target: Target) -> bool:
-    return spec.network_policy and target.network_policy.enabled
-
-
-def build_network_policy(spec: Spec, target: Target) -> dict[str, Any] | None:
+def build_network_policy(spec: Spec, target: builders.Target) -> dict[str, Any] | None:
     """The training's pods accept connections from the pods of the same training on every port (the
     rendezvous, and gloo's and NCCL's collectives, which listen on ports of their own choosing), and on
     the progress port from the operator's peers; nothing else. torch.distributed's rendezvous has no
     authentication (PyTorch's SECURITY.md), so no other pod may reach it. One policy per training, not
     per attempt: two attempts never run at once (the next waits for the previous one's pods to go), so
     the training's label covers the attempt. Egress is left open: data and weights come from anywhere."""
-    if not network_policy_wanted(spec, target):
+    if not (spec.network_policy and target.network_policy.enabled):
         return None
-    trainers = {"podSelector": {"matchLabels": selector(target.name)}}
+    trainers = {"podSelector": {"matchLabels": builders.selector(target.name)}}
     progress: dict[str, Any] = {"ports": [{"protocol": "TCP", "port": api.METRICS_PORT}]}
     if target.network_policy.metrics_from:
         progress["from"] = [copy.deepcopy(dict(peer)) for peer in target.network_policy.metrics_from]
@@ -126,9 +105,9 @@ def build_network_policy(spec: Spec, target: Target) -> dict[str, Any] | None:
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
         "metadata": {
-            "name": network_policy_name(target.name),
+            "name": target.name,
             "namespace": target.namespace,
-            "labels": labels(target.name, "network-policy"),
+            "labels": builders.labels(target.name, "network-policy"),
         },
         "spec": {
             **trainers,
@@ -142,12 +121,12 @@ KUEUE_MIN_PARALLELISM = "kueue.x-k8s.io/job-min-parallelism"
 KUEUE_COMPLETIONS_EQUAL_PARALLELISM = "kueue.x-k8s.io/job-completions-equal-parallelism"
 
 
-def build_job(spec: Spec, target: Target) -> dict[str, Any]:
+def build_job(spec: Spec, target: builders.Target) -> dict[str, Any]:
     """Indexed Job: one pod per machine, rank = completion index, all-or-nothing (backoffLimit 0)."""
     job: dict[str, Any] = {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": workload_metadata(spec, target),
+        "metadata": builders.workload_metadata(spec, target),
         "spec": {
             "completionMode": "Indexed",
             "completions": spec.replicas,
@@ -161,19 +140,19 @@ def build_job(spec: Spec, target: Target) -> dict[str, Any]:
             # looks, and the Job keeps the cause (a restart not counted against maxRestarts).
             "podFailurePolicy": {"rules": [
                 {"action": "FailJob",
-                 "onExitCodes": {"containerName": CONTAINER, "operator": "In",
+                 "onExitCodes": {"containerName": builders.CONTAINER, "operator": "In",
                                  "values": [exits.PERMANENT]}},
                 *([{"action": "FailJob",
-                    "onExitCodes": {"containerName": DATASET_INIT, "operator": "In",
+                    "onExitCodes": {"containerName": pods.DATASET_INIT, "operator": "In",
                                     "values": [exits.PERMANENT]}}]
                   if spec.dataset_source == "url" else []),
                 {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
             ]},
-            "suspend": created_suspended(spec, target),
-            "template": pod_template(spec, target),
+            "suspend": builders.created_suspended(spec, target),
+            "template": builders.pod_template(spec, target),
         },
     }
-    if (deadline := attempt_deadline(spec, target)) is not None:
+    if (deadline := builders.attempt_deadline(spec, target)) is not None:
         job["spec"]["activeDeadlineSeconds"] = deadline
     least = int((spec.elastic or {}).get("minReplicas") or spec.replicas)
     if target.queued and least < spec.replicas:
