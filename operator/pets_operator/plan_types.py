@@ -74,20 +74,15 @@ def set_condition(st: Status, ctype: str, status: bool | None, reason: str, mess
     value = "Unknown" if status is None else "True" if status else "False"
     if st.conditions is None:
         st.conditions = []
-    conditions = st.conditions
-    for cond in conditions:
-        if cond["type"] == ctype:
-            if cond.get("status") != value:
-                cond["lastTransitionTime"] = timestamp(now)
-            cond.update(status=value, reason=reason, message=message)
-            if generation is not None:
-                cond["observedGeneration"] = generation
-            return
-    new: dict[str, Any] = {"type": ctype, "status": value, "reason": reason, "message": message,
-           "lastTransitionTime": timestamp(now)}
+    cond = next((c for c in st.conditions if c["type"] == ctype), None)
+    if cond is None:
+        cond = {"type": ctype}
+        st.conditions.append(cond)
+    if cond.get("status") != value:
+        cond["lastTransitionTime"] = timestamp(now)
+    cond.update(status=value, reason=reason, message=message)
     if generation is not None:
-        new["observedGeneration"] = generation
-    conditions.append(new)
+        cond["observedGeneration"] = generation
 
 
 def merge_patch(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
