@@ -212,29 +212,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command == "crd":
-        from pets_operator.crd import crd_yaml
+    if args.command in ("crd", "policy"):
+        from pets_operator import crd
 
-        sys.stdout.write(crd_yaml())
-        return 0
-    if args.command == "policy":
-        from pets_operator.crd import policy_yaml
-
-        sys.stdout.write(policy_yaml())
+        sys.stdout.write(crd.crd_yaml() if args.command == "crd" else crd.policy_yaml())
         return 0
     if args.command == "render":
         from pets_operator.render import render_file
 
         try:
-            sys.stdout.write(
-                render_file(
-                    args.filename,
-                    backend=args.backend,
-                    namespace=args.namespace,
-                    default_image=args.default_image,
-                    cluster_domain=args.cluster_domain,
-                )
-            )
+            sys.stdout.write(render_file(args.filename, backend=args.backend, namespace=args.namespace,
+                                         default_image=args.default_image,
+                                         cluster_domain=args.cluster_domain))
         except (api.SpecError, OSError, ValueError) as exc:
             print(f"pets-operator render: {exc}", file=sys.stderr)
             return 2
