@@ -80,8 +80,29 @@ DATASET_SOURCES = ["synthetic", "persistentVolumeClaim", "hostPath", "url"]
 _OUTPUT_VOLUMES = ["managedClaim", "persistentVolumeClaim", "emptyDir"]
 
 
-def _exactly_one(keys: list[str]) -> str:
-    return "[" + ", ".join(f"has(self.{k})" for k in keys) + "].filter(x, x).size() == 1"
+def _exactly_one_rule(rule_id: str, at: str, keys: list[str], example: dict[str, Any]) -> Rule:
+    return Rule(
+        id=rule_id,
+        at=at,
+        cel="[" + ", ".join(f"has(self.{k})" for k in keys) + "].filter(x, x).size() == 1",
+        message=f"{at} must set exactly one of " + ", ".join(keys),
+        check=lambda value: sum(_has(value, k) for k in keys) == 1,
+        example_spec=example,
+    )
+
+
+def _needs_pretrained_rule(rule_id: str, key: str, example: Any) -> Rule:
+    """A source of pretrained weights (spec.<key>) needs spec.pretrained."""
+    return Rule(
+        id=rule_id,
+        at="spec",
+        cel=f"!(has(self.{key}) && has(self.pretrained) && !self.pretrained)",
+        message=f"spec.{key} is a source of pretrained weights, and spec.pretrained is false: "
+                f"drop spec.{key}, or set spec.pretrained: true",
+        check=lambda spec: not (_has(spec, key) and _has(spec, "pretrained") and not spec["pretrained"]),
+        example_spec={"pretrained": False, key: example},
+        field_path=f".{key}",
+    )
 
 
 def _is_quantity(value: Any) -> bool:
@@ -202,22 +223,10 @@ RULES: list[Rule] = [
         example_name="9lives",
         field_path=".metadata.name",
     ),
-    Rule(
-        id="dataset-exactly-one",
-        at="spec.dataset",
-        cel=_exactly_one(DATASET_SOURCES),
-        message="spec.dataset must set exactly one of " + ", ".join(DATASET_SOURCES),
-        check=lambda dataset: sum(_has(dataset, k) for k in DATASET_SOURCES) == 1,
-        example_spec={"dataset": {"synthetic": {}, "hostPath": {"path": "/srv/pets"}}},
-    ),
-    Rule(
-        id="output-exactly-one",
-        at="spec.output",
-        cel=_exactly_one(_OUTPUT_VOLUMES),
-        message="spec.output must set exactly one of " + ", ".join(_OUTPUT_VOLUMES),
-        check=lambda output: sum(_has(output, k) for k in _OUTPUT_VOLUMES) == 1,
-        example_spec={"output": {"emptyDir": {}, "persistentVolumeClaim": {"claimName": "out"}}},
-    ),
+    _exactly_one_rule("dataset-exactly-one", "spec.dataset", DATASET_SOURCES,
+                      {"dataset": {"synthetic": {}, "hostPath": {"path": "/srv/pets"}}}),
+    _exactly_one_rule("output-exactly-one", "spec.output", _OUTPUT_VOLUMES,
+                      {"output": {"emptyDir": {}, "persistentVolumeClaim": {"claimName": "out"}}}),
     Rule(
         id="env-not-reserved",
         at="spec.env[]",
@@ -231,29 +240,9 @@ RULES: list[Rule] = [
         field_path=".name",
     ),
     # Pretrained weights come from one source: the hub (default), a hub cache volume, or one file.
-    Rule(
-        id="weights-need-pretrained",
-        at="spec",
-        cel="!(has(self.weights) && has(self.pretrained) && !self.pretrained)",
-        message="spec.weights is a source of pretrained weights, and spec.pretrained is false: "
-                "drop spec.weights, or set spec.pretrained: true",
-        check=lambda spec: not (_has(spec, "weights") and _has(spec, "pretrained")
-                                and not spec["pretrained"]),
-        example_spec={"pretrained": False, "weights": "/w.safetensors"},
-        field_path=".weights",
-    ),
-    Rule(
-        id="pretrained-cache-needs-pretrained",
-        at="spec",
-        cel="!(has(self.pretrainedCache) && has(self.pretrained) && !self.pretrained)",
-        message="spec.pretrainedCache is a source of pretrained weights, and spec.pretrained is false: "
-                "drop spec.pretrainedCache, or set spec.pretrained: true",
-        check=lambda spec: not (_has(spec, "pretrainedCache") and _has(spec, "pretrained")
-                                and not spec["pretrained"]),
-        example_spec={"pretrained": False,
-                      "pretrainedCache": {"persistentVolumeClaim": {"claimName": "hub"}}},
-        field_path=".pretrainedCache",
-    ),
+    _needs_pretrained_rule("weights-need-pretrained", "weights", "/w.safetensors"),
+    _needs_pretrained_rule("pretrained-cache-needs-pretrained", "pretrainedCache",
+                           {"persistentVolumeClaim": {"claimName": "hub"}}),
     Rule(
         id="one-weights-source",
         at="spec",
