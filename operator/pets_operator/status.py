@@ -93,9 +93,9 @@ def plan(
                                         and ws.phase not in api.FINISHED_PHASES)
             edited = ws.phase not in api.FINISHED_PHASES and _built_from_older_spec(observed.workload, spec)
             if edited and not resize.refused(r.result, spec, observed, r.old):
-                _rebuild(r.result, spec, observed, target, r.old.phase, now, r.generation)
+                _rebuild(r)
             elif ws.phase not in api.FINISHED_PHASES and (smaller := _smaller(r, ws)) is not None:
-                _rebuild(r.result, spec, observed, target, r.old.phase, now, r.generation, smaller)
+                _rebuild(r, smaller)
             else:
                 _read_progress(r, ws)
                 _with_workload(r, ws)
@@ -368,14 +368,12 @@ def _smaller(r: _Round, ws: WorkloadState) -> tuple[int, str, str] | None:
     return None
 
 
-def _rebuild(result: Plan, spec: Spec, observed: Observed, target: builders.Target,
-             old_phase: str | None, now: datetime, generation: int | None,
-             smaller: tuple[int, str, str] | None = None) -> None:
+def _rebuild(r: _Round, smaller: tuple[int, str, str] | None = None) -> None:
     """No edit is lost: a workload built from an older spec is replaced by one built from this spec, as a
     new attempt that is not a restart (nothing failed). Checkpoints carry over where their shape allows
     (`builders.checkpoint_dir`). `smaller`: the cluster has room for fewer pods (resize.py), and the
     workload is rebuilt at that size for the same spec."""
-    status = result.status
+    status, spec, observed, target, result, now = r.status, r.spec, r.observed, r.target, r.result, r.now
     assert observed.workload is not None
     old_size = int(resize.built_size(observed.workload) or observed.backend.size(observed.workload)
                    or spec.replicas)
@@ -384,8 +382,8 @@ def _rebuild(result: Plan, spec: Spec, observed: Observed, target: builders.Targ
         size, reason, why = smaller
         resize.begin(result, old_size, size, spec.replicas, reason, why, now)
         _rebuild_workload(result, observed, target)
-        apply_phase(result, old_phase, api.QUEUED if target.queued else api.PENDING, "Resizing",
-                    f"resizing {old_size} -> {size}: {why}", now, generation)
+        r.phase(api.QUEUED if target.queued else api.PENDING, "Resizing",
+                f"resizing {old_size} -> {size}: {why}")
         return
     if old_size != spec.replicas:
         if active and not spec.suspend:
@@ -397,7 +395,7 @@ def _rebuild(result: Plan, spec: Spec, observed: Observed, target: builders.Targ
                                        + resize.scaled_message(old_size, spec.replicas, True)))
     _rebuild_workload(result, observed, target)
     kind, name = observed.workload["kind"], observed.workload["metadata"]["name"]
-    message = (f"spec changed (generation {generation}) since {kind} {name} was built: "
+    message = (f"spec changed (generation {r.generation}) since {kind} {name} was built: "
                "rebuilding it from the new spec")
     if active and spec.suspend:  # edited as it was being suspended
         message += "; its pods stop now, and the rebuilt workload starts on resume"
@@ -405,8 +403,8 @@ def _rebuild(result: Plan, spec: Spec, observed: Observed, target: builders.Targ
         message += "; its pods restart from the newest checkpoint of this shape (not counted as a restart)"
     result.events.append(Event("Normal", "Rebuilding", message))
     phase = (api.SUSPENDED if spec.suspend else api.QUEUED if target.queued
-             else api.RESTARTING if old_phase == api.RESTARTING else api.PENDING)
-    apply_phase(result, old_phase, phase, "Rebuilding", message, now, generation)
+             else api.RESTARTING if r.old.phase == api.RESTARTING else api.PENDING)
+    r.phase(phase, "Rebuilding", message)
 
 
 def _rebuild_workload(result: Plan, observed: Observed, target: builders.Target) -> None:
