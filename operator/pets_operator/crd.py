@@ -8,6 +8,7 @@ differs.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import yaml
@@ -227,12 +228,6 @@ def crd_yaml() -> str:
 
 
 
-def _default_text(value: Any) -> str:
-    import json
-
-    return f"`{json.dumps(value)}`" if value is not None else ""
-
-
 # Pod fields with the full Kubernetes schema (`k8s_schema`): one row each, the Kubernetes API reference
 # documents the rest.
 EMBEDDED_K8S = {"spec.affinity", "spec.tolerations", "spec.nodeSelector", "spec.env", "spec.imagePullSecrets"}
@@ -261,7 +256,8 @@ def _rows(schema: dict[str, Any], path: str) -> list[str]:
                      *((sub.get("items") or {}).get("x-kubernetes-validations") or [] if embedded else [])]:
             rules.append(rule["message"])
         cell = sub.get("description", "") + (f" *Validation:* {'; '.join(rules)}." if rules else "")
-        rows.append(f"| `{field}` | {kind} | {_default_text(sub.get('default'))} | {cell} |")
+        default = f"`{json.dumps(sub['default'])}`" if sub.get("default") is not None else ""
+        rows.append(f"| `{field}` | {kind} | {default} | {cell} |")
         if embedded:
             continue
         if kind == "object":

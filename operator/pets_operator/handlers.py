@@ -53,10 +53,6 @@ OURS = {api.LABEL_MANAGED_BY: api.MANAGED_BY}
 
 
 
-def _transient(exc: ApiException) -> bool:
-    return exc.status in (409, 429) or exc.status is None or exc.status >= 500
-
-
 def register(registry: kopf.OperatorRegistry, ctx: Context) -> None:
     """Register every handler of the operator into `registry`, bound to `ctx`."""
 
@@ -70,7 +66,9 @@ def register(registry: kopf.OperatorRegistry, ctx: Context) -> None:
         settings.posting.level = logging.WARNING  # our own Events go through kopf.event()
         settings.watching.server_timeout = 300
         settings.networking.request_timeout = 60
-        settings.scanning.disabled = ctx.settings.fixed_namespaces
+        # A fixed list of namespaces: the chart grants Roles only, so kopf must not scan cluster-wide
+        # namespaces and CRDs (it would retry 403s for about a minute before starting).
+        settings.scanning.disabled = bool(ctx.settings.namespaces)
         # Only our children travel: the API server filters them (kopf's own label filters are client-side).
         selector = f"{api.LABEL_MANAGED_BY}={api.MANAGED_BY}"
         for resource in (("batch", "jobs"), ("v1", "pods"), ("v1", "services")):
@@ -217,7 +215,8 @@ async def _reconcile_key(ctx: Context, key: Key) -> None:
             kopf.warn(kbody, reason="Forbidden", message=f"{detail}; check the operator's RBAC")
             ctx.queue.add_after(key, POLL_IDLE)
             return
-        ctx.queue.add_after(key, _backoff(ctx, key) if _transient(exc) else POLL_IDLE)
+        transient = exc.status in (409, 429) or exc.status is None or exc.status >= 500
+        ctx.queue.add_after(key, _backoff(ctx, key) if transient else POLL_IDLE)
         return
     except kopf.TemporaryError as exc:
         metrics.ERRORS.labels(kind="temporary").inc()

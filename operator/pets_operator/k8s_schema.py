@@ -83,10 +83,6 @@ def _first_sentence(text: str | None) -> str:
     return (m.group(1) if m else para).strip()
 
 
-def _model_doc(model: Any) -> str:
-    return _first_sentence(model.__doc__) or f"A Kubernetes {model.__name__}."
-
-
 def _field_doc(model: Any, attr: str) -> str:
     fields = getattr(model, "model_fields", None)  # pydantic models (client >= 35)
     if fields is not None and attr in fields:
@@ -132,7 +128,7 @@ def schema(type_ref: str, description: str = "", *, _path: tuple[str, ...] = (),
         return {"type": "object", "description": description or "A map.",
                 "additionalProperties": schema(m.group(1), "A value.", _path=_path, _depth=_depth + 1)}
     model = _model(type_ref)
-    description = description or _model_doc(model)
+    description = description or _first_sentence(model.__doc__) or f"A Kubernetes {model.__name__}."
     if type_ref in _path:
         return _open(description)  # a cycle: stop here, as controller-gen does for recursive types
     properties: dict[str, Any] = {}

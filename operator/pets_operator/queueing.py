@@ -21,11 +21,6 @@ def queue_name(target: builders.Target) -> str:
     return target.queue_labels.get(api.KUEUE_QUEUE_LABEL, "")
 
 
-def kueue_conditions(queue_workload: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
-    conditions = ((queue_workload or {}).get("status") or {}).get("conditions") or []
-    return {c.get("type", ""): c for c in conditions}
-
-
 def while_queued(result: Plan, spec: Spec, observed: Observed, ws: WorkloadState,
                  target: builders.Target, restarts: int, now: datetime, while_active: WhileActive
                  ) -> tuple[str, str, str]:
@@ -42,7 +37,7 @@ def while_queued(result: Plan, spec: Spec, observed: Observed, ws: WorkloadState
                 f"labelled {api.KUEUE_QUEUE_LABEL}={queue}, but Kueue is not installed in this cluster, so "
                 f"nothing will admit the workload: install Kueue or remove the label")
     qw = observed.queue_workload
-    conds = kueue_conditions(qw)
+    conds = {c.get("type", ""): c for c in ((qw or {}).get("status") or {}).get("conditions") or []}
     admitted = conds.get("Admitted", {}).get("status") == "True"
     if qw is not None:
         wanted = not spec.suspend

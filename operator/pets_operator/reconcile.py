@@ -31,18 +31,12 @@ from pets_operator.cluster import (
 from pets_operator.context import Context, Snapshot
 from pets_operator.plan_types import Observed
 from pets_operator.refusals import plan_backend_unavailable, plan_invalid
-from pets_operator.spec import Spec
 from pets_operator.status_types import Status
 
 # A workload deleting for longer than this is deleted again: its end may have been missed (Context.gone).
 DELETING_RECHECK = timedelta(seconds=30)
 LEGACY_FINALIZER = f"{api.GROUP}/operator"  # kopf's, from when each training had a daemon
 
-
-
-def _resolve_backend(ctx: Context, spec: Spec, old_status: Status) -> tuple[backends.Backend, str]:
-    return backends.keep_or_choose(spec, old_status, lambda: served_backends(ctx.api_client),
-                                   ctx.settings.auto_backend)
 
 
 def _resolve_output(ctx: Context, old_status: Status) -> tuple[dict[str, Any], str]:
@@ -67,7 +61,8 @@ def reconcile_once(ctx: Context, snap: Snapshot, logger: Logger) -> float | None
     old_status = Status.from_dict(body.get("status") or {})
     try:
         spec = api.resolve_spec(body.get("spec"))
-        backend, backend_reason = _resolve_backend(ctx, spec, old_status)
+        backend, backend_reason = backends.keep_or_choose(
+            spec, old_status, lambda: served_backends(ctx.api_client), ctx.settings.auto_backend)
         output_reason = ""
         if spec.output is None:
             output, output_reason = _resolve_output(ctx, old_status)

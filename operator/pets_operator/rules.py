@@ -145,11 +145,6 @@ def _has_chain(keys: tuple[str, ...]) -> str:
     return " && ".join(f"has(self.{'.'.join(keys[:depth])})" for depth in range(1, len(keys) + 1))
 
 
-def _has_no_parent_segment(path: str) -> bool:
-    """Python twin of the CEL in `_no_parent_segment_rule`: no `..` segment in the path."""
-    return "/../" not in f"/{path}/"
-
-
 def _no_parent_segment_rule(rule_id: str, keys: tuple[str, ...], example: dict[str, Any]) -> Rule:
     """A volume path (spec.<keys>) must not climb out with `..`: Kubernetes refuses `..` in a pod's
     hostPath and volume sub-paths, so the pods could never be created. On spec, not the path's own
@@ -162,7 +157,7 @@ def _no_parent_segment_rule(rule_id: str, keys: tuple[str, ...], example: dict[s
         message=f"spec.{dotted} must not have a '..' segment: it would climb out of the directory it "
                 "names, and Kubernetes refuses '..' in a pod's volume paths, so the pods could not be "
                 "created",
-        check=lambda spec: _dig(spec, keys) is None or _has_no_parent_segment(_dig(spec, keys)),
+        check=lambda spec: _dig(spec, keys) is None or "/../" not in f"/{_dig(spec, keys)}/",
         example_spec=example,
         field_path=f".{dotted}",
     )

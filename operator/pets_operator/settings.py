@@ -31,9 +31,3 @@ class Settings:
     workers: int = api.DEFAULT_WORKERS  # concurrent reconciliations (each mostly waits on the API server)
     scrape_concurrency: int = api.DEFAULT_SCRAPE_CONCURRENCY  # progress reads in flight at once
     scrape_timeout: float = api.DEFAULT_SCRAPE_TIMEOUT  # seconds for one progress read
-
-    @property
-    def fixed_namespaces(self) -> bool:
-        """Watching a fixed list of namespaces: the chart grants Roles only, so kopf must not scan
-        cluster-wide namespaces and CRDs (it would retry 403s for about a minute before starting)."""
-        return bool(self.namespaces)
