@@ -127,32 +127,31 @@ def _resumed_at(book: dict[str, Any], run: dict[str, Any], first_step: int) -> N
     before["lostSeconds"] = round(min(train, lost * train / steps), 3) if steps > 0 else 0.0
 
 
+def _read(status: Status, attempt: int, started: str | None, times: dict[str, Any],
+          first_step: Any) -> dict[str, Any]:
+    """One run's split (`times`: each part's field -> the value read) and the step it resumed at."""
+    run = _run(status, attempt, started)
+    run.update({key: value for key, raw in times.items() if (value := _seconds(raw)) is not None})
+    if (first := _seconds(first_step)) is not None:
+        _resumed_at(_book(status), run, int(first))
+    return run
+
+
 def read_attempt(status: Status, attempt: int, started: str | None,
                  progress: dict[str, float]) -> None:
     """Rank 0's gauges of this run, as read now."""
-    book = _book(status)
-    run = _run(status, attempt, started)
-    for gauge in TIME_GAUGES:
-        if (value := _seconds(progress.get(gauge.name))) is not None:
-            run[str(gauge.field)] = value
+    run = _read(status, attempt, started, {str(g.field): progress.get(g.name) for g in TIME_GAUGES},
+                progress.get(gauges.BY_KEY["resume_step"].name))
     if (last := _seconds(progress.get(gauges.BY_KEY["step"].name))) is not None:
         run["lastStep"] = int(last)
-    if (first := _seconds(progress.get(gauges.BY_KEY["resume_step"].name))) is not None:
-        _resumed_at(book, run, int(first))
 
 
 def read_summary(status: Status, attempt: int, summary: dict[str, Any]) -> None:
     """The newest run's final summary (its termination message): its whole split, more exact than a read."""
     times = summary.get(summary_keys.TIME_SECONDS)
-    if not isinstance(times, dict):
-        return
-    book = _book(status)
-    run = _run(status, attempt, None)  # a run that ended before any progress read has only its summary
-    for gauge in TIME_GAUGES:
-        if (value := _seconds(times.get(gauge.summary_key))) is not None:
-            run[str(gauge.field)] = value
-    if (first := _seconds(summary.get(summary_keys.RESUME_STEP))) is not None:
-        _resumed_at(book, run, int(first))
+    if isinstance(times, dict):  # a run that ended before any progress read has only its summary
+        _read(status, attempt, None, {str(g.field): times.get(g.summary_key) for g in TIME_GAUGES},
+              summary.get(summary_keys.RESUME_STEP))
 
 
 def account(old: Status, status: Status, created: str | None, now: datetime) -> None:
