@@ -41,8 +41,13 @@ def _str(description: str, *, default: str | None = None, pattern: str | None = 
         default=default, enum=enum, pattern=pattern, minLength=min_length, maxLength=max_length)
 
 
-def _bool(description: str, default: bool) -> dict[str, Any]:
-    return {"type": "boolean", "description": description, "default": default}
+def _bool(description: str, default: bool | None = None) -> dict[str, Any]:
+    return {"type": "boolean", "description": description} | _set(default=default)
+
+
+def _object_name(description: str) -> dict[str, Any]:
+    """The name of a Kubernetes object (a claim, a Secret, a StorageClass): a DNS subdomain."""
+    return _str(description, pattern=DNS_SUBDOMAIN, min_length=1, max_length=253)
 
 
 def _seconds(description: str) -> dict[str, Any]:
@@ -100,18 +105,14 @@ def _env() -> dict[str, Any]:
     return out
 
 
-def _claim(description: str) -> dict[str, Any]:
-    return _obj(
-        description,
-        {
-            "claimName": _str("Name of the PersistentVolumeClaim in the training's namespace.",
-                              pattern=DNS_SUBDOMAIN, min_length=1, max_length=253),
-            "path": _str("Directory inside the volume (absolute, as mounted at its root).",
-                         default="/", pattern=ABS_PATH, max_length=1024),
-            "readOnly": _bool("Mount the claim read-only.", False),
-        },
-        required=["claimName"],
-    )
+def _claim(description: str, path: str = "Directory inside the volume (absolute, as mounted at its root).",
+           read_only: bool = True) -> dict[str, Any]:
+    """A claim to mount: its name, the directory in it, and (`read_only`) whether it is mounted read-only."""
+    properties = {"claimName": _object_name("Name of the PersistentVolumeClaim in the training's namespace."),
+                  "path": _str(path, default="/", pattern=ABS_PATH, max_length=1024)}
+    if read_only:
+        properties["readOnly"] = _bool("Mount the claim read-only.", False)
+    return _obj(description, properties, required=["claimName"])
 
 
 # ----------------------------------------------------------------------------- the spec
@@ -160,13 +161,9 @@ SPEC_SCHEMA: dict[str, Any] = _obj(
             "pretrained: true loads the same files it would download (fill it once: docs/trainer.md). "
             "Immutable while running.",
             {
-                "persistentVolumeClaim": _obj("The claim holding the cache.", {
-                    "claimName": _str("Name of the PersistentVolumeClaim in the training's namespace.",
-                                      pattern=DNS_SUBDOMAIN, min_length=1, max_length=253),
-                    "path": _str("The cache directory inside the volume (the hub's HF_HUB_CACHE, which "
-                                 "holds models--timm--...).", default="/", pattern=ABS_PATH,
-                                 max_length=1024),
-                }, required=["claimName"]),
+                "persistentVolumeClaim": _claim("The claim holding the cache.", (
+                    "The cache directory inside the volume (the hub's HF_HUB_CACHE, which holds "
+                    "models--timm--...)."), read_only=False),
             },
             required=["persistentVolumeClaim"]),
         "freezeBackbone": _bool(
@@ -208,15 +205,15 @@ SPEC_SCHEMA: dict[str, Any] = _obj(
                                      pattern=r"^https?://[^\s]+$", max_length=1024),
                     "region": _str("The bucket's region; unset: us-east-1.", pattern=r"^[a-z0-9-]+$",
                                    max_length=64),
-                    "credentialsSecret": _str(
+                    "credentialsSecret": _object_name(
                         "A Secret in the training's namespace with the keys AWS_ACCESS_KEY_ID and "
                         "AWS_SECRET_ACCESS_KEY, given to the init container only; unset: none (a public "
-                        "bucket).", pattern=DNS_SUBDOMAIN, min_length=1, max_length=253),
+                        "bucket)."),
                 }),
                 "cache": _obj("The claim url's data is kept in (made by the operator when missing).", {
                     "size": _quantity(f"Storage requested; unset: {DEFAULT_DATASET_CACHE_SIZE}."),
-                    "storageClassName": _str("StorageClass of the claim; unset: the cluster's default.",
-                                             pattern=DNS_SUBDOMAIN, min_length=1, max_length=253),
+                    "storageClassName": _object_name(
+                        "StorageClass of the claim; unset: the cluster's default."),
                 }, rules=_validations("spec.dataset.cache")),
                 "hostPath": _obj(
                     "A directory of <label>_<n>.jpg images on every node (single-node or test clusters).",
@@ -242,8 +239,8 @@ SPEC_SCHEMA: dict[str, Any] = _obj(
                     "resumes).",
                     {
                         "size": _quantity(f"Storage requested; unset: {DEFAULT_OUTPUT_CLAIM_SIZE}."),
-                        "storageClassName": _str("StorageClass of the claim; unset: the cluster's default.",
-                                                 pattern=DNS_SUBDOMAIN, min_length=1, max_length=253),
+                        "storageClassName": _object_name(
+                            "StorageClass of the claim; unset: the cluster's default."),
                         "accessModes": {
                             "type": "array", "maxItems": 2,
                             "description": "Access modes of the claim; unset: ReadWriteMany when replicas "
@@ -401,12 +398,11 @@ SPEC_SCHEMA: dict[str, Any] = _obj(
                                     pattern=r"^https?://[^\s]+$", max_length=1024),
                         "experiment": _str("The MLflow experiment of the run (made when missing).",
                                            default="pets-training", pattern=r"\S", max_length=256),
-                        "credentialsSecret": _str(
+                        "credentialsSecret": _object_name(
                             "A Secret in the training's namespace whose keys MLFLOW_TRACKING_USERNAME and "
                             "MLFLOW_TRACKING_PASSWORD, or MLFLOW_TRACKING_TOKEN, become the trainer's "
                             "environment (each key optional: those the Secret has); they go nowhere else, "
-                            "never to the status. Unset: none (a server without authentication).",
-                            pattern=DNS_SUBDOMAIN, min_length=1, max_length=253),
+                            "never to the status. Unset: none (a server without authentication)."),
                     },
                     required=["uri"],
                     rules=_validations("spec.tracking.mlflow")),

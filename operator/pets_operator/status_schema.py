@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from pets_contract.names import PHASES
-from pets_operator.schema import _int, _obj, _seconds, _str
+from pets_operator.schema import _bool, _int, _obj, _seconds, _str
 
 
 def _num(description: str) -> dict[str, Any]:
@@ -14,10 +14,6 @@ def _num(description: str) -> dict[str, Any]:
 
 def _time(description: str) -> dict[str, Any]:
     return {"type": "string", "format": "date-time", "description": description}
-
-
-def _flag(description: str) -> dict[str, Any]:
-    return {"type": "boolean", "description": description}
 
 
 _CONDITION = _obj("A standard condition (metav1.Condition).", {
@@ -67,12 +63,12 @@ STATUS_SCHEMA: dict[str, Any] = _obj("Observed state, written by the operator.",
     "restarts": _int("Gang restarts so far."),
     "attempt": _int("Workloads created so far, minus one: a gang restart and a rebuild after an edit each "
                     "start a new attempt (its workload is named <name>-r<attempt>)."),
-    "workloadActive": _flag("A workload exists and is not suspended: the fields that shape it are immutable "
+    "workloadActive": _bool("A workload exists and is not suspended: the fields that shape it are immutable "
                             "until it is suspended or finished."),
     "queue": _obj("Where a queue (Kueue) holds the workload.", {
         "name": _str("The LocalQueue (the kueue.x-k8s.io/queue-name label)."),
         "workload": _str("Kueue's Workload object for this attempt."),
-        "admitted": _flag("Whether Kueue has admitted it."),
+        "admitted": _bool("Whether Kueue has admitted it."),
         "message": _str("Kueue's own words on why it waits, or why it was preempted."),
     }),
     "progress": _str("epoch/totalEpochs, for kubectl get."),
@@ -169,7 +165,7 @@ STATUS_SCHEMA: dict[str, Any] = _obj("Observed state, written by the operator.",
                      "its gauge while it runs; the TrackingDegraded condition says when a server failed.", {
         "mlflowRunId": _str("The MLflow run's id: every attempt of the training logs to this one run."),
         "mlflowUrl": _str("The run's page on the MLflow server."),
-        "ok": _flag("false: an MLflow server was down, slow or refusing; the training went on without it."),
+        "ok": _bool("false: an MLflow server was down, slow or refusing; the training went on without it."),
         "warning": _str("The trainer's one line on that failure (URLs redacted)."),
     }),
     "lastCheckpoint": _obj("The newest checkpoint a restart would resume from (with a claim output).", {
