@@ -264,8 +264,7 @@ RULES: list[Rule] = [
         cel="!has(self.resources) || !has(self.resources.gpu) || self.resources.gpu == 0 || "
             "!has(self.processesPerReplica) || self.processesPerReplica <= self.resources.gpu",
         message="spec.processesPerReplica must not exceed spec.resources.gpu on GPU pods",
-        check=lambda spec: not _has(spec, "resources") or not _has(spec["resources"], "gpu")
-        or spec["resources"]["gpu"] == 0 or not _has(spec, "processesPerReplica")
+        check=lambda spec: not _dig(spec, ("resources", "gpu")) or not _has(spec, "processesPerReplica")
         or spec["processesPerReplica"] <= spec["resources"]["gpu"],
         example_spec={"processesPerReplica": 4, "resources": {"gpu": 2}},
         field_path=".processesPerReplica",
@@ -297,9 +296,8 @@ RULES: list[Rule] = [
             "self.replicas > self.elastic.maxReplicas || self.elastic.maxReplicas % self.replicas == 0",
         message="spec.replicas must divide spec.elastic.maxReplicas: the global batch, batchSize x "
                 "maxReplicas x processesPerReplica, is kept at every size by gradient accumulation",
-        check=lambda spec: not _has(spec, "elastic") or not _has(spec["elastic"], "maxReplicas")
-        or spec["replicas"] > spec["elastic"]["maxReplicas"]
-        or spec["elastic"]["maxReplicas"] % spec["replicas"] == 0,
+        check=lambda spec: (most := _dig(spec, ("elastic", "maxReplicas"))) is None
+        or spec["replicas"] > most or most % spec["replicas"] == 0,
         example_spec={"replicas": 3, "elastic": {"maxReplicas": 4}},
         field_path=".replicas",
     ),
@@ -319,9 +317,7 @@ RULES: list[Rule] = [
             "!has(self.output.persistentVolumeClaim.readOnly) || "
             "!self.output.persistentVolumeClaim.readOnly",
         message="spec.output.persistentVolumeClaim.readOnly must be false: the trainer writes there",
-        check=lambda spec: not _has(spec, "output") or not _has(spec["output"], "persistentVolumeClaim")
-        or not _has(spec["output"]["persistentVolumeClaim"], "readOnly")
-        or not spec["output"]["persistentVolumeClaim"]["readOnly"],
+        check=lambda spec: not _dig(spec, ("output", "persistentVolumeClaim", "readOnly")),
         example_spec={"output": {"persistentVolumeClaim": {"claimName": "out", "readOnly": True}}},
         field_path=".output.persistentVolumeClaim.readOnly",
     ),
@@ -397,8 +393,7 @@ RULES: list[Rule] = [
         cel=f"!has(self.s3) || !has(self.s3.endpoint) || !self.s3.endpoint.matches('{_USERINFO_RE}')",
         message="spec.dataset.s3.endpoint must not carry credentials (user:password@ before the host): "
                 "put the keys in a Secret named by spec.dataset.s3.credentialsSecret",
-        check=lambda dataset: not _has(dataset, "s3") or not _has(dataset["s3"], "endpoint")
-        or not re.search(_USERINFO_RE, dataset["s3"]["endpoint"]),
+        check=lambda dataset: not re.search(_USERINFO_RE, _dig(dataset, ("s3", "endpoint")) or ""),
         example_spec={"dataset": {"url": "s3://bucket/pets", "s3": {"endpoint": "http://key:secret@s3:7070"}}},
         field_path=".s3.endpoint",
     ),
@@ -431,8 +426,7 @@ RULES: list[Rule] = [
         message="spec.env must not set " + ", ".join(MLFLOW_ENV) + " when spec.tracking.mlflow is set: "
                 "spec.tracking.mlflow.uri names the server and spec.tracking.mlflow.credentialsSecret the "
                 "Secret with its credentials",
-        check=lambda spec: not (_has(spec, "tracking") and _has(spec["tracking"], "mlflow")
-                                and _has(spec, "env"))
+        check=lambda spec: _dig(spec, ("tracking", "mlflow")) is None or not _has(spec, "env")
         or not any(e["name"] in MLFLOW_ENV for e in spec["env"]),
         example_spec={"tracking": {"mlflow": {"uri": "http://mlflow.example:5000"}},
                       "env": [{"name": "MLFLOW_TRACKING_TOKEN", "value": "t"}]},
