@@ -60,12 +60,13 @@ def newest_rank0(backend: backends.Backend, pod_list: list[dict[str, Any]]) -> d
 
 @dataclass(frozen=True)
 class Rank0:
-    """What rank 0's pod tells: live gauges, the final summary, and why the gauges could not be read."""
+    """What rank 0's pod tells: live gauges, the final summary, and why the gauges could not be read (each
+    field is Observed's of that name)."""
 
     progress: dict[str, float] | None = None
     summary: dict[str, Any] | None = None
     progress_error: str | None = None
-    running_since: str | None = None  # when its trainer container started
+    rank0_running_since: str | None = None  # when its trainer container started
     progress_failing_since: datetime | None = None  # since when its reads fail (scraper.Reading)
     progress_read_at: datetime | None = None  # when the gauges were read
 

@@ -138,14 +138,10 @@ def reconcile_once(ctx: Context, snap: Snapshot, logger: Logger) -> float | None
     candidates = observe.lost_candidates([*(pod_list or []), *(p for w in deleting for p in pods_of(w))])
     lost_pods, lost_nodes = observe.lost_pods(cl, candidates)
     observed = Observed(backend=backend, backend_reason=backend_reason, workload=current, stale=stale,
-                        service=service, progress=rank0.progress, summary=rank0.summary, state=state,
-                        pods=pod_list, pod_events=warnings, workload_refusals=refusals,
-                        progress_error=rank0.progress_error,
-                        progress_failing_since=rank0.progress_failing_since,
-                        progress_read_at=rank0.progress_read_at,
-                        rank0_running_since=rank0.running_since, queue_workload=queue_workload,
-                        queue_served=queue_served, lost_pods=lost_pods, lost_nodes=lost_nodes,
-                        output_reason=output_reason, output_claim=output_claim)
+                        service=service, state=state, pods=pod_list, pod_events=warnings,
+                        workload_refusals=refusals, queue_workload=queue_workload, queue_served=queue_served,
+                        lost_pods=lost_pods, lost_nodes=lost_nodes, output_reason=output_reason,
+                        output_claim=output_claim, **vars(rank0))
     result = status.plan(body, spec, observed, target, now, old_status)
     result.delete = [r for r in result.delete if r["name"] not in deleting]
     delay = carry_out(ctx, cl, body, result, logger, restarts=restarts, watched=watched)
