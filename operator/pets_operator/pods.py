@@ -253,14 +253,11 @@ def running_count(pods: list[dict[str, Any]]) -> int:
 def _terminated(pod: dict[str, Any]) -> dict[str, Any] | None:
     """The state of the container that ended: an init container that failed (the dataset initializer),
     else the trainer."""
-    for cs in _status(pod).get("initContainerStatuses") or []:
-        term = (cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get("terminated")
-        if term and term.get("exitCode"):
-            return dict(term)
-    for cs in _status(pod).get("containerStatuses") or []:
-        term = (cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get("terminated")
-        if term:
-            return dict(term)
+    for key, failed_only in (("initContainerStatuses", True), ("containerStatuses", False)):
+        for cs in _status(pod).get(key) or []:
+            term = (cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get("terminated")
+            if term and (term.get("exitCode") or not failed_only):
+                return dict(term)
     return None
 
 

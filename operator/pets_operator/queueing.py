@@ -4,7 +4,7 @@ through Kueue's Workload (spec.active), and Kueue's reasons (quota, preemption) 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
@@ -102,5 +102,4 @@ class QueueStatus:
         return cls(queue, admitted, message, qw["metadata"]["name"] if qw is not None else None)
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"name": self.name, "admitted": self.admitted, "message": self.message}
-        return out | ({"workload": self.workload} if self.workload is not None else {})
+        return {key: value for key, value in asdict(self).items() if value is not None}

@@ -110,10 +110,10 @@ def after_failure(result: Plan, spec: Spec, observed: Observed, ws: WorkloadStat
 
 
 def resume_point(spec: Spec, status: Status, summary: dict[str, Any] | None = None) -> str:
+    summary = summary or {}
     if "emptyDir" in api.output_of(spec):
         return "starting from epoch 0 (the output is an emptyDir, which goes with the pods)"
-    if (summary or {}).get("status") == "stopped" and isinstance((summary or {}).get("global_step"), int):
-        assert summary is not None
+    if summary.get("status") == "stopped" and isinstance(summary.get("global_step"), int):
         return f"resuming at step {summary['global_step']}, from the checkpoint it saved on SIGTERM"
     checkpoint = status.last_checkpoint or {}
     if checkpoint.get("step"):  # the trainer's newest, an epoch's or a step checkpoint
