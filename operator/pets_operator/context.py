@@ -12,13 +12,7 @@ from typing import Any, cast
 
 from kubernetes import client
 
-from pets_operator import (
-    api,
-    backends,
-    metrics,
-    observe,
-    workqueue,
-)
+from pets_operator import api, backends, metrics, observe, workqueue
 from pets_operator.backends import parse_timestamp
 from pets_operator.observe import Key
 from pets_operator.scraper import Scraper, Target

@@ -38,7 +38,6 @@ class SpecError(ValueError):
 
 
 
-DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 ABS_PATH = r"^/.*$"
 QUANTITY = quantity.PATTERN  # a storage quantity, as the CRD's rules and the dataset initializer read it

@@ -10,24 +10,10 @@ from typing import Any
 
 import kopf
 
-from pets_operator import (
-    api,
-    backends,
-    builders,
-    metrics,
-    observe,
-    output_durability,
-    pods,
-    status,
-)
+from pets_operator import api, backends, builders, metrics, observe, output_durability, pods, status
 from pets_operator.act import POLL_IDLE, Logger, carry_out
 from pets_operator.backends import parse_timestamp
-from pets_operator.cluster import (
-    Cluster,
-    has_default_storage_class,
-    owned_by,
-    served_backends,
-)
+from pets_operator.cluster import Cluster, has_default_storage_class, owned_by, served_backends
 from pets_operator.context import Context, Snapshot
 from pets_operator.plan_types import Observed
 from pets_operator.refusals import plan_backend_unavailable, plan_invalid

@@ -16,12 +16,7 @@ from pets_contract import gauges
 from pets_operator import api, builders, checkpoint_home, children, goodput, pods, resize, tracking_status
 from pets_operator.backends import WorkloadState, parse_timestamp, timestamp
 from pets_operator.conditions import apply_phase
-from pets_operator.deadlines import (
-    DEADLINE_SLACK_SECONDS,
-    deadline_exceeded,
-    deadline_left,
-    watch_deadline,
-)
+from pets_operator.deadlines import DEADLINE_SLACK_SECONDS, deadline_exceeded, deadline_left, watch_deadline
 from pets_operator.mirror import (
     checkpoints_skipped,
     mirror_progress,
