@@ -260,12 +260,9 @@ def _volumes(spec: Spec, training: str) -> tuple[list[dict[str, Any]], list[dict
     for name, path in SCRATCH_DIRS.items():
         add(name, {"emptyDir": {}}, path)
     output = api.output_of(spec)
-    if "managedClaim" in output:
-        add("output", {"persistentVolumeClaim": {"claimName": output_claim_name(training)}}, api.OUTPUT_DIR)
-    elif "persistentVolumeClaim" in output:
-        claim = output["persistentVolumeClaim"]
-        sub = claim.get("path", "/").strip("/")
-        add("output", {"persistentVolumeClaim": {"claimName": claim["claimName"]}}, api.OUTPUT_DIR,
+    if claim_name := output_claim(spec, training):  # the user's claim may name a folder in it
+        sub = (output.get("persistentVolumeClaim") or {}).get("path", "/").strip("/")
+        add("output", {"persistentVolumeClaim": {"claimName": claim_name}}, api.OUTPUT_DIR,
             **({"subPath": sub} if sub else {}))
     else:
         add("output", {"emptyDir": dict(output.get("emptyDir") or {})}, api.OUTPUT_DIR)
