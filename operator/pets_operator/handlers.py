@@ -86,17 +86,6 @@ def register(registry: kopf.OperatorRegistry, ctx: Context) -> None:
         owner = labels.get(api.LABEL_TRAINING)
         return (namespace, owner) if namespace and owner else None
 
-    def index_children(index_id: str, *coordinates: str) -> None:
-        @kopf.index(*coordinates, registry=registry, labels=OURS, id=index_id)
-        async def children(namespace: str | None, labels: Mapping[str, str], body: kopf.Body,
-                           **_: Any) -> dict[Key, dict[str, Any]] | None:
-            key = child_key(namespace, labels)
-            return {key: observe.kept(body)} if key else None
-
-    index_children(JOBS_INDEX, backends.JOB.group, backends.JOB.version, backends.JOB.plural)
-    index_children(PODS_INDEX, "v1", "pods")
-    index_children(SERVICES_INDEX, "v1", "services")
-
     @kopf.on.event(api.GROUP, api.VERSION, api.PLURAL, registry=registry, id=SPEC_WATCH_ID)
     async def training_changed(event: Mapping[str, Any], namespace: str | None, name: str,
                                meta: Mapping[str, Any], status: Mapping[str, Any], **kwargs: Any) -> None:
@@ -114,7 +103,14 @@ def register(registry: kopf.OperatorRegistry, ctx: Context) -> None:
             ctx.seen[key] = wakes
             ctx.trigger(key, workqueue.URGENT if not status.get("phase") else workqueue.CHANGED)
 
-    def watch_children(watch_id: str, *coordinates: str) -> None:
+    def children_of(index_id: str, watch_id: str, *coordinates: str) -> None:
+        """The index of our children of one kind, and the watch that wakes their training."""
+        @kopf.index(*coordinates, registry=registry, labels=OURS, id=index_id)
+        async def children(namespace: str | None, labels: Mapping[str, str], body: kopf.Body,
+                           **_: Any) -> dict[Key, dict[str, Any]] | None:
+            key = child_key(namespace, labels)
+            return {key: observe.kept(body)} if key else None
+
         @kopf.on.event(*coordinates, registry=registry, labels=OURS, id=watch_id)
         async def child_changed(event: Mapping[str, Any], namespace: str | None, labels: Mapping[str, str],
                                 body: kopf.Body, **kwargs: Any) -> None:
@@ -125,9 +121,9 @@ def register(registry: kopf.OperatorRegistry, ctx: Context) -> None:
                     ctx.created.get(key, {}).pop((str(body.get("kind")), body["metadata"]["name"]), None)
                 ctx.trigger(key)
 
-    watch_children(JOB_WATCH_ID, backends.JOB.group, backends.JOB.version, backends.JOB.plural)
-    watch_children(POD_WATCH_ID, "v1", "pods")
-    watch_children(SERVICE_WATCH_ID, "v1", "services")
+    children_of(JOBS_INDEX, JOB_WATCH_ID, backends.JOB.group, backends.JOB.version, backends.JOB.plural)
+    children_of(PODS_INDEX, POD_WATCH_ID, "v1", "pods")
+    children_of(SERVICES_INDEX, SERVICE_WATCH_ID, "v1", "services")
 
 
 def _start(ctx: Context, handler_kwargs: Mapping[str, Any]) -> None:
