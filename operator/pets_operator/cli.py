@@ -170,24 +170,15 @@ def build_parser() -> argparse.ArgumentParser:
              "names the operator's pods and trainingNetworkPolicy.metricsFrom (default: none, so that port "
              "is open to every source)",
     )
-    run.add_argument(
-        "--workers", type=_at_least_one(int), default=api.DEFAULT_WORKERS, metavar="N",
-        help=f"PetsTrainings reconciled at once, each in a thread that waits on the API server "
-        f"(default {api.DEFAULT_WORKERS})",
-    )
-    run.add_argument(
-        "--progress-interval", type=_at_least_one(float), default=api.DEFAULT_PROGRESS_INTERVAL,
-        metavar="SECONDS", help=f"seconds between two reads of every running training's progress "
-        f"(default {api.DEFAULT_PROGRESS_INTERVAL:g})",
-    )
-    run.add_argument(
-        "--scrape-concurrency", type=_at_least_one(int), default=api.DEFAULT_SCRAPE_CONCURRENCY, metavar="N",
-        help=f"progress reads in flight at once (default {api.DEFAULT_SCRAPE_CONCURRENCY})",
-    )
-    run.add_argument(
-        "--scrape-timeout", type=_at_least_one(float), default=api.DEFAULT_SCRAPE_TIMEOUT, metavar="SECONDS",
-        help=f"seconds one progress read may take (default {api.DEFAULT_SCRAPE_TIMEOUT:g})",
-    )
+    for flag, kind, default, meaning in (
+            ("--workers", int, api.DEFAULT_WORKERS,
+             "PetsTrainings reconciled at once, each in a thread that waits on the API server"),
+            ("--progress-interval", float, api.DEFAULT_PROGRESS_INTERVAL,
+             "seconds between two reads of every running training's progress"),
+            ("--scrape-concurrency", int, api.DEFAULT_SCRAPE_CONCURRENCY, "progress reads in flight at once"),
+            ("--scrape-timeout", float, api.DEFAULT_SCRAPE_TIMEOUT, "seconds one progress read may take")):
+        run.add_argument(flag, type=_at_least_one(kind), default=default,
+                         metavar="N" if kind is int else "SECONDS", help=f"{meaning} (default {default:g})")
 
     render = sub.add_parser(
         "render",
