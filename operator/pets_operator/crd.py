@@ -233,6 +233,11 @@ def crd_yaml() -> str:
 EMBEDDED_K8S = {"spec.affinity", "spec.tolerations", "spec.nodeSelector", "spec.env", "spec.imagePullSecrets"}
 
 
+# A schema's bounds in the table's words (after the enum and the minimum), in this order.
+_BOUNDS = {"maximum": "≤ {}", "pattern": "matches `{}`", "maxLength": "at most {} characters",
+           "maxItems": "at most {} items"}
+
+
 def _rows(schema: dict[str, Any], path: str) -> list[str]:
     rows = []
     for key, sub in (schema.get("properties") or {}).items():
@@ -243,14 +248,7 @@ def _rows(schema: dict[str, Any], path: str) -> list[str]:
             rules.append("one of " + ", ".join(f"`{e}`" if e else '`""`' for e in sub["enum"]))
         if "minimum" in sub:
             rules.append(f"≥ {sub['minimum']}" if not sub.get("exclusiveMinimum") else f"> {sub['minimum']}")
-        if "maximum" in sub:
-            rules.append(f"≤ {sub['maximum']}")
-        if "pattern" in sub:
-            rules.append(f"matches `{sub['pattern']}`")
-        if "maxLength" in sub:
-            rules.append(f"at most {sub['maxLength']} characters")
-        if "maxItems" in sub:
-            rules.append(f"at most {sub['maxItems']} items")
+        rules += [words.format(sub[key]) for key, words in _BOUNDS.items() if key in sub]
         embedded = field in EMBEDDED_K8S
         for rule in [*(sub.get("x-kubernetes-validations") or []),
                      *((sub.get("items") or {}).get("x-kubernetes-validations") or [] if embedded else [])]:
