@@ -121,11 +121,6 @@ def lost_candidates(pod_list: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def lost_pods(cl: Cluster, candidates: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, str]]:
     """Of these pods (being deleted, not finished), those on a lost node, and why each such node is
     lost. Only pods being deleted are asked about, so a healthy round reads no Node."""
-    lost, why = [], {}
-    for pod in candidates:
-        node = pods.node_of(pod)
-        reason = cl.node_lost(node)
-        if reason:
-            lost.append(pod)
-            why[node] = reason
-    return lost, why
+    nodes = dict.fromkeys(pods.node_of(pod) for pod in candidates)  # each once, in order
+    why = {node: reason for node in nodes if (reason := cl.node_lost(node))}
+    return [pod for pod in candidates if pods.node_of(pod) in why], why

@@ -129,10 +129,8 @@ def _claims(pod: dict[str, Any]) -> list[str]:
 
 
 def _image(pod: dict[str, Any], container: str) -> str:
-    for c in (pod.get("spec") or {}).get("containers") or []:
-        if c.get("name") == container:
-            return str(c.get("image") or "")
-    return ""
+    containers = (pod.get("spec") or {}).get("containers") or []
+    return next((str(c.get("image") or "") for c in containers if c.get("name") == container), "")
 
 
 def waiting_reason(pod: dict[str, Any], events: list[dict[str, Any]] | None = None) -> Waiting | None:
