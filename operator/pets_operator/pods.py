@@ -365,11 +365,9 @@ def node_lost(node: dict[str, Any] | None) -> str | None:
     reports: not lost."""
     if node is None:
         return "its Node object was deleted"
-    ready = next((c for c in (node.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"),
-                 None)
-    if ready is not None and ready.get("status") == "Unknown":
-        return "Ready Unknown"
-    return None
+    conditions = (node.get("status") or {}).get("conditions") or []
+    ready: dict[str, Any] = next((c for c in conditions if c.get("type") == "Ready"), {})
+    return "Ready Unknown" if ready.get("status") == "Unknown" else None
 
 
 def vanished_failure(pods: list[dict[str, Any]], replicas: int,

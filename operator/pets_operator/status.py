@@ -426,10 +426,8 @@ def _while_active(result: Plan, spec: Spec, observed: Observed, ws: WorkloadStat
         result.suspend = bool(spec.suspend)
         result.suspend_workload = observed.workload["metadata"]["name"]
         status.pending_since = None
-        if spec.suspend:
-            phase, reason, message = api.SUSPENDED, "Suspending", "suspending the training"
-        else:
-            phase, reason, message = api.PENDING, "Resuming", "resuming the training"
+        phase, reason, message = ((api.SUSPENDED, "Suspending", "suspending the training") if spec.suspend
+                                  else (api.PENDING, "Resuming", "resuming the training"))
         result.events.append(Event("Normal", "Suspended" if spec.suspend else "Resumed", message))
         return phase, reason, message
     if phase == api.SUSPENDED:
