@@ -141,12 +141,10 @@ class JobBackend(Backend):
         st = workload.get("status") or {}
         active, ready = int(st.get("active") or 0), int(st.get("ready") or 0)
         start, done = _norm_ts(st.get("startTime")), _norm_ts(st.get("completionTime"))
-        if "Complete" in conds or "SuccessCriteriaMet" in conds:
-            c = conds.get("Complete") or conds["SuccessCriteriaMet"]
+        if c := conds.get("Complete") or conds.get("SuccessCriteriaMet"):
             return WorkloadState(api.SUCCEEDED, "JobComplete", c.get("message") or
                                  f"all {replicas} ranks finished", active, ready, start, done)
-        if "Failed" in conds or "FailureTarget" in conds:
-            c = conds.get("Failed") or conds["FailureTarget"]
+        if c := conds.get("Failed") or conds.get("FailureTarget"):
             reason = c.get("reason") or "JobFailed"
             if reason == self.permanent_reason and "DisruptionTarget" in str(c.get("message")):
                 reason = self.disrupted_reason  # children.build_job's second rule, not the exit code
@@ -221,8 +219,7 @@ class PyTorchJobBackend(Backend):
         if "Succeeded" in conds:
             return WorkloadState(api.SUCCEEDED, "PyTorchJobSucceeded", conds["Succeeded"].get("message") or
                                  "PyTorchJob succeeded", active, active, start, done)
-        if "Failed" in conds:
-            c = conds["Failed"]
+        if c := conds.get("Failed"):
             return WorkloadState(api.FAILED, c.get("reason") or "PyTorchJobFailed",
                                  c.get("message") or "PyTorchJob failed", active, active, start,
                                  done or _norm_ts(c.get("lastTransitionTime")))

@@ -50,17 +50,15 @@ def load_client_config(kubeconfig: str | None = None) -> client.Configuration:
     if reason:
         raise NoClusterError(reason)
     cfg = client.Configuration()
+    path = kubeconfig_path(os.environ, kubeconfig)  # resolved here: the client reads $KUBECONFIG on import
     try:
         if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
             config.load_incluster_config(client_configuration=cfg)
         else:
-            # resolved here: the client library reads $KUBECONFIG once, when it is imported
-            path = kubeconfig_path(os.environ, kubeconfig)
             config.load_kube_config(config_file=path, client_configuration=cfg)
     except config.ConfigException as exc:
         raise NoClusterError(f"cannot load cluster credentials: {exc}") from None
     except yaml.YAMLError as exc:
-        path = kubeconfig_path(os.environ, kubeconfig)
         raise NoClusterError(f"cannot load cluster credentials: {path} is not valid YAML: {exc}") from None
     return cfg
 
