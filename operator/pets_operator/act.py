@@ -57,8 +57,7 @@ def carry_out(ctx: Context, cl: Cluster, body: dict[str, Any], result: plan_type
     kbody = cast(kopf.Body, body)
     old_status = body.get("status") or {}
     new_status = result.status.to_dict()
-    wait = status_write_wait(ctx, cl.key, result, new_status, old_status)
-    if wait is not None:
+    if (wait := status_write_wait(ctx, cl.key, result, new_status, old_status)) is not None:
         return wait  # the whole round again then (its Events too: they are made against the stored status)
     refused: plan_types.Plan | None = None
     made: list[dict[str, Any]] = []

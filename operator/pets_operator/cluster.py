@@ -191,8 +191,7 @@ class Cluster:
         operator made it)."""
         ns = manifest["metadata"]["namespace"]
         try:
-            backend = backends.for_kind(manifest["apiVersion"], manifest["kind"])
-            if backend is not None:
+            if (backend := backends.for_kind(manifest["apiVersion"], manifest["kind"])) is not None:
                 created = self.custom.create_namespaced_custom_object(backend.group, backend.version, ns,
                                                                       backend.plural, manifest)
             elif manifest["kind"] == "Service":
@@ -219,8 +218,7 @@ class Cluster:
         """Delete a child (foreground). False: the API server has no such object (gone already)."""
         body = client.V1DeleteOptions(propagation_policy="Foreground")
         try:
-            backend = backends.for_kind(ref["apiVersion"], ref["kind"])
-            if backend is not None:
+            if (backend := backends.for_kind(ref["apiVersion"], ref["kind"])) is not None:
                 self.custom.delete_namespaced_custom_object(backend.group, backend.version, ref["namespace"],
                                                             backend.plural, ref["name"], body=body)
             elif ref["kind"] == "Service":

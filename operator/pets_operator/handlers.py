@@ -114,8 +114,7 @@ def register(registry: kopf.OperatorRegistry, ctx: Context) -> None:
         @kopf.on.event(*coordinates, registry=registry, labels=OURS, id=watch_id)
         async def child_changed(event: Mapping[str, Any], namespace: str | None, labels: Mapping[str, str],
                                 body: kopf.Body, **kwargs: Any) -> None:
-            key = child_key(namespace, labels)
-            if key:
+            if key := child_key(namespace, labels):
                 _start(ctx, kwargs)
                 if event.get("type") == "DELETED":  # what we created and the index never showed: gone
                     ctx.created.get(key, {}).pop((str(body.get("kind")), body["metadata"]["name"]), None)

@@ -104,8 +104,7 @@ def mirror_summary(status: Status, summary: dict[str, Any], total_epochs: int) -
             setattr(status, snake(str(gauge.field)), gauge.kind(value))
     if summary.get(summary_keys.STATUS) == summary_keys.SUCCEEDED and is_count(status.steps_total):
         status.step = status.steps_total  # every step of the run was taken
-    report = summary.get(summary_keys.DATASET)
-    if isinstance(report, dict):
+    if isinstance(report := summary.get(summary_keys.DATASET), dict):
         counts = {str(gauge.field): report[gauge.summary_key] for gauge in DATASET_GAUGES
                   if gauge.summary_key and is_count(report.get(gauge.summary_key))}
         mirror_dataset(status, counts, report.get("layout"))

@@ -313,8 +313,7 @@ def first_failure(pods: list[dict[str, Any]], rank_of: Callable[[dict[str, Any]]
     log_tail = None if summary is not None or not term.get("message") else \
         "\n".join(str(term["message"]).rstrip("\n").splitlines()[-LOG_TAIL_LINES:])
     node = (pod.get("spec") or {}).get("nodeName")
-    disruption = _disruption(pod)
-    if disruption:
+    if disruption := _disruption(pod):
         cause, by_cluster = disruption, True
         target = _condition(pod, "DisruptionTarget") or {}
         message = str(_status(pod).get("message") or target.get("message") or disruption)

@@ -46,8 +46,7 @@ def missing_cluster(env: Mapping[str, str], kubeconfig: str | None = None) -> st
 
 def load_client_config(kubeconfig: str | None = None) -> client.Configuration:
     """In-cluster service account credentials, else the kubeconfig (explicit path, $KUBECONFIG, default)."""
-    reason = missing_cluster(os.environ, kubeconfig)
-    if reason:
+    if reason := missing_cluster(os.environ, kubeconfig):
         raise NoClusterError(reason)
     cfg = client.Configuration()
     path = kubeconfig_path(os.environ, kubeconfig)  # resolved here: the client reads $KUBECONFIG on import

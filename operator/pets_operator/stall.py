@@ -97,8 +97,7 @@ STALL_STEPS = 20  # this many steps' time without progress
 def stall_bound(spec: Spec, status: Status) -> float | None:
     """Seconds without progress after which a Running training is Stalled: spec.stallTimeoutSeconds,
     else 20 of its own steps (at least 2 minutes), once it has taken a step to measure."""
-    explicit = (spec.scheduling or {}).get("stallTimeoutSeconds")
-    if explicit:
+    if explicit := (spec.scheduling or {}).get("stallTimeoutSeconds"):
         return float(explicit)
     steps, elapsed = status.step, status.elapsed_seconds
     if not steps or not elapsed:

@@ -461,8 +461,7 @@ def _from_pods(result: Plan, spec: Spec, observed: Observed) -> tuple[str, str, 
     if running >= replicas:
         return api.RUNNING, "PodsRunning", f"{running}/{replicas} pods running"
     waiting = pods.worst_waiting(pod_list, observed.pod_events)
-    refused = pods.create_refused(observed.workload_refusals) if len(pod_list) < replicas else None
-    if refused is not None:
+    if len(pod_list) < replicas and (refused := pods.create_refused(observed.workload_refusals)) is not None:
         waiting = refused, replicas - len(pod_list)
     if waiting is None:
         return api.PENDING, "WaitingForPods", f"{running}/{replicas} pods running, waiting for the rest"
@@ -481,8 +480,7 @@ def _ttl(result: Plan, spec: Spec, status: Status, now: datetime) -> None:
     done = status.completion_time
     if ttl is None or not done:
         return
-    left = (parse_timestamp(done) - now).total_seconds() + ttl
-    if left <= 0:
+    if (left := (parse_timestamp(done) - now).total_seconds() + ttl) <= 0:
         result.delete_self = True
     else:
         result.requeue_after = left
