@@ -41,11 +41,6 @@ class Observed:
     lost_pods: list[dict[str, Any]] = field(default_factory=list)
     lost_nodes: dict[str, str] = field(default_factory=dict)
 
-    def workload_state(self, replicas: int) -> WorkloadState | None:
-        if self.workload is None:
-            return None
-        return self.state or self.backend.state(self.workload, replicas)
-
 
 @dataclass
 class Event:

@@ -79,8 +79,7 @@ def plan(
     else:
         goodput.begin(r.status, r.meta.get("creationTimestamp"), now)
         policy = _service_and_network_policy(r)
-        size = r.size
-        ws = _ranks_decide_success(observed.workload_state(size), observed, size)
+        ws = _workload_state(observed, r.size)
         if observed.workload is None or ws is None:
             _without_workload(r, policy)
         else:
@@ -323,11 +322,14 @@ def _claim_of_another(claim: dict[str, Any] | None, uid: str | None) -> bool:
     return bool(meta.get("deletionTimestamp")) or (bool(owners) and uid not in owners)
 
 
-def _ranks_decide_success(ws: WorkloadState | None, observed: Observed, replicas: int
-                          ) -> WorkloadState | None:
-    """Succeeded as soon as every rank's pod has: the workload's own Complete follows, as its controller
-    catches up (a Succeeded pod is never undone, so the training's result cannot change)."""
-    if ws is None or ws.phase in api.FINISHED_PHASES or not observed.pods:
+def _workload_state(observed: Observed, replicas: int) -> WorkloadState | None:
+    """The workload's state (None: there is none), Succeeded as soon as every rank's pod has: the
+    workload's own Complete follows, as its controller catches up (a Succeeded pod is never undone, so
+    the training's result cannot change)."""
+    if observed.workload is None:
+        return None
+    ws = observed.state or observed.backend.state(observed.workload, replicas)
+    if ws.phase in api.FINISHED_PHASES or not observed.pods:
         return ws
     finished = pods.all_ranks_succeeded(observed.pods, replicas, observed.backend.rank_of)
     if finished is None:
