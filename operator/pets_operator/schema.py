@@ -451,15 +451,12 @@ def immutability_validations() -> list[dict[str, str]]:
                "oldObject.status.workloadActive && "
                "!(has(oldObject.spec.suspend) && oldObject.spec.suspend) && "
                "!(has(object.spec.suspend) && object.spec.suspend)")
-    validations = []
-    for key in immutable_while_running():
-        same = (f"has(object.spec.{key}) == has(oldObject.spec.{key}) && "
-                f"(!has(object.spec.{key}) || object.spec.{key} == oldObject.spec.{key})")
-        validations.append({
-            "expression": f"!({running}) || ({same})",
-            "message": f"spec.{key} is immutable while the training's workload runs: set spec.suspend: "
-                       f"true with the edit, or before it (the edit is applied on resume), or recreate the "
-                       f"PetsTraining",
-            "reason": "Invalid",
-        })
-    return validations
+    same = ("has(object.spec.{key}) == has(oldObject.spec.{key}) && "
+            "(!has(object.spec.{key}) || object.spec.{key} == oldObject.spec.{key})")
+    return [{
+        "expression": f"!({running}) || ({same.format(key=key)})",
+        "message": f"spec.{key} is immutable while the training's workload runs: set spec.suspend: "
+                   f"true with the edit, or before it (the edit is applied on resume), or recreate the "
+                   f"PetsTraining",
+        "reason": "Invalid",
+    } for key in immutable_while_running()]
