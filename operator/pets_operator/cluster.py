@@ -241,16 +241,12 @@ class Cluster:
         """Kueue's Workload for our workload: (whether Kueue's API is served, the Workload or None).
         Kueue labels it with the owner's uid and sets the owner as its controller."""
         uid = workload["metadata"]["uid"]
-        try:
+        with unless(404):  # Kueue's API is not served
             listed = cast(dict[str, Any], self.custom.list_namespaced_custom_object(
                 KUEUE_GROUP, KUEUE_VERSION, self.namespace, "workloads",
                 label_selector=f"{KUEUE_GROUP}/job-uid={uid}"))
-            found: list[dict[str, Any]] = listed["items"]
-        except ApiException as exc:
-            if exc.status == 404:
-                return False, None
-            raise
-        return True, next((w for w in found if owned_by(w, uid)), None)
+            return True, next((w for w in listed["items"] if owned_by(w, uid)), None)
+        return False, None
 
     def set_queue_active(self, name: str, value: bool) -> None:
         """Kueue's own suspend switch: an inactive Workload is evicted and stays out of the queue."""

@@ -14,6 +14,7 @@ from kubernetes import client
 
 from pets_operator import api, backends, metrics, observe, workqueue
 from pets_operator.backends import parse_timestamp
+from pets_operator.cluster import unless
 from pets_operator.observe import Key
 from pets_operator.scraper import Scraper, Target
 from pets_operator.settings import Settings
@@ -76,13 +77,10 @@ class Context:
 
     def read_training(self, key: Key) -> dict[str, Any] | None:
         """The training as the API server has it now (None: gone). Blocking: run it in a thread."""
-        try:
+        with unless(404):  # gone: the index's deletion event will say so
             return cast(dict[str, Any], client.CustomObjectsApi(self.api_client).get_namespaced_custom_object(
                 api.GROUP, api.VERSION, key[0], api.PLURAL, key[1]))
-        except client.ApiException as exc:
-            if exc.status == 404:
-                return None  # the index's deletion event will say so
-            raise
+        return None
 
     def reread_as(self, key: Key, body: dict[str, Any] | None) -> None:
         """After a takeover, the training as just read, kept as our own newest write would be: `snapshot`
