@@ -190,34 +190,29 @@ class Cluster:
         """Create a child and return it as created; None when it already exists (an earlier reconcile or
         operator made it)."""
         ns = manifest["metadata"]["namespace"]
-        try:
+        with unless(409):  # it exists already
             if (backend := backends.for_kind(manifest["apiVersion"], manifest["kind"])) is not None:
                 created = self.custom.create_namespaced_custom_object(backend.group, backend.version, ns,
                                                                       backend.plural, manifest)
             elif manifest["kind"] == "Service":
-                service = self.core.create_namespaced_service(ns, cast(client.V1Service, manifest))
-                created = self._dict(service)
+                created = self._dict(self.core.create_namespaced_service(
+                    ns, cast(client.V1Service, manifest)))
             elif manifest["kind"] == "PersistentVolumeClaim":
-                claim = self.core.create_namespaced_persistent_volume_claim(
-                    ns, cast(client.V1PersistentVolumeClaim, manifest))
-                created = self._dict(claim)
+                created = self._dict(self.core.create_namespaced_persistent_volume_claim(
+                    ns, cast(client.V1PersistentVolumeClaim, manifest)))
             elif manifest["kind"] == "NetworkPolicy":
-                policy = self.networking.create_namespaced_network_policy(
-                    ns, cast(client.V1NetworkPolicy, manifest))
-                created = self._dict(policy)
+                created = self._dict(self.networking.create_namespaced_network_policy(
+                    ns, cast(client.V1NetworkPolicy, manifest)))
             else:
                 raise ValueError(f"no API known for {manifest['apiVersion']} {manifest['kind']}")
-        except ApiException as exc:
-            if exc.status == 409:
-                return None
-            raise
-        metrics.CHILDREN_CREATED.labels(kind=manifest["kind"]).inc()
-        return cast(dict[str, Any], created)
+            metrics.CHILDREN_CREATED.labels(kind=manifest["kind"]).inc()
+            return cast(dict[str, Any], created)
+        return None
 
     def delete(self, ref: dict[str, Any]) -> bool:
         """Delete a child (foreground). False: the API server has no such object (gone already)."""
         body = client.V1DeleteOptions(propagation_policy="Foreground")
-        try:
+        with unless(404):  # gone already
             if (backend := backends.for_kind(ref["apiVersion"], ref["kind"])) is not None:
                 self.custom.delete_namespaced_custom_object(backend.group, backend.version, ref["namespace"],
                                                             backend.plural, ref["name"], body=body)
@@ -227,11 +222,8 @@ class Cluster:
                 self.networking.delete_namespaced_network_policy(ref["name"], ref["namespace"], body=body)
             else:
                 raise ValueError(f"no API known for {ref['apiVersion']} {ref['kind']}")
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-            return False
-        return True
+            return True
+        return False
 
     def set_suspend(self, backend: backends.Backend, name: str, value: bool) -> None:
         self.custom.patch_namespaced_custom_object(backend.group, backend.version, self.namespace,
