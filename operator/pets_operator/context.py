@@ -156,10 +156,9 @@ class Context:
 
     def scrape_targets(self) -> Iterable[Target]:
         """Rank 0 of every Running training, from the indices."""
-        for (namespace, name), phase in self.phases.items():
+        for key, phase in self.phases.items():
             if phase != api.RUNNING:
                 continue
-            key = (namespace, name)
             body = observe.newest(self._indexed(TRAININGS_INDEX, key))
             if body is None:
                 continue

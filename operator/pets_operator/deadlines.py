@@ -46,11 +46,9 @@ class Paused:
 def deadline_left(spec: Spec, status: Status, now: datetime) -> float | None:
     """Seconds left of spec.activeDeadlineSeconds, counted from status.startTime without the time paused
     (status.deadline); None without a deadline. Before the training has started, all of it."""
-    limit = spec.active_deadline_seconds
-    if not limit:
+    if not (limit := spec.active_deadline_seconds):
         return None
-    start = status.start_time
-    if not start:
+    if not (start := status.start_time):
         return float(limit)
     return float(limit) - ((now - parse_timestamp(start)).total_seconds() - Paused.of(status).total(now))
 
