@@ -146,14 +146,11 @@ class Cluster:
         confirm its end. Only that very pod (`uid`); replaced is fine. False: no such pod (gone already)."""
         body = client.V1DeleteOptions(grace_period_seconds=0,
                                       preconditions=client.V1Preconditions(uid=uid) if uid else None)
-        try:
-            self.core.delete_namespaced_pod(name, self.namespace, grace_period_seconds=0, body=body)
-        except ApiException as exc:
-            if exc.status == 404:
-                return False
-            if exc.status != 409:
-                raise
-        return True
+        with unless(404):  # gone already
+            with unless(409):  # replaced: that pod is gone
+                self.core.delete_namespaced_pod(name, self.namespace, grace_period_seconds=0, body=body)
+            return True
+        return False
 
     def pod_warnings(self, pod_names: list[str]) -> dict[str, list[dict[str, Any]]]:
         """Warning Events of these pods (mount failures are reported nowhere else)."""
