@@ -150,9 +150,7 @@ class Context:
         return Snapshot(body, children["Job"], children["Pod"], children["Service"])
 
     def _indexed(self, index_id: str, key: Key) -> list[dict[str, Any]]:
-        index = self.indices.get(index_id)
-        store = index.get(key) if index is not None else None
-        return list(store) if store is not None else []
+        return list((self.indices.get(index_id) or {}).get(key) or [])
 
     def scrape_targets(self) -> Iterable[Target]:
         """Rank 0 of every Running training, from the indices."""

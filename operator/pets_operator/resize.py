@@ -127,10 +127,8 @@ def placed_after_node_loss(spec: Spec, observed: Observed, status: Status, size:
     waited = (now - parse_timestamp(since)).total_seconds()
     if waited < int(spec.placement.get("nodeLostSeconds", 30)):
         return None
-    placed = sum(1 for p in pod_list if pods.scheduled_at(p) or (p.get("spec") or {}).get("nodeName"))
-    if placed >= size or (fits := fitting(spec, status, placed)) is None:
-        return None
-    return fits
+    placed = sum(1 for p in pod_list if pods.scheduled_at(p) or pods.node_of(p))
+    return None if placed >= size else fitting(spec, status, placed)
 
 
 def built_size(workload: dict[str, Any]) -> int | None:
