@@ -79,17 +79,10 @@ def book_phase(status: Status, old_phase: str | None, phase: str, now: datetime,
     book["phaseSince"] = timestamp(end)
 
 
-def _run(status: Status, attempt: int, started: str | None) -> dict[str, Any]:
-    """The entry of one run of the trainer, with the world size it runs at: an attempt, or a part of one
-    (a Kueue preemption or a suspension stops its pods, and the same attempt's workload starts new
-    ones), told apart by when rank 0's container started (None: the newest run of that attempt)."""
-    run = _entry(_book(status), attempt, started)
-    if status.replicas:
-        run["worldSize"] = int(status.replicas)
-    return run
-
-
 def _entry(book: dict[str, Any], attempt: int, started: str | None) -> dict[str, Any]:
+    """The entry of one run of the trainer: an attempt, or a part of one (a Kueue preemption or a
+    suspension stops its pods, and the same attempt's workload starts new ones), told apart by when rank
+    0's container started (None: the newest run of that attempt)."""
     runs = book.setdefault("attempts", [])
     newest = next((run for run in reversed(runs) if run.get("attempt") == attempt), None)
     if newest is not None and (started is None or newest.get("startedAt") in (None, started)):
@@ -130,7 +123,9 @@ def _resumed_at(book: dict[str, Any], run: dict[str, Any], first_step: int) -> N
 def _read(status: Status, attempt: int, started: str | None, times: dict[str, Any],
           first_step: Any) -> dict[str, Any]:
     """One run's split (`times`: each part's field -> the value read) and the step it resumed at."""
-    run = _run(status, attempt, started)
+    run = _entry(_book(status), attempt, started)
+    if status.replicas:  # the world size it runs at
+        run["worldSize"] = int(status.replicas)
     run.update({key: value for key, raw in times.items() if (value := _seconds(raw)) is not None})
     if (first := _seconds(first_step)) is not None:
         _resumed_at(_book(status), run, int(first))
