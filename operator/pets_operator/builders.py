@@ -146,6 +146,11 @@ def labels(name: str, component: str) -> dict[str, str]:
     }
 
 
+def metadata(target: Target, name: str, component: str) -> dict[str, Any]:
+    """Metadata of a child of the training: its name, its namespace and the training's labels."""
+    return {"name": name, "namespace": target.namespace, "labels": labels(target.name, component)}
+
+
 def selector(name: str) -> dict[str, str]:
     return {api.LABEL_TRAINING: name, api.LABEL_COMPONENT: "trainer"}
 

@@ -37,12 +37,6 @@ def _claim(metadata: dict[str, Any], access_modes: list[str], wanted: Mapping[st
     return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": metadata, "spec": spec}
 
 
-def output_access_modes(spec: Spec) -> list[str]:
-    """spec.output.managedClaim's access modes; unset: gang_access_modes."""
-    claim = api.output_of(spec)["managedClaim"]
-    return list(claim.get("accessModes") or builders.gang_access_modes(spec))
-
-
 def build_output_claim(spec: Spec, target: builders.Target) -> dict[str, Any] | None:
     """The PersistentVolumeClaim of spec.output.managedClaim, or None for another output. With
     retentionPolicy Retain it carries the output-retention label, and the operator gives it no owner
@@ -50,11 +44,10 @@ def build_output_claim(spec: Spec, target: builders.Target) -> dict[str, Any] | 
     claim = api.output_of(spec).get("managedClaim")
     if claim is None:
         return None
-    retention = claim.get("retentionPolicy") or "Delete"
-    return _claim({"name": builders.output_claim_name(target.name), "namespace": target.namespace,
-                   "labels": builders.labels(target.name, "output")
-                   | {api.LABEL_OUTPUT_RETENTION: retention}},
-                  output_access_modes(spec), claim, api.DEFAULT_OUTPUT_CLAIM_SIZE)
+    metadata = builders.metadata(target, builders.output_claim_name(target.name), "output")
+    metadata["labels"][api.LABEL_OUTPUT_RETENTION] = claim.get("retentionPolicy") or "Delete"
+    access_modes = list(claim.get("accessModes") or builders.gang_access_modes(spec))  # unset: the gang's
+    return _claim(metadata, access_modes, claim, api.DEFAULT_OUTPUT_CLAIM_SIZE)
 
 
 def owned(manifest: dict[str, Any]) -> bool:
@@ -69,11 +62,7 @@ def build_service(spec: Spec, target: builders.Target) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {
-            "name": builders.service_name(target.name),
-            "namespace": target.namespace,
-            "labels": builders.labels(target.name, "rendezvous"),
-        },
+        "metadata": builders.metadata(target, builders.service_name(target.name), "rendezvous"),
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
@@ -104,11 +93,7 @@ def build_network_policy(spec: Spec, target: builders.Target) -> dict[str, Any] 
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
-        "metadata": {
-            "name": target.name,
-            "namespace": target.namespace,
-            "labels": builders.labels(target.name, "network-policy"),
-        },
+        "metadata": builders.metadata(target, target.name, "network-policy"),
         "spec": {
             **trainers,
             "policyTypes": ["Ingress"],
