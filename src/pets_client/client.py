@@ -248,6 +248,11 @@ class PetsTrainingClient(ServeMixin):
         except ApiException as exc:
             raise self._error(exc, what, name) from None
 
+    def _custom(self, what: str, verb: str, *args: Any, **kwargs: Any) -> Any:
+        """``<verb>_namespaced_custom_object`` on the namespace's PetsTrainings, through :meth:`_call`."""
+        return self._call(what, getattr(self.custom, f"{verb}_namespaced_custom_object"), _api.GROUP,
+                          _api.VERSION, self.namespace, _api.PLURAL, *args, **kwargs)
+
     # ------------------------------------------------------------------ CRUD
 
     def train(self, spec: dict[str, Any] | None = None, /, *, name: str | None = None,
@@ -290,8 +295,7 @@ class PetsTrainingClient(ServeMixin):
         claim = up.check_claim_name(claim or up.dataset_claim_name(metadata["name"]))
         up.with_dataset(body, claim, sub)
         body["metadata"].pop("namespace", None)
-        self._call("checking the PetsTraining (dry run)", self.custom.create_namespaced_custom_object,
-                   _api.GROUP, _api.VERSION, self.namespace, _api.PLURAL, body, dry_run="All")
+        self._custom("checking the PetsTraining (dry run)", "create", body, dry_run="All")
         train_spec = body["spec"]
         result = self._upload(files, claim, sub, image=str(train_spec.get("image") or _api.DEFAULT_IMAGE),
                               access_modes=up.data_access_modes(int(train_spec.get("replicas") or 1)),
@@ -303,14 +307,12 @@ class PetsTrainingClient(ServeMixin):
 
     def _create(self, body: dict[str, Any]) -> str:
         body["metadata"].pop("namespace", None)
-        created = self._call("creating the PetsTraining", self.custom.create_namespaced_custom_object,
-                             _api.GROUP, _api.VERSION, self.namespace, _api.PLURAL, body)
+        created = self._custom("creating the PetsTraining", "create", body)
         return str(created["metadata"]["name"])
 
     def get(self, name: str) -> dict[str, Any]:
         """The PetsTraining object (a dict)."""
-        return self._call(f"reading {name}", self.custom.get_namespaced_custom_object,  # type: ignore[no-any-return]
-                          _api.GROUP, _api.VERSION, self.namespace, _api.PLURAL, name, name=name)
+        return self._custom(f"reading {name}", "get", name, name=name)  # type: ignore[no-any-return]
 
     def status(self, name: str) -> dict[str, Any]:
         """Its status (empty until the operator has written one)."""
@@ -318,21 +320,17 @@ class PetsTrainingClient(ServeMixin):
 
     def list(self) -> builtins.list[dict[str, Any]]:
         """Every PetsTraining of the namespace, oldest first."""
-        items = self._call("listing PetsTrainings", self.custom.list_namespaced_custom_object,
-                           _api.GROUP, _api.VERSION, self.namespace, _api.PLURAL)["items"]
+        items = self._custom("listing PetsTrainings", "list")["items"]
         return sorted(items, key=lambda o: (o["metadata"].get("creationTimestamp") or "",
                                             o["metadata"]["name"]))
 
     def delete(self, name: str) -> None:
         """Delete it; its Job, Service and pods go with it (owner references)."""
-        self._call(f"deleting {name}", self.custom.delete_namespaced_custom_object,
-                   _api.GROUP, _api.VERSION, self.namespace, _api.PLURAL, name,
-                   body={"propagationPolicy": "Background"}, name=name)
+        self._custom(f"deleting {name}", "delete", name, body={"propagationPolicy": "Background"}, name=name)
 
     def _set_suspend(self, name: str, value: bool) -> dict[str, Any]:
-        return self._call(f"patching {name}", self.custom.patch_namespaced_custom_object,  # type: ignore[no-any-return]
-                          _api.GROUP, _api.VERSION, self.namespace, _api.PLURAL, name,
-                          {"spec": {"suspend": value}}, name=name)
+        return self._custom(f"patching {name}", "patch", name, {"spec": {"suspend": value}},  # type: ignore[no-any-return]
+                            name=name)
 
     def suspend(self, name: str) -> None:
         """spec.suspend = true: the operator suspends the Job and its pods go."""
@@ -359,11 +357,14 @@ class PetsTrainingClient(ServeMixin):
         deadline = None if timeout is None else time.monotonic() + timeout
         reporter = _Reporter(name, progress, file)
         status: dict[str, Any] = {}
-        try:
+
+        def read() -> tuple[dict[str, Any], str]:  # the object afresh: its status and resourceVersion
             obj = self.get(name)
-            status = obj.get("status") or {}
-            reporter.update(status)
-            version = obj["metadata"]["resourceVersion"]
+            reporter.update(obj.get("status") or {})
+            return obj.get("status") or {}, obj["metadata"]["resourceVersion"]
+
+        try:
+            status, version = read()
             while status.get("phase") not in _api.FINISHED_PHASES:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
@@ -397,10 +398,7 @@ class PetsTrainingClient(ServeMixin):
                 except ApiException as exc:
                     if exc.status != 410:  # 410 Gone: our resourceVersion is too old; read afresh
                         raise self._error(exc, f"watching {name}", name) from None
-                    obj = self.get(name)
-                    status = obj.get("status") or {}
-                    reporter.update(status)
-                    version = obj["metadata"]["resourceVersion"]
+                    status, version = read()
         except BaseException:
             reporter.close(None)
             raise
