@@ -30,7 +30,7 @@ from typing import Any
 import yaml
 
 from ._api import OUTPUT_FILES, __version__
-from .errors import PetsClientError, WaitTimeoutError, terminal_text
+from .errors import PetsClientError, terminal_text
 from .progress import final_accuracy
 
 
@@ -203,8 +203,7 @@ def run(args: argparse.Namespace) -> int:
         paths = pets.fetch(args.name, args.dir)
         for path in paths:
             print(path)
-        wanted = set(OUTPUT_FILES)
-        missing = sorted(wanted - {p.name for p in paths})
+        missing = sorted(set(OUTPUT_FILES) - {p.name for p in paths})
         if missing:
             print(f"not written (yet): {', '.join(missing)}", file=sys.stderr)
         return 0
@@ -236,9 +235,6 @@ def main(argv: list[str] | None = None) -> int:
         p.error("tensorboard takes a training's NAME or --all, one of the two")
     try:
         return run(args)
-    except WaitTimeoutError as exc:
-        print(terminal_text(f"error: {exc}"), file=sys.stderr)
-        return 1
     except PetsClientError as exc:
         print(terminal_text(f"error: {exc}"), file=sys.stderr)
         return 1

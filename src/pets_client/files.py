@@ -5,6 +5,7 @@ hardening, and move the bytes over exec (`transfer`, `batches`, `upload`)."""
 from __future__ import annotations
 
 import builtins
+import contextlib
 import io
 import os
 import time
@@ -72,11 +73,9 @@ class FilesMixin:
         if job:
             from kubernetes.client.exceptions import ApiException
 
-            try:
+            with contextlib.suppress(ApiException):
                 found: Any = self.batch.read_namespaced_job(job, self.namespace)
                 return str(found.spec.template.spec.containers[0].image)
-            except ApiException:
-                pass
         return str(spec.get("image") or _api.DEFAULT_IMAGE)
 
     def fetch(self, name: str, dest: str | os.PathLike[str], *, files: builtins.list[str] | None = None,
@@ -117,12 +116,13 @@ class FilesMixin:
                                  "(the training has not written them)")
             return got
         finally:
-            from kubernetes.client.exceptions import ApiException
+            self._delete_pod(pod_name)
 
-            try:
-                self.core.delete_namespaced_pod(pod_name, self.namespace, grace_period_seconds=0)
-            except ApiException:
-                pass
+    def _delete_pod(self, pod: str) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        with contextlib.suppress(ApiException):
+            self.core.delete_namespaced_pod(pod, self.namespace, grace_period_seconds=0)
 
     def _wait_pod_running(self, pod: str, timeout: float, *, role: str = "fetch",
                           error: type[PetsClientError] = FetchError) -> None:
@@ -224,7 +224,6 @@ class FilesMixin:
         """True when the claim was made here; UploadError when an existing one is too small."""
         from kubernetes.client.exceptions import ApiException
 
-
         try:
             found = self.core.read_namespaced_persistent_volume_claim(claim, self.namespace)
         except ApiException as exc:
@@ -242,9 +241,6 @@ class FilesMixin:
     def _upload(self, files: builtins.list[up.LocalFile], claim: str, sub: str, *, image: str,
                 access_modes: builtins.list[str], storage_class: str | None, progress: bool,
                 file: IO[str] | None, timeout: float, scheduling: dict[str, Any] | None) -> up.UploadResult:
-        from kubernetes.client.exceptions import ApiException
-
-
         total = sum(f.size for f in files)
         created = self._ensure_claim(claim, total, access_modes, storage_class)
         pod = self._call("creating the upload pod", self.core.create_namespaced_pod, self.namespace,
@@ -277,7 +273,4 @@ class FilesMixin:
                                    skipped=len(skip), bytes_copied=sum(f.size for f in copy_),
                                    created_claim=created)
         finally:
-            try:
-                self.core.delete_namespaced_pod(pod_name, self.namespace, grace_period_seconds=0)
-            except ApiException:
-                pass
+            self._delete_pod(pod_name)

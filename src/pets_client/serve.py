@@ -216,9 +216,3 @@ class ServeMixin(FilesMixin):
             log = ""
         reason = got.status.reason or got.status.phase
         return terminal_text(f"the TensorBoard pod {pod} ended ({reason})" + (f":\n{log}" if log else ""))
-
-    def _delete_pod(self, pod: str) -> None:
-        from kubernetes.client.exceptions import ApiException
-
-        with contextlib.suppress(ApiException):
-            self.core.delete_namespaced_pod(pod, self.namespace, grace_period_seconds=0)
