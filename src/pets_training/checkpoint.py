@@ -31,11 +31,11 @@ import os
 import re
 import shutil
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .contract import ATTEMPT, PermanentError, attempt_number
+from .contract import ATTEMPT, PermanentError
 
 log = logging.getLogger("pets_training")
 
@@ -44,9 +44,6 @@ POSITION_PATTERN = re.compile(r"^epoch_(\d+)(?:_step_(\d+))?$")
 # (whole epochs done, steps done in the next epoch): epoch_3 is (3, 0), epoch_3_step_40 is (3, 40)
 Position = tuple[int, int]
 STATE_FILE = "trainer_state.json"
-# Set by the operator on the trainer container: the attempt (gang restart) this pod belongs to, 0 first.
-# Unset (a plain `docker run`, `make train`): no fence.
-ATTEMPT_ENV = ATTEMPT
 ATTEMPT_FILE = "attempt"  # in the checkpoint directory: the newest attempt that claimed it
 # Written by rank 0 at start as SHARE_PROBE + a random token; every machine that sees it shares the directory.
 SHARE_PROBE = ".share-probe-"
@@ -55,11 +52,6 @@ SHARE_PROBE = ".share-probe-"
 class SupersededError(PermanentError):
     """A newer attempt owns the checkpoint directory: this trainer stops without writing to it. Permanent
     (exit 78): no restart of this attempt can become the owner again."""
-
-
-def attempt_from_env(env: Mapping[str, str]) -> int | None:
-    """``$PETS_ATTEMPT`` as an integer of at least 0, or None when unset (no fence)."""
-    return attempt_number(env)
 
 
 def read_attempt(directory: Path) -> int | None:
@@ -86,7 +78,7 @@ def claim(directory: Path, attempt: int) -> None:
     if owner is not None and owner > attempt:
         raise SupersededError(
             f"attempt {owner} owns {str(directory)!r} now; attempt {attempt} stops without writing "
-            f"(the checkpoint fence: its {ATTEMPT_FILE} file holds {owner}, {ATTEMPT_ENV}={attempt})"
+            f"(the checkpoint fence: its {ATTEMPT_FILE} file holds {owner}, {ATTEMPT}={attempt})"
         )
     if owner == attempt:
         return

@@ -34,9 +34,9 @@ from pets_contract.names import (
     SUMMARY_FILE,
 )
 
-from .checkpoint import attempt_from_env, claim
+from .checkpoint import claim
 from .config import TrainConfig, resolve, to_yaml
-from .contract import PodContract, ProcessContext, take_process_start
+from .contract import PodContract, ProcessContext, attempt_number, take_process_start
 from .data import build_data, check_fits_world, report_counts, write_report
 from .finish import end_run, finish_run
 from .inputs import EvalStoreBuild, evaluate, start_worker_server, train_loader
@@ -91,7 +91,7 @@ def training_function(
     cfg = config if isinstance(config, TrainConfig) else resolve(overrides=config or {})
     pod = PodContract.from_env(os.environ) if pod is None else pod
     process = ProcessContext.from_env(os.environ) if process is None else process
-    attempt = attempt_from_env(os.environ)
+    attempt = attempt_number(os.environ)  # the checkpoint fence's token (None: no fence)
     if attempt is not None and cfg.checkpoints and process.local_rank == 0:
         # before anything else: a superseded trainer stops here, having written nothing
         claim(cfg.resolved_checkpoint_dir(pod.output_dir), attempt)

@@ -13,10 +13,8 @@ import pytest
 
 from pets_training import checkpoint, contract
 from pets_training.checkpoint import (
-    ATTEMPT_ENV,
     ATTEMPT_FILE,
     SupersededError,
-    attempt_from_env,
     claim,
     list_checkpoints,
     read_attempt,
@@ -46,13 +44,13 @@ def _names(directory: Path) -> list[str]:
 
 
 def test_the_attempt_comes_from_the_env_and_is_optional() -> None:
-    assert attempt_from_env({}) is None
-    assert attempt_from_env({ATTEMPT_ENV: " "}) is None
-    assert attempt_from_env({ATTEMPT_ENV: "0"}) == 0
-    assert attempt_from_env({ATTEMPT_ENV: "3"}) == 3
+    assert contract.attempt_number({}) is None
+    assert contract.attempt_number({contract.ATTEMPT: " "}) is None
+    assert contract.attempt_number({contract.ATTEMPT: "0"}) == 0
+    assert contract.attempt_number({contract.ATTEMPT: "3"}) == 3
     for bad in ("two", "-1"):
-        with pytest.raises(contract.ContractError, match=f"{ATTEMPT_ENV} must"):
-            attempt_from_env({ATTEMPT_ENV: bad})
+        with pytest.raises(contract.ContractError, match=f"{contract.ATTEMPT} must"):
+            contract.attempt_number({contract.ATTEMPT: bad})
 
 
 def test_claim_writes_the_attempt_and_only_a_larger_one_replaces_it(tmp_path: Path) -> None:
@@ -140,7 +138,7 @@ TINY = {
 
 def _env(attempt: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != contract.EXIT_CODE_FILE}
-    return {**env, ATTEMPT_ENV: attempt}
+    return {**env, contract.ATTEMPT: attempt}
 
 
 @pytest.mark.timeout(120)
