@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import copy
 import hashlib
 import os
@@ -280,10 +281,8 @@ def _make_dirs(root: Path, name: str) -> None:
     here = root
     for part in name.split("/")[:-1]:
         here = here / part
-        try:
+        with contextlib.suppress(FileExistsError):
             here.mkdir()
-        except FileExistsError:
-            pass
         if here.is_symlink() or not here.is_dir():
             target_path(root, name)  # a link that stays inside is fine; one that leads out is refused
             if not here.is_dir():

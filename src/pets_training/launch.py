@@ -17,6 +17,7 @@ accelerate's own exit code (128+N for a death by signal N).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -199,18 +200,12 @@ def run_child(command: Sequence[str], env: Mapping[str, str]) -> int:
 
     def forward(signum: int, _frame: object) -> None:
         log.info("got signal %d: passing it to accelerate launch (pid %d)", signum, child.pid)
-        try:
+        with contextlib.suppress(OSError):  # already gone
             child.send_signal(signum)
-        except OSError:
-            pass  # already gone
 
     previous = {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
     try:
-        while True:
-            try:
-                return exit_status(child.wait())
-            except InterruptedError:  # pragma: no cover - PEP 475 retries, kept for safety
-                continue
+        return exit_status(child.wait())  # a wait the handler interrupts is retried (PEP 475)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
