@@ -67,8 +67,6 @@ from pets_contract import env, exits, gauges
 STEP, STEPS_TOTAL, TRAIN_SECONDS, RESUME_STEP = (
     gauges.BY_KEY[key].name for key in ("step", "steps_total", "train_seconds_total", "resume_step"))
 
-STOPPED_EXIT_CODE = exits.STOPPED
-
 
 @dataclass(frozen=True)
 class Scenario:
@@ -309,7 +307,7 @@ def run_scenario(
         scenario.processes,
     )
     first_wall = time.monotonic() - started
-    expected = STOPPED_EXIT_CODE if scenario.signal == signal.SIGTERM else -scenario.signal
+    expected = exits.STOPPED if scenario.signal == signal.SIGTERM else -scenario.signal
     if first["exit_code"] != expected:
         raise RuntimeError(f"{scenario.key}: the trainer exited {first['exit_code']} after "
                            f"{signal.Signals(scenario.signal).name}, not {expected}; "

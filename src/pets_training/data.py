@@ -161,15 +161,9 @@ def check_image(path: Path) -> str | None:
 
 
 def scan_images(paths: Sequence[Path]) -> tuple[list[Path], list[tuple[Path, str]]]:
-    good: list[Path] = []
-    bad: list[tuple[Path, str]] = []
-    for path in paths:
-        reason = check_image(path)
-        if reason is None:
-            good.append(path)
-        else:
-            bad.append((path, f"unreadable ({reason})"))
-    return good, bad
+    """(the images that decode, (each other one, why)), in the order given."""
+    checked = [(path, check_image(path)) for path in paths]
+    return [p for p, why in checked if why is None], [(p, f"unreadable ({why})") for p, why in checked if why]
 
 
 def label_ids(labels: Sequence[str], where: str) -> dict[str, int]:
@@ -341,7 +335,6 @@ class PetsData:
         return len(self.classes)
 
 
-REPORT_FILE = DATASET_REPORT_FILE
 REPORT_SKIPPED_LIMIT = 1000  # names kept in the report; the count is always whole
 
 
@@ -376,8 +369,8 @@ def report_counts(report: dict[str, Any]) -> dict[str, Any]:
 def write_report(report: dict[str, Any], output_dir: Path) -> Path:
     """``dataset.json`` in the output directory, written whole (temp name, then rename)."""
     output_dir.mkdir(parents=True, exist_ok=True)
-    path = output_dir / REPORT_FILE
-    tmp = path.with_name(f".{REPORT_FILE}.tmp")
+    path = output_dir / DATASET_REPORT_FILE
+    tmp = path.with_name(f".{DATASET_REPORT_FILE}.tmp")
     tmp.write_text(json.dumps(report, indent=1) + "\n")
     tmp.replace(path)
     return path
