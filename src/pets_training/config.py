@@ -220,16 +220,21 @@ def load_yaml(path: Path) -> dict[str, Any]:
     return out
 
 
+# the fields with a least value, in the order they are checked ("image_size" twice: below 1 is said as such)
+_AT_LEAST = (
+    ("image_size", 1), ("batch_size", 1), ("eval_batch_size", 1), ("epochs", 1),
+    ("synthetic_images_per_class", 1), ("image_size", 16), ("synthetic_classes", 2), ("threads", 1),
+    ("max_epochs_this_run", 1), ("max_train_steps", 1), ("global_batch_size", 1), ("keep_checkpoints", 1),
+    ("tracking_log_steps", 1),
+)
+
+
 def validate(cfg: TrainConfig) -> TrainConfig:
     """Range checks; raises ConfigError naming the field and the value."""
-    positive = ["image_size", "batch_size", "eval_batch_size", "epochs", "synthetic_images_per_class"]
-    for name in positive:
-        if getattr(cfg, name) < 1:
-            raise ConfigError(f"{name} must be at least 1, got {getattr(cfg, name)}")
-    if cfg.image_size < 16:
-        raise ConfigError(f"image_size must be at least 16, got {cfg.image_size}")
-    if cfg.synthetic_classes < 2:
-        raise ConfigError(f"synthetic_classes must be at least 2, got {cfg.synthetic_classes}")
+    for name, least in _AT_LEAST:
+        value = getattr(cfg, name)
+        if value is not None and value < least:  # None: an optional field left unset
+            raise ConfigError(f"{name} must be at least {least}, got {value}")
     if not 0.0 < cfg.train_fraction < 1.0:
         raise ConfigError(f"train_fraction must be between 0 and 1 (exclusive), got {cfg.train_fraction}")
     if cfg.lr <= 0:
@@ -238,14 +243,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         raise ConfigError(
             f"mixed_precision must be one of {MIXED_PRECISION_CHOICES}, got {cfg.mixed_precision!r}"
         )
-    for name in ("threads", "max_epochs_this_run", "max_train_steps", "global_batch_size"):
-        value = getattr(cfg, name)
-        if value is not None and value < 1:
-            raise ConfigError(f"{name} must be at least 1, got {value}")
     if cfg.num_workers is not None and cfg.num_workers < 0:
         raise ConfigError(f"num_workers must be 0 or more, got {cfg.num_workers}")
-    if cfg.keep_checkpoints < 1:
-        raise ConfigError(f"keep_checkpoints must be at least 1, got {cfg.keep_checkpoints}")
     if cfg.metrics_port is not None and not 0 < cfg.metrics_port < 65536:
         raise ConfigError(f"metrics_port must be a TCP port (1-65535), got {cfg.metrics_port}")
     if cfg.checkpoint_interval_seconds < 0:
@@ -262,8 +261,6 @@ def validate(cfg: TrainConfig) -> TrainConfig:
 def _check_tracking(cfg: TrainConfig) -> None:
     from urllib.parse import urlsplit
 
-    if cfg.tracking_log_steps < 1:
-        raise ConfigError(f"tracking_log_steps must be at least 1, got {cfg.tracking_log_steps}")
     if cfg.tracking_timeout <= 0:
         raise ConfigError(f"tracking_timeout must be positive, got {cfg.tracking_timeout}")
     if not cfg.mlflow_experiment.strip():
