@@ -37,17 +37,10 @@ def _float(value: Any) -> float | None:
 
 def postfix(status: dict[str, Any]) -> dict[str, str]:
     """loss, acc and img/s from status, formatted; absent values are left out."""
-    out: dict[str, str] = {}
-    loss = _float(status.get("trainLoss"))
-    if loss is not None:
-        out["loss"] = f"{loss:.4f}"
-    acc = _float(status.get("evalAccuracy"))
-    if acc is not None:
-        out["acc"] = f"{100 * acc:.1f}%"
-    ips = _float(status.get("imagesPerSecond"))
-    if ips is not None:
-        out["img/s"] = f"{ips:.1f}"
-    return out
+    shown = (("loss", "trainLoss", "{:.4f}", 1), ("acc", "evalAccuracy", "{:.1f}%", 100),
+             ("img/s", "imagesPerSecond", "{:.1f}", 1))  # (key, status field, format, scale)
+    return {key: fmt.format(scale * value) for key, field, fmt, scale in shown
+            if (value := _float(status.get(field))) is not None}
 
 
 def bar_state(status: dict[str, Any]) -> BarState:
@@ -110,10 +103,7 @@ def final_line(name: str, status: dict[str, Any]) -> str:
     """One line for the end: the phase, the accuracy and the epochs, or why it failed."""
     phase = status.get("phase") or "unknown"
     parts = [f"{name}: {phase}"]
-    acc = _float(status.get("evalAccuracy"))
-    summary = status.get("summary") if isinstance(status.get("summary"), dict) else {}
-    final = _float(summary.get("final_accuracy")) if summary else None
-    acc = final if final is not None else acc
+    acc = final_accuracy(status)
     if acc is not None:
         parts.append(f"final accuracy {acc:.4f} ({100 * acc:.1f}%)")
     epoch, total = _int(status.get("epoch")), _int(status.get("totalEpochs"))

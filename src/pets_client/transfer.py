@@ -67,21 +67,15 @@ def helper_pod(*, owner: str, component: str, image: str, claim_name: str | None
     """A short-lived pod that mounts one claim at ``mount_path`` and sleeps, for the client's exec calls
     (`fetch` reads through it, `upload` writes). Its container is named ``component``. ``scheduling``: a
     training spec whose nodeSelector, tolerations, imagePullSecrets and priorityClassName it copies."""
-    mount: dict[str, Any] = {"name": volume_name, "mountPath": mount_path}
-    if read_only:
-        mount["readOnly"] = True
+    ro = {"readOnly": True} if read_only else {}
     sub = sub_path.strip("/")
-    if sub:
-        mount["subPath"] = sub
+    mount = {"name": volume_name, "mountPath": mount_path} | ro | ({"subPath": sub} if sub else {})
     security: dict[str, Any] = {"runAsNonRoot": True, "runAsUser": FETCH_UID, "runAsGroup": FETCH_UID,
                                 "seccompProfile": {"type": "RuntimeDefault"}}
     if not read_only:
         # As the trainer's pods (builders.py): a claim's root made by a provisioner is writable by the
         # group; OnRootMismatch skips the recursive chown of a claim that already has its data.
         security |= {"fsGroup": FETCH_UID, "fsGroupChangePolicy": "OnRootMismatch"}
-    volume: dict[str, Any] = {"claimName": claim_name}
-    if read_only:
-        volume["readOnly"] = True
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "activeDeadlineSeconds": lifetime_s,  # goes away by itself if the client dies before deleting it
@@ -103,7 +97,7 @@ def helper_pod(*, owner: str, component: str, image: str, claim_name: str | None
             "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                                 "capabilities": {"drop": ["ALL"]}},
         }],
-        "volumes": [{"name": volume_name, "persistentVolumeClaim": volume}],
+        "volumes": [{"name": volume_name, "persistentVolumeClaim": {"claimName": claim_name} | ro}],
     }
     for key in ("nodeSelector", "tolerations", "imagePullSecrets", "priorityClassName"):
         if (scheduling or {}).get(key):
