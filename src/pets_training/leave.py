@@ -10,6 +10,7 @@ atexit handlers skipped have nothing left to do.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -20,8 +21,6 @@ def leave(code: int) -> NoReturn:
     """Flush the logs and the standard streams, then exit with ``code`` at once."""
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(OSError, ValueError):  # closed or gone: nothing left to lose
             stream.flush()
-        except (OSError, ValueError):  # closed or gone: nothing left to lose
-            pass
     os._exit(code)

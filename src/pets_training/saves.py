@@ -90,10 +90,7 @@ def _common_checkpoints(accelerator: Accelerator, directory: Path) -> list[tuple
     """The checkpoints (epoch and step) every process can see, newest first (machines may keep their own
     checkpoint directories)."""
     mine = {position: path for position, path in list_positions(directory)}
-    everyone = gather_object([sorted(mine)])
-    common = set(mine)
-    for positions in everyone:
-        common &= set(positions)
+    common = set(mine).intersection(*map(set, gather_object([sorted(mine)])))
     return [(position, mine[position]) for position in sorted(common, reverse=True)]
 
 

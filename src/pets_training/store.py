@@ -36,11 +36,7 @@ class StoreError(DataError):
 
 
 def _stat(paths: Sequence[Path]) -> list[list[Any]]:
-    out: list[list[Any]] = []
-    for path in paths:
-        st = path.stat()
-        out.append([str(path), st.st_size, st.st_mtime_ns])
-    return out
+    return [[str(path), (st := path.stat()).st_size, st.st_mtime_ns] for path in paths]
 
 
 def build_store(directory: Path, paths: Sequence[Path], fast: bool = True) -> None:
