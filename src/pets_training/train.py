@@ -37,7 +37,7 @@ from pets_contract.names import (
 from .checkpoint import claim
 from .config import TrainConfig, resolve, to_yaml
 from .contract import PodContract, ProcessContext, attempt_number, take_process_start
-from .data import build_data, check_fits_world, report_counts, write_report
+from .data import build_data, check_fits_world, write_report
 from .finish import end_run, finish_run
 from .inputs import EvalStoreBuild, evaluate, start_worker_server, train_loader
 from .model import cpu_runs_bf16_natively, create_model, resolve_precision, trainable_module
@@ -120,9 +120,8 @@ def training_function(
         metrics.set("resume_step", state.resume_step)
         metrics.set("resume_skipped_checkpoints", state.skipped_checkpoints)
         metrics.set("tracking_failures", 0)
-        for key, value in report_counts(t.data.report).items():
-            if key in DATASET_COUNTS:
-                metrics.set(f"dataset_{key}", value)
+        for key in DATASET_COUNTS:
+            metrics.set(f"dataset_{key}", t.data.report[key])
         _serve_time(metrics, split)
     try:
         for epoch in range(state.start_epoch, cfg.epochs):
@@ -194,7 +193,6 @@ def setup(cfg: TrainConfig, pod: PodContract, process: ProcessContext) -> Traini
     if cpu.workers:
         start_worker_server()  # before Accelerator(): no thread of gloo or ours exists yet
     accelerator = _make_accelerator(cfg, process, on_gpu, output_dir, limit, cpu)
-    workers = cpu.workers
 
     data = build_data(
         cfg.data,
@@ -224,9 +222,9 @@ def setup(cfg: TrainConfig, pod: PodContract, process: ProcessContext) -> Traini
         module = module.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
     normalise = Normalise(model, accelerator.device, cfg.channels_last)
 
-    loader, train_sampler, make_batch = train_loader(data, cfg, workers, accelerator.device)
+    loader, train_sampler, make_batch = train_loader(data, cfg, cpu.workers, accelerator.device)
     eval_build = EvalStoreBuild(data.eval, cfg.eval_batch_size, accelerator.process_index,
-                                accelerator.num_processes, workers, accelerator.device)
+                                accelerator.num_processes, cpu.workers, accelerator.device)
     lay = start_layout(cfg, len(data.train), accelerator.num_processes)
     optimizer = torch.optim.Adam([p for p in module.parameters() if p.requires_grad], lr=cfg.lr / 25)
     # counted in chunks of batch_size samples (position.py): the same at any world size
@@ -261,7 +259,6 @@ def _make_accelerator(
     )
     setup_logging(accelerator.process_index)
 
-    local_processes = process.local_world_size
     torch.set_num_threads(cpu.threads)
     # eval batches have one shape (EvalStore) and training two at most: one algorithm search per shape
     torch.backends.cudnn.benchmark = on_gpu
@@ -270,7 +267,7 @@ def _make_accelerator(
         "rank %d of %d ready: machine %d, local rank %d, device %s, %d threads, mixed precision %s",
         accelerator.process_index,
         accelerator.num_processes,
-        accelerator.process_index // local_processes,
+        accelerator.process_index // process.local_world_size,
         accelerator.local_process_index,
         accelerator.device,
         torch.get_num_threads(),
