@@ -162,14 +162,10 @@ def _wait(pets: Any, name: str, timeout: float | None) -> int:
     return 1
 
 
-def _raise_interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
-
-
 def _tensorboard(pets: Any, args: argparse.Namespace) -> int:
     """Serve until Ctrl-C (or SIGTERM), the pod's end or an error; leaving the `with` deletes the pod."""
     if threading.current_thread() is threading.main_thread():  # only the main thread may set handlers
-        signal.signal(signal.SIGTERM, _raise_interrupt)
+        signal.signal(signal.SIGTERM, signal.default_int_handler)  # raises KeyboardInterrupt
     with pets.tensorboard(None if args.all else args.name, port=args.port, image=args.image,
                           timeout=args.timeout) as board:
         for why in board.skipped:
@@ -203,8 +199,7 @@ def run(args: argparse.Namespace) -> int:
         paths = pets.fetch(args.name, args.dir)
         for path in paths:
             print(path)
-        missing = sorted(set(OUTPUT_FILES) - {p.name for p in paths})
-        if missing:
+        if missing := sorted(set(OUTPUT_FILES) - {p.name for p in paths}):
             print(f"not written (yet): {', '.join(missing)}", file=sys.stderr)
         return 0
     if cmd == "upload":

@@ -14,7 +14,6 @@ import secrets
 import sys
 import tempfile
 import time
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -33,7 +32,7 @@ from .errors import (
     server_error,
     terminal_text,
 )
-from .files import FETCH_POD_START_S
+from .files import FETCH_POD_START_S, auto_tqdm
 from .progress import BarState, bar_state, dataset_line, final_line, phase_line
 from .serve import ServeMixin
 
@@ -148,13 +147,9 @@ class _Reporter:
         self.last: dict[str, Any] | None = None
 
     def _new_bar(self, state: BarState) -> Any:
-        with warnings.catch_warnings():
-            # Without ipywidgets, tqdm.auto falls back to the text bar with a warning; the text bar is fine.
-            warnings.simplefilter("ignore")
-            from tqdm.auto import tqdm
         # `initial`: the steps done before the bar appeared (a late watch, a resumed run) are not counted
         # in its rate, which then comes from the steps seen while it runs.
-        return tqdm(total=state.total, initial=state.n, unit=state.unit, desc=self._desc(state),
+        return auto_tqdm()(total=state.total, initial=state.n, unit=state.unit, desc=self._desc(state),
                     file=self.file, dynamic_ncols=True, leave=True)
 
     def _desc(self, state: BarState) -> str:
@@ -292,7 +287,7 @@ class PetsTrainingClient(ServeMixin):
             alphabet = "bcdfghjklmnpqrstvwxz2456789"  # the API server's generateName alphabet
             metadata["name"] = (metadata.pop("generateName", None) or _api.GENERATE_NAME) + "".join(
                 secrets.choice(alphabet) for _ in range(5))
-        claim = up.check_claim_name(claim or up.dataset_claim_name(metadata["name"]))
+        claim = up.check_claim_name(claim or f"{metadata['name']}{up.DATA_CLAIM_SUFFIX}")
         up.with_dataset(body, claim, sub)
         body["metadata"].pop("namespace", None)
         self._custom("checking the PetsTraining (dry run)", "create", body, dry_run="All")
@@ -389,10 +384,8 @@ class PetsTrainingClient(ServeMixin):
                             raise TrainingDeletedError(f"{name} was deleted while waiting for it to finish")
                         status = got.get("status") or {}
                         reporter.update(status)
-                        if status.get("phase") in _api.FINISHED_PHASES:
-                            w.stop()
-                            break
-                        if deadline is not None and time.monotonic() >= deadline:
+                        if status.get("phase") in _api.FINISHED_PHASES or (
+                                deadline is not None and time.monotonic() >= deadline):
                             w.stop()
                             break
                 except ApiException as exc:

@@ -38,12 +38,18 @@ from .transfer import (
 FETCH_POD_START_S = 120.0
 
 
-def _upload_bar(claim: str, total: int, files: int, enabled: bool, file: IO[str] | None) -> Any:
-    """upload's bar: bytes, with the files done as its postfix (tqdm.auto, as _Reporter)."""
+def auto_tqdm() -> Any:
+    """tqdm.auto's bar: a widget in notebooks, text elsewhere."""
     with warnings.catch_warnings():
+        # Without ipywidgets, tqdm.auto falls back to the text bar with a warning; the text bar is fine.
         warnings.simplefilter("ignore")
         from tqdm.auto import tqdm
-    bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=f"upload to {claim}",
+    return tqdm
+
+
+def _upload_bar(claim: str, total: int, files: int, enabled: bool, file: IO[str] | None) -> Any:
+    """upload's bar: bytes, with the files done as its postfix."""
+    bar = auto_tqdm()(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=f"upload to {claim}",
                file=file, dynamic_ncols=True, disable=not enabled, leave=True)
     bar.set_postfix_str(f"0/{files} files")
     return bar
@@ -246,7 +252,7 @@ class FilesMixin:
         pod = self._call("creating the upload pod", self.core.create_namespaced_pod, self.namespace,
                          up.upload_pod(claim, image, total, scheduling, files=len(files)))
         pod_name = pod.metadata.name
-        root = up.remote_root(sub)
+        root = f"{up.UPLOAD_DIR}/{sub}" if sub else up.UPLOAD_DIR
 
         def run(command: builtins.list[str], limit: int, doing: str) -> bytes:
             return self._exec_bytes(pod_name, command, limit, role="upload", error=UploadError, doing=doing)

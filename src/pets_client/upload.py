@@ -89,10 +89,6 @@ def dataset_path(sub: str) -> str:
     return "/" + sub
 
 
-def remote_root(sub: str, mount: str = UPLOAD_DIR) -> str:
-    return f"{mount}/{sub}" if sub else mount
-
-
 def walk(local_dir: str | os.PathLike[str]) -> list[LocalFile]:
     """Every regular file under ``local_dir`` (recursively, sorted by name), with its size and sha256.
 
@@ -242,10 +238,6 @@ def plan(files: list[LocalFile],
 
 
 # ----------------------------------------------------------------------------- trainings
-
-
-def dataset_claim_name(training: str) -> str:
-    return f"{training}{DATA_CLAIM_SUFFIX}"
 
 
 def with_dataset(body: dict[str, Any], claim: str, sub: str) -> dict[str, Any]:

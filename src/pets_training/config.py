@@ -170,15 +170,11 @@ def _base_type(name: str) -> type:
     return args[0] if args else hint
 
 
-def _optional(name: str) -> bool:
-    return type(None) in typing.get_args(_HINTS[name])
-
-
 def coerce(name: str, value: Any, where: str = "") -> Any:
     """Check one value against the field's type; ``where`` says where it came from (for the error)."""
     prefix = f"{where}: " if where else ""
     if value is None:
-        if _optional(name):
+        if type(None) in typing.get_args(_HINTS[name]):  # an optional field
             return None
         raise ConfigError(f"{prefix}{name} must not be empty")
     kind = _base_type(name)

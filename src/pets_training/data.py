@@ -83,8 +83,7 @@ def detect_layout(directory: Path) -> str:
       so its error message says what was expected).
     """
     _check_directory(directory)
-    top_images = [p for p in directory.iterdir() if p.is_file() and is_image_name(p.name)]
-    if top_images:
+    if any(p.is_file() and is_image_name(p.name) for p in directory.iterdir()):
         return "flat"
     if (directory / "images").is_dir():
         return "oxford"
@@ -238,14 +237,6 @@ def load_file_pil(path: Path) -> torch.Tensor:
         ) from err
 
 
-def train_transform(image_size: int) -> v2.Transform:
-    return v2.RandomResizedCrop((image_size, image_size), scale=(0.5, 1.0), antialias=True)
-
-
-def eval_transform(image_size: int) -> v2.Transform:
-    return v2.Resize((image_size, image_size), antialias=True)
-
-
 def sample_seed(seed: int, epoch: int, index: int) -> int:
     return ((seed * 1_000_003 + epoch) * 1_000_033 + index) % (2**63)
 
@@ -391,12 +382,11 @@ def _split_datasets(
             "or the evaluation set would be empty"
         )
 
-    train = PetsImages(
-        _Subset(load_all, train_idx), [labels[i] for i in train_idx], train_transform(image_size), seed, True
-    )
-    evals = PetsImages(
-        _Subset(load_all, eval_idx), [labels[i] for i in eval_idx], eval_transform(image_size), seed, False
-    )
+    size = (image_size, image_size)
+    train = PetsImages(_Subset(load_all, train_idx), [labels[i] for i in train_idx],
+                       v2.RandomResizedCrop(size, scale=(0.5, 1.0), antialias=True), seed, True)
+    evals = PetsImages(_Subset(load_all, eval_idx), [labels[i] for i in eval_idx],
+                       v2.Resize(size, antialias=True), seed, False)
     return train, evals
 
 

@@ -240,10 +240,6 @@ def launch_accelerate(command: Sequence[str], env: Mapping[str, str]) -> int:
     return status
 
 
-def _exit_on_signal(signum: int, _frame: object) -> None:
-    raise SystemExit(128 + signum)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         format="%(asctime)s %(levelname)s [launch] %(message)s", datefmt="%H:%M:%S", level=logging.INFO
@@ -251,7 +247,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The launcher is the container's PID 1, which the kernel spares from signals it has no handler
     # for: without this, a pod deleted before the child starts (or a one-process run) would ignore SIGTERM
     # and only stop at the grace period's SIGKILL. launch_accelerate replaces it with forwarding.
-    signal.signal(signal.SIGTERM, _exit_on_signal)
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     args = trainer_args(sys.argv[1:] if argv is None else argv)
     try:
         plan = plan_from_env(os.environ, args)
