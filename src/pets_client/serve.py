@@ -100,11 +100,9 @@ class TensorBoard:
 
     def wait(self) -> None:
         """Block while the pod runs; TensorBoardError when it ends (its deadline, or it was deleted)."""
-        while True:
-            why = self._client._tensorboard_gone(self.pod)
-            if why:
-                raise TensorBoardError(why)
+        while not (why := self._client._tensorboard_gone(self.pod)):
             time.sleep(POLL_S)
+        raise TensorBoardError(why)
 
     def close(self) -> None:
         self._forward.close()
@@ -156,8 +154,7 @@ class ServeMixin(FilesMixin):
             try:
                 self._wait_pod_running(pod_name, timeout, role=tb.COMPONENT, error=TensorBoardError)
             except TensorBoardError:
-                why = self._tensorboard_gone(pod_name)  # ended at once: say why, with its log
-                if why:
+                if why := self._tensorboard_gone(pod_name):  # ended at once: say why, with its log
                     raise TensorBoardError(why) from None
                 raise
             self._wait_ready(pod_name, timeout)
@@ -184,8 +181,7 @@ class ServeMixin(FilesMixin):
         """Until TensorBoard listens (the readiness probe); its log's end when the container ends."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            why = self._tensorboard_gone(pod)
-            if why:
+            if why := self._tensorboard_gone(pod):
                 raise TensorBoardError(why)
             got = self._call("reading the TensorBoard pod", self.core.read_namespaced_pod, pod,
                              self.namespace)

@@ -183,12 +183,8 @@ def chunk_command(name: str, index: int) -> list[str]:
 def parse_listing(text: bytes) -> list[tuple[str, int, str]]:
     """list_command's output -> (name, size, sha256) of each file that is there (lines of another
     shape are left out; check_listing then holds the names and sizes to what was asked for)."""
-    out = []
-    for line in text.decode(errors="replace").split("\n"):
-        m = _LISTING_LINE.match(line)
-        if m:
-            out.append((m.group(3), int(m.group(1)), m.group(2)))
-    return out
+    return [(m.group(3), int(m.group(1)), m.group(2)) for line in text.decode(errors="replace").split("\n")
+            if (m := _LISTING_LINE.match(line))]
 
 
 def check_listing(wanted: list[str], listing: list[tuple[str, int, str]],

@@ -87,11 +87,8 @@ def attempt_number(env: Mapping[str, str]) -> int | None:
 
 
 def _str(env: Mapping[str, str], names: Sequence[str], default: str | None) -> str | None:
-    for name in names:
-        raw = env.get(name, "").strip()
-        if raw:
-            return raw
-    return default
+    """The first of ``names`` that is set (not blank), stripped."""
+    return next((raw for name in names if (raw := env.get(name, "").strip())), default)
 
 
 def _port(env: Mapping[str, str]) -> int:

@@ -174,8 +174,7 @@ def choose_input_path(requested: str, images: PetsImages, device: torch.device) 
         return "cpu", "input path cpu: the synthetic set is generated on the CPU"
     if requested == "device":
         return "device", f"input path device (asked): workers read the files, decode and crop on {device}"
-    missing = gpu_decoder_missing(device)
-    if missing:
+    if missing := gpu_decoder_missing(device):
         return "cpu", f"input path cpu: no GPU JPEG decoder ({missing}); decode and crop on the CPU"
     return "device", f"input path device: workers read the files, nvJPEG decodes and crops on {device}"
 

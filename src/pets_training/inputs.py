@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -83,8 +84,7 @@ def _running(pid: int) -> bool:
     """Whether ``pid`` runs: a zombie does not (a killed trainer stays one while its launcher, which may be
     reading our inherited stdout, has not reaped it)."""
     try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
     except FileNotFoundError:
         return False
     except OSError:  # no /proc: a zombie counts as running

@@ -74,11 +74,9 @@ def cpu_limit(
     ``declared`` is the pod's ``PETS_CPU_LIMIT`` (:attr:`.contract.PodContract.cpu_limit`), used when the
     cgroup does not say."""
     available = _available_cpus() if available is None else available
-    v1 = cgroup_v1_cpus(cgroup_root)
-    if v1 is not None:
+    if (v1 := cgroup_v1_cpus(cgroup_root)) is not None:
         return CpuLimit(min(v1, available), f"cgroup v1 quota ({cgroup_root}/cpu/cpu.cfs_quota_us)")
-    v2 = cgroup_v2_cpus(cgroup_root)
-    if v2 is not None:
+    if (v2 := cgroup_v2_cpus(cgroup_root)) is not None:
         return CpuLimit(min(v2, available), f"cgroup v2 quota ({cgroup_root}/cpu.max)")
     if declared is not None:
         return CpuLimit(declared, CPU_LIMIT)
