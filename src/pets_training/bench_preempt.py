@@ -176,9 +176,7 @@ def checkpoint_share(checkpoint_seconds: float, train_seconds: float) -> float:
 
 
 def _stats_cell(stats: dict[str, float] | None) -> str:
-    if not stats:
-        return "-"
-    return f"{stats['median']:.2f} / {stats['max']:.2f} ({stats['count']:g})"
+    return f"{stats['median']:.2f} / {stats['max']:.2f} ({stats['count']:g})" if stats else "-"
 
 
 # the table's rows: label -> the cell of one scenario's result

@@ -143,9 +143,7 @@ def rank_plan(lay: Layout, rank: int, start_step: int = 0) -> list[MicroStep]:
 def loss_weight(lay: Layout, micro: MicroStep) -> float:
     """What a micro-step's summed loss is multiplied by: ``W / R`` (0 for padding), so that DDP's mean of the
     ranks' gradients is the gradient of the mean loss over the step's ``R`` samples."""
-    if micro.padding:
-        return 0.0
-    return lay.world_size / step_samples(lay, micro.step)
+    return 0.0 if micro.padding else lay.world_size / step_samples(lay, micro.step)
 
 
 def schedule_position(lay: Layout, epoch: int, samples: int) -> int:

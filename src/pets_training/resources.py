@@ -24,9 +24,7 @@ class CpuLimit:
 
 
 def _quota_to_cpus(quota: int, period: int) -> int | None:
-    if quota <= 0 or period <= 0:
-        return None
-    return max(1, math.ceil(quota / period))
+    return max(1, math.ceil(quota / period)) if quota > 0 and period > 0 else None
 
 
 def cgroup_v1_cpus(root: Path) -> int | None:
@@ -59,9 +57,7 @@ def cgroup_v2_cpus(root: Path) -> int | None:
 
 
 def _available_cpus() -> int:
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def cpu_limit(
