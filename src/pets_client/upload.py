@@ -121,11 +121,9 @@ def walk(local_dir: str | os.PathLike[str]) -> list[LocalFile]:
             elif not path.is_file():
                 continue
             try:
-                check_name(rel)
+                found.append((check_name(rel), path))
             except FetchError:
                 bad.append(rel)
-                continue
-            found.append((rel, path))
     if bad:
         shown = ", ".join(repr(b) for b in bad[:_NAMES_SHOWN]) + (" ..." if len(bad) > _NAMES_SHOWN else "")
         raise UploadError(f"local_dir: {len(bad)} file names in {str(local_dir)!r} cannot be uploaded "

@@ -112,12 +112,8 @@ def list_positions(directory: Path) -> list[tuple[Position, Path]]:
     """Complete checkpoints of both kinds (epoch and step), oldest first by position."""
     if not directory.is_dir():
         return []
-    found = []
-    for entry in directory.iterdir():
-        match = POSITION_PATTERN.match(entry.name)
-        if match and entry.is_dir():
-            found.append(((int(match.group(1)), int(match.group(2) or 0)), entry))
-    return sorted(found)
+    return sorted(((int(match.group(1)), int(match.group(2) or 0)), entry) for entry in directory.iterdir()
+                  if (match := POSITION_PATTERN.match(entry.name)) and entry.is_dir())
 
 
 def publish(temp: Path, final: Path) -> None:

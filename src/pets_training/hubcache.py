@@ -110,8 +110,7 @@ def make_hub_cache(cache_dir: str | Path, model_name: str, seed: int = 0) -> Pat
     (repo / "refs" / (source.revision or "main")).write_text(commit)
     snapshot = repo / "snapshots" / commit / source.filename
     snapshot.parent.mkdir(parents=True, exist_ok=True)
-    if snapshot.is_symlink() or snapshot.exists():
-        snapshot.unlink()
+    snapshot.unlink(missing_ok=True)  # a link there before, dangling or not
     snapshot.symlink_to(os.path.relpath(blob, snapshot.parent))
     return snapshot
 
