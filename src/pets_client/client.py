@@ -205,10 +205,8 @@ class PetsTrainingClient(ServeMixin):
                  context: str | None = None, api_client: Any = None) -> None:
         from kubernetes import client
 
-        if api_client is None:
-            api_client, context_ns = _load_api_client(kubeconfig, context)
-        else:
-            context_ns = None
+        api_client, context_ns = (_load_api_client(kubeconfig, context) if api_client is None
+                                  else (api_client, None))
         self.api_client = api_client
         self.namespace: str = namespace or context_ns or "default"
         self.custom = client.CustomObjectsApi(api_client)

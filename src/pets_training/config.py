@@ -207,12 +207,17 @@ def load_yaml(path: Path) -> dict[str, Any]:
         return {}
     if not isinstance(raw, dict):
         raise ConfigError(f"--config: {path} must hold a mapping of settings, got {type(raw).__name__}")
+    return _settings(raw, str(path), f"{path}: ")
+
+
+def _settings(raw: Mapping[Any, Any], where: str, prefix: str = "") -> dict[str, Any]:
+    """``raw``'s settings by field name (keys may use dashes), each checked by :func:`coerce`."""
     out: dict[str, Any] = {}
     for key, value in raw.items():
         name = str(key).replace("-", "_")
         if name not in FIELDS:
-            raise ConfigError(f"{path}: unknown setting {key!r} (known: {', '.join(sorted(FIELDS))})")
-        out[name] = coerce(name, value, str(path))
+            raise ConfigError(f"{prefix}unknown setting {key!r} (known: {', '.join(sorted(FIELDS))})")
+        out[name] = coerce(name, value, where)
     return out
 
 
@@ -322,11 +327,7 @@ def resolve(
     if config_file is not None:
         values.update(load_yaml(Path(config_file)))
     values.update(args)
-    for key, value in (overrides or {}).items():
-        name = key.replace("-", "_")
-        if name not in FIELDS:
-            raise ConfigError(f"unknown setting {key!r} (known: {', '.join(sorted(FIELDS))})")
-        values[name] = coerce(name, value, "config")
+    values.update(_settings(overrides or {}, "config"))
     return validate(TrainConfig(**values))
 
 
