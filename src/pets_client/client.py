@@ -69,8 +69,7 @@ def build_training(spec: dict[str, Any] | None = None, *, name: str | None = Non
             raise InvalidTrainingError(f"apiVersion: expected {_api.API_VERSION}, got {version!r}",
                                        fields=["apiVersion"])
         body = given
-        body.setdefault("spec", {})
-        if body["spec"] is None:
+        if body.get("spec") is None:  # missing, or `spec:` with nothing under it
             body["spec"] = {}
     else:
         body = {"spec": given}

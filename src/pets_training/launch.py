@@ -95,10 +95,7 @@ def plan_from_env(env: Mapping[str, str], args: Sequence[str] = ()) -> LaunchPla
 
 def trainer_args(args: Sequence[str]) -> list[str]:
     """The container args, plus ``--resume`` (a restarted gang continues from its newest checkpoint)."""
-    out = list(args)
-    if "--resume" not in out and "--no-resume" not in out:
-        out.append("--resume")
-    return out
+    return [*args] if "--resume" in args or "--no-resume" in args else [*args, "--resume"]
 
 
 def accelerate_command(plan: LaunchPlan, args: Sequence[str], threads: int) -> list[str]:
