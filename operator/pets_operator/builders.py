@@ -364,7 +364,7 @@ def pod_template(spec: Spec, target: Target, *, container_name: str = CONTAINER,
     }
     if spec.dataset_source == "url":
         pod["initContainers"] = [dataset_init_container(spec, container)]
-    # SIGTERM: every rank finishes its step, saves and exits 75 (the trainer's STOPPED_EXIT_CODE).
+    # SIGTERM: every rank finishes its step, saves and exits 75 (the trainer's exits.STOPPED).
     pod["terminationGracePeriodSeconds"] = spec.checkpoint["gracePeriodSeconds"]
     if headless_service:
         pod["subdomain"] = service_name(target.name)

@@ -11,7 +11,7 @@ our cluster, 30 s with kubeadm's default Corefile), so a machine that starts at 
 and asks at once waits out the cache. Importing first overlaps that start-up with pod 0's publication,
 which usually makes the first lookup the successful one.
 
-Exit codes: 2 (``LAUNCH_EXIT_CODE``) when ``HOST`` did not resolve within ``SECONDS``, else accelerate
+Exit codes: 2 (``exits.LAUNCH``) when ``HOST`` did not resolve within ``SECONDS``, else accelerate
 launch's.
 """
 
@@ -22,7 +22,9 @@ import sys
 import time
 from collections.abc import Sequence
 
-from .contract import LAUNCH_EXIT_CODE, ContractError
+from pets_contract import exits
+
+from .contract import ContractError
 
 log = logging.getLogger("pets_training.launch")
 
@@ -43,7 +45,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         wait_for_address(host, timeout)
     except ContractError as err:
         log.error("%s", err)
-        return LAUNCH_EXIT_CODE
+        return exits.LAUNCH
     launch_command(launch_command_parser().parse_args(accelerate_args))
     return 0
 

@@ -35,7 +35,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .contract import ATTEMPT, PermanentError
+from pets_contract.env import ATTEMPT
+
+from .contract import PermanentError
 
 log = logging.getLogger("pets_training")
 

@@ -1,8 +1,8 @@
 """``pets-train``: train (flags = settings, see ``pets-train --help``), or ``pets-train make-synthetic``.
 
-Exit codes (docs/contract.md): 0 done (or stopped as asked); 75 (``STOPPED_EXIT_CODE``, EX_TEMPFAIL)
+Exit codes (docs/contract.md): 0 done (or stopped as asked); 75 (``exits.STOPPED``, EX_TEMPFAIL)
 stopped by SIGTERM after a step checkpoint (every rank finishes its step, they agree, save once; ``--resume``
-continues at that step); 78 (``PERMANENT_EXIT_CODE``, EX_CONFIG) a
+continues at that step); 78 (``exits.PERMANENT``, EX_CONFIG) a
 failure no restart can fix (:class:`~.contract.PermanentError`: a bad flag or config value, model, weights,
 a hub that cannot be reached for pretrained weights, data, or pod environment); 1 anything else. On
 failure the summary ``{"status": "failed", "error": ...}`` goes where the success summary would, and a
@@ -23,18 +23,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pets_contract import exits
 from pets_contract import summary as summary_keys
+from pets_contract.env import EXIT_CODE_FILE
 
-from .contract import (
-    EXIT_CODE_FILE,
-    FAILURE_EXIT_CODE,
-    PERMANENT_EXIT_CODE,
-    STOPPED_EXIT_CODE,
-    ContractError,
-    PermanentError,
-    PodContract,
-    ProcessContext,
-)
+from .contract import ContractError, PermanentError, PodContract, ProcessContext
 
 if TYPE_CHECKING:
     from .stepsave import StopRequest
@@ -88,7 +81,7 @@ def stopped_summary(stop: StopRequest) -> dict[str, object]:
     why = stop.reason or "another rank was asked to stop"
     return {
         summary_keys.STATUS: summary_keys.STOPPED,
-        "exit_code": STOPPED_EXIT_CODE,
+        "exit_code": exits.STOPPED,
         "global_step": stop.global_step,
         "checkpoint": stop.checkpoint or None,
         "error": f"stopped ({why}) at global step {stop.global_step} after {saved}; --resume continues "
@@ -138,19 +131,19 @@ def main(argv: Sequence[str] | None = None, pod: PodContract | None = None) -> i
         training_function(cfg, pod=pod, process=process, stop=stop)
         if stop.stopped:
             log.info("stopped (%s): exit %d; --resume continues from the checkpoint just saved",
-                     stop.reason or "another rank was asked to stop", STOPPED_EXIT_CODE)
+                     stop.reason or "another rank was asked to stop", exits.STOPPED)
             if process.local_rank == 0:  # the termination message; <output>/summary.json stays the finish's
                 write_summary(stopped_summary(stop), [cfg.summary_path])
-            report_exit_code(STOPPED_EXIT_CODE)
-            return STOPPED_EXIT_CODE
+            report_exit_code(exits.STOPPED)
+            return exits.STOPPED
         return 0
     except (PermanentError, ContractError) as err:
         superseded = isinstance(err, SupersededError)
-        log.error("%s (permanent: exit %d, a restart cannot fix this)", err, PERMANENT_EXIT_CODE)
-        code, message = PERMANENT_EXIT_CODE, " ".join(str(err).split())  # one line
+        log.error("%s (permanent: exit %d, a restart cannot fix this)", err, exits.PERMANENT)
+        code, message = exits.PERMANENT, " ".join(str(err).split())  # one line
     except Exception as err:
         log.exception("training failed")
-        code, message = FAILURE_EXIT_CODE, f"{type(err).__name__}: {err}"
+        code, message = exits.FAILURE, f"{type(err).__name__}: {err}"
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

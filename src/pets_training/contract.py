@@ -1,5 +1,6 @@
 """The pod contract (docs/contract.md), read from the environment in this one place; the names are
-``pets_contract.env``'s, the exit codes ``pets_contract.exits``'.
+``pets_contract.env``'s, imported from there by every module that needs one, as the exit codes are from
+``pets_contract.exits``.
 
 Two readers, each pure (``from_env`` takes the mapping), each naming the variable and its value in its
 errors:
@@ -23,10 +24,8 @@ from dataclasses import dataclass
 from pets_contract.env import (
     ACCELERATE_MIXED_PRECISION,
     ATTEMPT,
-    CONTROLLER_ENV,
     CPU_LIMIT,
     DEFAULT_MAIN_PORT,
-    EXIT_CODE_FILE,
     JOB_COMPLETION_INDEX,
     LOCAL_RANK,
     LOCAL_WORLD_SIZE,
@@ -35,7 +34,6 @@ from pets_contract.env import (
     MASTER_ADDR,
     MASTER_PORT,
     NUM_MACHINES,
-    OPERATOR_ENV,
     OUTPUT_DIR,
     PROCESS_STARTED,
     PROCS_PER_MACHINE,
@@ -43,23 +41,11 @@ from pets_contract.env import (
     RESOLVE_TIMEOUT,
     WORLD_SIZE,
 )
-from pets_contract.exits import FAILURE as FAILURE_EXIT_CODE
-from pets_contract.exits import LAUNCH as LAUNCH_EXIT_CODE
-from pets_contract.exits import PERMANENT as PERMANENT_EXIT_CODE
-from pets_contract.exits import STOPPED as STOPPED_EXIT_CODE
-from pets_contract.exits import SUCCESS as SUCCESS_EXIT_CODE
-
-__all__ = [
-    "ACCELERATE_MIXED_PRECISION", "ATTEMPT", "CONTROLLER_ENV", "EXIT_CODE_FILE", "FAILURE_EXIT_CODE",
-    "LAUNCH_EXIT_CODE", "OPERATOR_ENV", "OUTPUT_DIR", "PERMANENT_EXIT_CODE", "STOPPED_EXIT_CODE",
-    "SUCCESS_EXIT_CODE", "ContractError", "PermanentError", "PodContract", "ProcessContext", "attempt_number",
-    "mark_process_start", "take_process_start",
-]
 
 
 class PermanentError(ValueError):
     """A failure no restart can fix (a bad flag or config value, model, weights, data); the message is one
-    line naming the flag or field and its value. The trainer exits PERMANENT_EXIT_CODE for it."""
+    line naming the flag or field and its value. The trainer exits ``exits.PERMANENT`` (78) for it."""
 
 
 class ContractError(ValueError):

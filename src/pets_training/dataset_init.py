@@ -38,10 +38,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from pets_contract import exits
 from pets_contract.redact import redact_urls
 
 from .archive import ArchiveError, blocks, quantity_bytes, unpack
-from .contract import PERMANENT_EXIT_CODE, PermanentError
+from .contract import PermanentError
 from .data import DataError, list_samples
 
 log = logging.getLogger("pets-dataset-init")
@@ -342,10 +343,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _fail(summary_path: Path | None, error: str) -> int:
     """Exit 78 with the (redacted) error in the log and the termination message."""
-    log.error("%s (permanent: exit %d, a restart cannot fix this)", error, PERMANENT_EXIT_CODE)
+    log.error("%s (permanent: exit %d, a restart cannot fix this)", error, exits.PERMANENT)
     if summary_path:
         summary_path.write_text(json.dumps({"status": "failed", "error": error})[:4000])
-    return PERMANENT_EXIT_CODE
+    return exits.PERMANENT
 
 
 if __name__ == "__main__":

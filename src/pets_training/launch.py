@@ -9,9 +9,9 @@ published would be answered from CoreDNS's negative cache for seconds after it i
 needed). Arguments are trainer flags.
 
 Exit codes (docs/contract.md): 2 for a bad pod environment or flag, or a main address that did not resolve
-in time; 78 (``PERMANENT_EXIT_CODE``) when any local training process failed permanently (they append their
+in time; 78 (``exits.PERMANENT``) when any local training process failed permanently (they append their
 exit codes to ``$PETS_EXIT_CODE_FILE``, which this sets: torchrun exits 1 whatever its workers did); 75
-(``STOPPED_EXIT_CODE``) when every process that reported one stopped on SIGTERM after a checkpoint; else
+(``exits.STOPPED``) when every process that reported one stopped on SIGTERM after a checkpoint; else
 accelerate's own exit code (128+N for a death by signal N).
 """
 
@@ -33,22 +33,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
-from .config import MIXED_PRECISION_CHOICES
-from .contract import (
+from pets_contract import exits
+from pets_contract.env import (
     ACCELERATE_MIXED_PRECISION,
     EXIT_CODE_FILE,
     JOB_COMPLETION_INDEX,
-    LAUNCH_EXIT_CODE,
     MAIN_ADDR,
     NUM_MACHINES,
-    PERMANENT_EXIT_CODE,
     RANK,
     RESOLVE_TIMEOUT,
-    STOPPED_EXIT_CODE,
-    ContractError,
-    PodContract,
-    mark_process_start,
 )
+
+from .config import MIXED_PRECISION_CHOICES
+from .contract import ContractError, PodContract, mark_process_start
 
 log = logging.getLogger("pets_training.launch")
 
@@ -218,20 +215,20 @@ def launch_accelerate(command: Sequence[str], env: Mapping[str, str]) -> int:
         codes = reported_codes(code_file)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    if PERMANENT_EXIT_CODE in codes:
+    if exits.PERMANENT in codes:
         log.error(
             "a training process failed permanently (exit %d; accelerate exited %d): exiting %d, a restart "
             "cannot fix this",
-            PERMANENT_EXIT_CODE,
+            exits.PERMANENT,
             status,
-            PERMANENT_EXIT_CODE,
+            exits.PERMANENT,
         )
-        return PERMANENT_EXIT_CODE
-    if codes and all(code == STOPPED_EXIT_CODE for code in codes):
+        return exits.PERMANENT
+    if codes and all(code == exits.STOPPED for code in codes):
         # SIGTERM, passed on by torchrun: the ranks saved a step checkpoint and exited 75 (torchrun: 1)
         log.info("the training processes stopped after a checkpoint (exit %d; accelerate exited %d): "
-                 "exiting %d", STOPPED_EXIT_CODE, status, STOPPED_EXIT_CODE)
-        return STOPPED_EXIT_CODE
+                 "exiting %d", exits.STOPPED, status, exits.STOPPED)
+        return exits.STOPPED
     if status != 0:
         log.error("accelerate launch exited %d", status)
     return status
@@ -250,7 +247,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         plan = plan_from_env(os.environ, args)
     except LaunchError as err:
         log.error("%s", err)
-        return LAUNCH_EXIT_CODE
+        return exits.LAUNCH
     os.environ[ACCELERATE_MIXED_PRECISION] = plan.mixed_precision  # as `accelerate launch` does
     if plan.total_processes == 1:
         log.info("one process in total: training in this process")

@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .contract import CPU_LIMIT
+from pets_contract.env import CPU_LIMIT
 
 DEFAULT_CGROUP_ROOT = Path("/sys/fs/cgroup")
 

@@ -17,6 +17,7 @@ from prometheus_client import generate_latest
 
 from pets_contract import gauges
 from pets_contract import summary as summary_keys
+from pets_contract.env import CONTROLLER_ENV, OPERATOR_ENV, OUTPUT_DIR
 from pets_training import contract, data, launch, progress
 from pets_training.config import resolve
 
@@ -58,19 +59,19 @@ def test_the_operator_sets_exactly_the_contract_env(overrides: dict[str, Any]) -
     spec = api.resolve_spec(overrides)
     extras = {var["name"] for var in spec.env or []}
     names = {var["name"] for var in _trainer(spec)["env"]} - extras
-    assert names == set(contract.OPERATOR_ENV)
+    assert names == set(OPERATOR_ENV)
 
 
 def test_the_controllers_variables_are_reserved_from_user_env() -> None:
-    assert set(api.RESERVED_ENV) == set(contract.CONTROLLER_ENV)
-    assert not set(contract.OPERATOR_ENV) & set(contract.CONTROLLER_ENV)
+    assert set(api.RESERVED_ENV) == set(CONTROLLER_ENV)
+    assert not set(OPERATOR_ENV) & set(CONTROLLER_ENV)
 
 
 def test_the_pod_env_and_args_reach_the_launcher_and_the_trainer() -> None:
     spec = api.resolve_spec(CUSTOM)
     container = _trainer(spec)
     env = _pod_env(container)
-    env[contract.OUTPUT_DIR] = "/image-default"  # the image's ENV; the operator's --output-dir wins
+    env[OUTPUT_DIR] = "/image-default"  # the image's ENV; the operator's --output-dir wins
 
     pod = contract.PodContract.from_env(env)
     assert (pod.machine_rank, pod.num_machines, pod.procs_per_machine) == (

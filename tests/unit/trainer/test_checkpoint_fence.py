@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from pets_contract import exits
+from pets_contract.env import ATTEMPT, EXIT_CODE_FILE
 from pets_training import checkpoint, contract
 from pets_training.checkpoint import (
     ATTEMPT_FILE,
@@ -45,12 +47,12 @@ def _names(directory: Path) -> list[str]:
 
 def test_the_attempt_comes_from_the_env_and_is_optional() -> None:
     assert contract.attempt_number({}) is None
-    assert contract.attempt_number({contract.ATTEMPT: " "}) is None
-    assert contract.attempt_number({contract.ATTEMPT: "0"}) == 0
-    assert contract.attempt_number({contract.ATTEMPT: "3"}) == 3
+    assert contract.attempt_number({ATTEMPT: " "}) is None
+    assert contract.attempt_number({ATTEMPT: "0"}) == 0
+    assert contract.attempt_number({ATTEMPT: "3"}) == 3
     for bad in ("two", "-1"):
-        with pytest.raises(contract.ContractError, match=f"{contract.ATTEMPT} must"):
-            contract.attempt_number({contract.ATTEMPT: bad})
+        with pytest.raises(contract.ContractError, match=f"{ATTEMPT} must"):
+            contract.attempt_number({ATTEMPT: bad})
 
 
 def test_claim_writes_the_attempt_and_only_a_larger_one_replaces_it(tmp_path: Path) -> None:
@@ -137,8 +139,8 @@ TINY = {
 
 
 def _env(attempt: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != contract.EXIT_CODE_FILE}
-    return {**env, contract.ATTEMPT: attempt}
+    env = {k: v for k, v in os.environ.items() if k != EXIT_CODE_FILE}
+    return {**env, ATTEMPT: attempt}
 
 
 @pytest.mark.timeout(120)
@@ -151,7 +153,7 @@ def test_a_stale_trainer_exits_78_at_start_without_writing(tmp_path: Path) -> No
          "--output-dir", str(out), "--summary-path", str(tmp_path / "termination-log")],
         env=_env("3"), capture_output=True, text=True, timeout=110,
     )  # fmt: skip
-    assert proc.returncode == contract.PERMANENT_EXIT_CODE, proc.stderr[-3000:]
+    assert proc.returncode == exits.PERMANENT, proc.stderr[-3000:]
     error = read_json(tmp_path / "termination-log")["error"]
     assert "attempt 4 owns" in error and "attempt 3 stops without writing" in error
     assert _names(out) == ["checkpoints"]  # no config.yaml, progress or summary.json: attempt 4's directory

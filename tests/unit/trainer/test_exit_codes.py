@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from pets_contract import exits
+from pets_contract.env import EXIT_CODE_FILE
 from pets_training import cli, contract, launch
 
 from .helpers import BIN, PYTHON, free_port, read_json
@@ -45,7 +47,7 @@ def _with(args: list[str], **flags: str) -> list[str]:
 
 
 def _train(args: list[str], tmp_path: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != contract.EXIT_CODE_FILE}
+    env = {k: v for k, v in os.environ.items() if k != EXIT_CODE_FILE}
     return subprocess.run(
         [str(BIN / "pets-train"), *args, "--output-dir", str(tmp_path / "out"), "--summary-path",
          str(tmp_path / "termination-log")],
@@ -56,7 +58,7 @@ def _train(args: list[str], tmp_path: Path, timeout: float = 120) -> subprocess.
 @pytest.mark.timeout(150)
 def test_an_unknown_model_exits_78_with_the_model_in_the_summary(tmp_path: Path) -> None:
     proc = _train(_with(TINY_ARGS, model="resnet9000"), tmp_path)
-    assert proc.returncode == contract.PERMANENT_EXIT_CODE == 78, proc.stderr[-3000:]
+    assert proc.returncode == exits.PERMANENT == 78, proc.stderr[-3000:]
     summary = read_json(tmp_path / "termination-log")
     assert summary["status"] == "failed" and "model: 'resnet9000' is not a timm model" in summary["error"]
     assert "\n" not in summary["error"]
@@ -86,7 +88,7 @@ def test_a_bad_flag_exits_78(
     tmp_path: Path, flags: list[str], message: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     code_file = tmp_path / "codes"
-    monkeypatch.setenv(contract.EXIT_CODE_FILE, str(code_file))
+    monkeypatch.setenv(EXIT_CODE_FILE, str(code_file))
     code = cli.main([*flags, "--summary-path", str(tmp_path / "termination-log")])
     assert code == 78
     assert message in read_json(tmp_path / "termination-log")["error"]
@@ -101,9 +103,9 @@ def test_a_crash_still_exits_1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
 
     monkeypatch.setattr(train, "training_function", crash)
     code_file = tmp_path / "codes"
-    monkeypatch.setenv(contract.EXIT_CODE_FILE, str(code_file))
+    monkeypatch.setenv(EXIT_CODE_FILE, str(code_file))
     code = cli.main([*TINY_ARGS, "--summary-path", str(tmp_path / "termination-log")])
-    assert code == contract.FAILURE_EXIT_CODE == 1
+    assert code == exits.FAILURE == 1
     assert read_json(tmp_path / "termination-log") == {
         "status": "failed",
         "error": "RuntimeError: CUDA error: an illegal memory access was encountered",
@@ -137,7 +139,7 @@ def _code_writer(code: int, exit_with: int) -> list[str]:
     """A stand-in for `accelerate launch`: reports ``code`` like a training process, then exits."""
     script = (
         "import os, sys; "
-        f"open(os.environ[{contract.EXIT_CODE_FILE!r}], 'a').write('{code}\\n') if {code} else None; "
+        f"open(os.environ[{EXIT_CODE_FILE!r}], 'a').write('{code}\\n') if {code} else None; "
         f"sys.exit({exit_with})"
     )
     return [PYTHON, "-c", script]
@@ -216,7 +218,7 @@ def test_a_main_address_that_never_resolves_makes_pets_launch_exit_2() -> None:
 @pytest.mark.timeout(300)
 def test_two_processes_failing_permanently_make_pets_launch_exit_78(tmp_path: Path) -> None:
     env = {
-        **{k: v for k, v in os.environ.items() if k != contract.EXIT_CODE_FILE},
+        **{k: v for k, v in os.environ.items() if k != EXIT_CODE_FILE},
         "PETS_PROCS_PER_MACHINE": "2",
         "PETS_MAIN_ADDR": "127.0.0.1",
         "PETS_MAIN_PORT": str(free_port()),
@@ -237,7 +239,7 @@ def test_two_processes_failing_permanently_make_pets_launch_exit_78(tmp_path: Pa
 
 @pytest.mark.timeout(150)
 def test_the_one_process_launcher_exits_78_itself(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if k != contract.EXIT_CODE_FILE}
+    env = {k: v for k, v in os.environ.items() if k != EXIT_CODE_FILE}
     env["PETS_OUTPUT_DIR"] = str(tmp_path / "out")
     proc = subprocess.run(
         [str(BIN / "pets-launch"), *_with(TINY_ARGS, model="resnet9000")],

@@ -14,6 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from pets_contract.exits import STOPPED
 from pets_training.checkpoint import (
     STATE_FILE,
     checkpoint_name,
@@ -24,7 +25,6 @@ from pets_training.checkpoint import (
     temp_name,
 )
 from pets_training.config import ConfigError, resolve
-from pets_training.contract import STOPPED_EXIT_CODE
 from pets_training.stepsave import SaveClock, StopRequest, agree, decide
 
 from .helpers import BIN, PYTHON, read_json, read_jsonl, run, sigterm_after_first_step, trainer_flags
@@ -196,7 +196,7 @@ def test_sigterm_saves_a_step_checkpoint_and_exits_75(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "PETS_EXIT_CODE_FILE"}
     code, output = sigterm_after_first_step([str(BIN / "pets-launch"), *trainer_flags(settings)], env,
                                             tmp_path / "first.log", 120)
-    assert code == STOPPED_EXIT_CODE == 75, output[-3000:]
+    assert code == STOPPED == 75, output[-3000:]
     assert "stopped (SIGTERM received): exit 75" in output
     positions = [p for p, _ in list_positions(tmp_path / "checkpoints")]
     assert len(positions) == 1 and positions[0][0] == 0 and 0 < positions[0][1] < 80, positions
