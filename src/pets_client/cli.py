@@ -34,18 +34,13 @@ from .errors import PetsClientError, terminal_text
 from .progress import final_accuracy
 
 
-def _common() -> argparse.ArgumentParser:
+def parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("-n", "--namespace", default=argparse.SUPPRESS,
                         help="namespace (default: the kubeconfig context's, else default)")
     common.add_argument("--kubeconfig", default=argparse.SUPPRESS,
                         help="kubeconfig file (default: $KUBECONFIG)")
     common.add_argument("--context", default=argparse.SUPPRESS, help="kubeconfig context")
-    return common
-
-
-def parser() -> argparse.ArgumentParser:
-    common = _common()
     p = argparse.ArgumentParser(prog="kubectl pets", parents=[common],
                                 description="Run and inspect PetsTrainings (training.pets.dev).")
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")

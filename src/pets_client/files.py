@@ -47,15 +47,6 @@ def auto_tqdm() -> Any:
     return tqdm
 
 
-def _upload_bar(claim: str, total: int, files: int, enabled: bool, file: IO[str] | None) -> Any:
-    """upload's bar: bytes, with the files done as its postfix."""
-    bar = auto_tqdm()(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=f"upload to {claim}",
-               file=file, dynamic_ncols=True, disable=not enabled, leave=True)
-    bar.set_postfix_str(f"0/{files} files")
-    return bar
-
-
-
 class FilesMixin:
     """fetch and upload; the client gives the API handles, the namespace and its error mapping."""
 
@@ -166,16 +157,20 @@ class FilesMixin:
                     w.stop()
                     raise error(f"the {role} pod {pod} ended ({phase}) before it could copy anything")
 
+    def _open_exec(self, pod: str, command: builtins.list[str], role: str, *, stdin: bool) -> Any:
+        """A websocket exec stream of ``command`` in the ``role`` helper pod (its container has that name)."""
+        from kubernetes.stream import stream
+
+        return self._call(f"exec in the {role} pod", stream, self.core.connect_get_namespaced_pod_exec, pod,
+                          self.namespace, command=command, container=role, stdin=stdin, stdout=True,
+                          stderr=True, tty=False, binary=True, _preload_content=False)
+
     def _exec_bytes(self, pod: str, command: builtins.list[str], limit: int, *, role: str = "fetch",
                     error: type[PetsClientError] = FetchError, doing: str = "reading the outputs") -> bytes:
         """The stdout of ``command`` in the ``role`` helper pod (its container has that name); ``error``
         (FetchError) when it goes past ``limit`` bytes (the pod's image is the training's: what it prints
         is not trusted) or the command fails."""
-        from kubernetes.stream import stream
-
-        resp = self._call(f"exec in the {role} pod", stream, self.core.connect_get_namespaced_pod_exec, pod,
-                          self.namespace, command=command, container=role, stdin=False, stdout=True,
-                          stderr=True, tty=False, binary=True, _preload_content=False)
+        resp = self._open_exec(pod, command, role, stdin=False)
         out, err = io.BytesIO(), io.BytesIO()
         try:
             def keep(stdout: bytes | None, stderr: bytes | None) -> None:
@@ -258,18 +253,17 @@ class FilesMixin:
             return self._exec_bytes(pod_name, command, limit, role="upload", error=UploadError, doing=doing)
 
         def open_exec(command: builtins.list[str], stdout_limit: int = 0) -> WsExec:
-            from kubernetes.stream import stream
-
-            resp = self._call("exec in the upload pod", stream, self.core.connect_get_namespaced_pod_exec,
-                              pod_name, self.namespace, command=command, container="upload", stdin=True,
-                              stdout=True, stderr=True, tty=False, binary=True, _preload_content=False)
-            return WsExec(resp, UploadError, stdout_limit)
+            return WsExec(self._open_exec(pod_name, command, "upload", stdin=True), UploadError, stdout_limit)
 
         try:
             self._wait_pod_running(pod_name, timeout, role="upload", error=UploadError)
             run(batches.prepare_command(root), STDERR_KEPT_BYTES, f"making {root} in the claim {claim}")
             copy_, skip = up.plan(files, batches.list_claim(open_exec, root, files))
-            bar = _upload_bar(claim, sum(f.size for f in copy_), len(copy_), progress, file)
+            # bytes, with the files done as its postfix
+            bar = auto_tqdm()(total=sum(f.size for f in copy_), unit="B", unit_scale=True, unit_divisor=1024,
+                              desc=f"upload to {claim}", file=file, dynamic_ncols=True, disable=not progress,
+                              leave=True)
+            bar.set_postfix_str(f"0/{len(copy_)} files")
             try:
                 batches.send(open_exec, root, copy_, bar.update,
                              lambda done: bar.set_postfix_str(f"{done}/{len(copy_)} files"))
