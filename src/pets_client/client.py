@@ -397,26 +397,18 @@ class PetsTrainingClient(ServeMixin):
 
     # ------------------------------------------------------------------ logs
 
-    def _pod_of_rank(self, name: str, rank: int) -> Any:
-        children = self.status(name).get("children") or {}
-        selector = pod_selector(children, rank)
+    def logs(self, name: str, rank: int = 0, follow: bool = False) -> str | Iterator[str]:
+        """The trainer's log of the pod of ``rank`` (of the current attempt): the whole text, or, with
+        follow=True, an iterator of lines that ends when the container does."""
+        selector = pod_selector(self.status(name).get("children") or {}, rank)
         pods = self._call("listing pods", self.core.list_namespaced_pod, self.namespace,
                           label_selector=selector).items
         if not pods:
             raise LogsError(f"{name} has no pod of rank {rank} (selector {selector}): it may not have "
                             "started yet, be suspended, or have fewer replicas")
-        return max(pods, key=lambda p: p.metadata.creation_timestamp)
-
-    @staticmethod
-    def _container(pod: Any) -> str:
+        pod = max(pods, key=lambda p: p.metadata.creation_timestamp)
         names = [c.name for c in pod.spec.containers]
-        return next((n for n in names if n in _api.TRAINER_CONTAINERS), names[0])
-
-    def logs(self, name: str, rank: int = 0, follow: bool = False) -> str | Iterator[str]:
-        """The trainer's log of the pod of ``rank`` (of the current attempt): the whole text, or, with
-        follow=True, an iterator of lines that ends when the container does."""
-        pod = self._pod_of_rank(name, rank)
-        container = self._container(pod)
+        container = next((n for n in names if n in _api.TRAINER_CONTAINERS), names[0])
         waiting = [s.state.waiting for s in (pod.status.container_statuses or [])
                    if s.name == container and s.state and s.state.waiting]
         if waiting or (pod.status.phase == "Pending" and not pod.status.container_statuses):

@@ -46,29 +46,22 @@ def served(trainings: list[dict[str, Any]], *, all_: bool) -> tuple[list[Served]
     """The claims to mount and the reasons the others are left out. One training: mounted at /output,
     and TensorBoardError when it has no claim. ``all_``: each training with a claim under
     /outputs/<name> (the rest left out with their reason); TensorBoardError when none has one."""
-    if not all_:
-        (training,) = trainings
-        reason = no_claim_reason(training)
-        if reason:
-            raise TensorBoardError(reason)
-        return [_served(training, _api.OUTPUT_DIR)], []
     kept, skipped = [], []
     for training in sorted(trainings, key=lambda t: t["metadata"]["name"]):
-        reason = no_claim_reason(training)
-        if reason:
+        name = training["metadata"]["name"]
+        if reason := no_claim_reason(training):
             skipped.append(reason)
-        else:
-            kept.append(_served(training, posixpath.join(ALL_ROOT, training["metadata"]["name"])))
+            continue
+        claim = output_claim(training) or {}
+        kept.append(Served(name=name, claim=str(claim["claimName"]),
+                           sub_path=str(claim.get("path") or "").strip("/"),
+                           mount_path=posixpath.join(ALL_ROOT, name) if all_ else _api.OUTPUT_DIR))
+    if skipped and not all_:
+        raise TensorBoardError(skipped[0])
     if not kept:
         raise TensorBoardError("no training of the namespace keeps its outputs on a claim"
                                + "".join(f"\n  {r}" for r in skipped))
     return kept, skipped
-
-
-def _served(training: dict[str, Any], mount_path: str) -> Served:
-    claim = output_claim(training) or {}
-    return Served(name=training["metadata"]["name"], claim=str(claim["claimName"]),
-                  sub_path=str(claim.get("path") or "").strip("/"), mount_path=mount_path)
 
 
 def logdir_spec(mounts: list[Served]) -> str:
