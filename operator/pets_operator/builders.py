@@ -225,9 +225,7 @@ def trainer_args(spec: Spec, checkpoints: str | None = None, global_batch: int |
     if spec.weights:
         args += ["--weights", spec.weights]
     if spec.pretrained_cache:
-        sub = spec.pretrained_cache["persistentVolumeClaim"].get("path", "/").strip("/")
-        cache_dir = f"{api.PRETRAINED_CACHE_DIR}/{sub}" if sub else api.PRETRAINED_CACHE_DIR
-        args += ["--pretrained-cache", cache_dir]
+        args += ["--pretrained-cache", _in_claim(api.PRETRAINED_CACHE_DIR, spec.pretrained_cache)]
     if not spec.freeze_backbone:
         args.append("--unfreeze")
     source = spec.dataset_source
@@ -239,18 +237,18 @@ def trainer_args(spec: Spec, checkpoints: str | None = None, global_batch: int |
             "--synthetic-classes", str(synthetic["numClasses"]),
         ]
     else:
-        args += ["--data", _data_dir(spec, source), "--data-layout", spec.dataset.get("layout", "auto")]
+        data = api.DATA_DIR if source in ("hostPath", "url") else _in_claim(api.DATA_DIR, spec.dataset)
+        args += ["--data", data, "--data-layout", spec.dataset.get("layout", "auto")]
     args += ["--summary-path", TERMINATION_LOG, "--metrics-port", str(api.METRICS_PORT)]
     if global_batch is not None:  # kept at every size of a resize (checkpoint_home.global_batch)
         args += ["--global-batch-size", str(global_batch)]
     return args + tracking.trainer_args(spec)
 
 
-def _data_dir(spec: Spec, source: str) -> str:
-    if source in ("hostPath", "url"):
-        return api.DATA_DIR
-    sub = spec.dataset["persistentVolumeClaim"].get("path", "/").strip("/")
-    return f"{api.DATA_DIR}/{sub}" if sub else api.DATA_DIR
+def _in_claim(mount_path: str, source: Mapping[str, Any]) -> str:
+    """Where the folder ``source.persistentVolumeClaim.path`` names is, with the claim at ``mount_path``."""
+    sub = source["persistentVolumeClaim"].get("path", "/").strip("/")
+    return f"{mount_path}/{sub}" if sub else mount_path
 
 
 def _volumes(spec: Spec, training: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

@@ -25,7 +25,6 @@ SUSPENDED = "Suspended"
 QUEUED = "Queued"  # a queue (Kueue) holds the workload: not admitted yet
 PREEMPTED = "Preempted"  # the queue took the admission back; it resumes from its checkpoint when re-admitted
 PHASES = [PENDING, QUEUED, RUNNING, RESTARTING, PREEMPTED, SUSPENDED, SUCCEEDED, FAILED]
-ACTIVE_PHASES = [RUNNING, RESTARTING]
 FINISHED_PHASES = [SUCCEEDED, FAILED]
 
 # Labels on every child.
