@@ -6,6 +6,7 @@ objects as kopf does and applies kopf's own rule."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import socket
@@ -67,12 +68,11 @@ class Standby:
         if self.peering_name is None or self.api is None:
             return True
         if self.due():
-            try:
+            # the API server is away: nothing can be done this round anyway; keep the answer
+            with contextlib.suppress(ApiException):
                 now = datetime.now(UTC)
                 self.paused_by = sorted({peer for peers in self._peerings()
                                          for peer in pausing_peers(peers, self.own, self.priority, now)})
-            except ApiException:
-                pass  # the API server is away: nothing can be done this round anyway; keep the answer
             self.checked_at = self.clock()
         return not self.paused_by
 

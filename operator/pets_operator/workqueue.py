@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import itertools
 import time
@@ -93,7 +94,5 @@ class WorkQueue:
                     self.add(key, self._due_priority.pop(key, TIMER))
             self._timer_changed.clear()
             timeout = self._timers[0][0] - now if self._timers else None
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._timer_changed.wait(), timeout)
-            except TimeoutError:
-                pass

@@ -61,13 +61,9 @@ def build_training(spec: dict[str, Any] | None = None, *, name: str | None = Non
     if not isinstance(given, dict):
         raise InvalidTrainingError(f"a PetsTraining spec must be a mapping, not {type(given).__name__}")
     if {"spec", "kind", "apiVersion", "metadata"} & given.keys():
-        kind = given.get("kind", _api.KIND)
-        if kind != _api.KIND:
-            raise InvalidTrainingError(f"kind: expected {_api.KIND}, got {kind!r}", fields=["kind"])
-        version = given.get("apiVersion", _api.API_VERSION)
-        if version != _api.API_VERSION:
-            raise InvalidTrainingError(f"apiVersion: expected {_api.API_VERSION}, got {version!r}",
-                                       fields=["apiVersion"])
+        for key, want in (("kind", _api.KIND), ("apiVersion", _api.API_VERSION)):
+            if (got := given.get(key, want)) != want:
+                raise InvalidTrainingError(f"{key}: expected {want}, got {got!r}", fields=[key])
         body = given
         if body.get("spec") is None:  # missing, or `spec:` with nothing under it
             body["spec"] = {}

@@ -82,7 +82,7 @@ class LocalForward:
         self.thread.join(timeout=2)
 
 
-class TensorBoard:
+class TensorBoard(contextlib.AbstractContextManager["TensorBoard"]):
     """A running TensorBoard: ``url`` on this machine, ``pod`` in the namespace. A context manager;
     close() (or leaving the ``with``) stops the forward and deletes the pod."""
 
@@ -107,9 +107,6 @@ class TensorBoard:
     def close(self) -> None:
         self._forward.close()
         self._client._delete_pod(self.pod)
-
-    def __enter__(self) -> TensorBoard:
-        return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
