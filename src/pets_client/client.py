@@ -26,10 +26,8 @@ from .errors import (
     LogsError,
     PetsClientError,
     TrainingDeletedError,
-    TrainingNotFoundError,
     UploadError,
     WaitTimeoutError,
-    server_error,
     terminal_text,
 )
 from .files import FETCH_POD_START_S, auto_tqdm
@@ -210,31 +208,6 @@ class PetsTrainingClient(ServeMixin):
 
     def __repr__(self) -> str:
         return f"PetsTrainingClient(namespace={self.namespace!r})"
-
-    # ------------------------------------------------------------------ errors
-
-    def _error(self, exc: Any, what: str, name: str | None = None) -> PetsClientError:
-        message, fields, causes = server_error(exc)
-        status = getattr(exc, "status", None)
-        if status == 404 and name is not None and "the server could not find" not in message.lower():
-            return TrainingNotFoundError(f"no PetsTraining {name!r} in namespace {self.namespace!r}")
-        if status == 404:
-            return PetsClientError(
-                f"{what}: {message} (is the PetsTraining CRD installed? helm install the chart "
-                "charts/pets-training; does the namespace exist?)")
-        if status in (400, 422):
-            return InvalidTrainingError(message, fields=fields, status=status, causes=causes)
-        if status == 403:
-            return PetsClientError(f"{what}: not allowed: {message}")
-        return PetsClientError(f"{what}: HTTP {status}: {message}")
-
-    def _call(self, what: str, fn: Any, *args: Any, name: str | None = None, **kwargs: Any) -> Any:
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            return fn(*args, **kwargs)
-        except ApiException as exc:
-            raise self._error(exc, what, name) from None
 
     def _custom(self, what: str, verb: str, *args: Any, **kwargs: Any) -> Any:
         """``<verb>_namespaced_custom_object`` on the namespace's PetsTrainings, through :meth:`_call`."""

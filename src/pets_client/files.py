@@ -17,8 +17,11 @@ from . import _api, batches
 from . import upload as up
 from .errors import (
     FetchError,
+    InvalidTrainingError,
     PetsClientError,
+    TrainingNotFoundError,
     UploadError,
+    server_error,
     terminal_text,
 )
 from .transfer import (
@@ -48,7 +51,8 @@ def auto_tqdm() -> Any:
 
 
 class FilesMixin:
-    """fetch and upload; the client gives the API handles, the namespace and its error mapping."""
+    """fetch and upload, and the client's calls to the API server (its errors mapped to the client's);
+    the client gives the API handles and the namespace."""
 
     namespace: str
     core: Any  # kubernetes.client.CoreV1Api
@@ -58,10 +62,27 @@ class FilesMixin:
         raise NotImplementedError
 
     def _error(self, exc: Any, what: str, name: str | None = None) -> PetsClientError:
-        raise NotImplementedError
+        message, fields, causes = server_error(exc)
+        status = getattr(exc, "status", None)
+        if status == 404 and name is not None and "the server could not find" not in message.lower():
+            return TrainingNotFoundError(f"no PetsTraining {name!r} in namespace {self.namespace!r}")
+        if status == 404:
+            return PetsClientError(
+                f"{what}: {message} (is the PetsTraining CRD installed? helm install the chart "
+                "charts/pets-training; does the namespace exist?)")
+        if status in (400, 422):
+            return InvalidTrainingError(message, fields=fields, status=status, causes=causes)
+        if status == 403:
+            return PetsClientError(f"{what}: not allowed: {message}")
+        return PetsClientError(f"{what}: HTTP {status}: {message}")
 
     def _call(self, what: str, fn: Any, *args: Any, name: str | None = None, **kwargs: Any) -> Any:
-        raise NotImplementedError
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            return fn(*args, **kwargs)
+        except ApiException as exc:
+            raise self._error(exc, what, name) from None
 
     def _trainer_image(self, training: dict[str, Any]) -> str:
         """The image the training's pods run: the Job's own, else spec.image, else the default."""
