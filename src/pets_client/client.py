@@ -254,7 +254,8 @@ class PetsTrainingClient(ServeMixin):
             metadata["name"] = (metadata.pop("generateName", None) or _api.GENERATE_NAME) + "".join(
                 secrets.choice(alphabet) for _ in range(5))
         claim = up.check_claim_name(claim or f"{metadata['name']}{up.DATA_CLAIM_SUFFIX}")
-        up.with_dataset(body, claim, sub)
+        body["spec"]["dataset"] = {"persistentVolumeClaim": {"claimName": claim,
+                                                             "path": up.dataset_path(sub)}}
         body["metadata"].pop("namespace", None)
         self._custom("checking the PetsTraining (dry run)", "create", body, dry_run="All")
         train_spec = body["spec"]

@@ -233,13 +233,3 @@ def plan(files: list[LocalFile],
     skip = [f for f in files if there.get(f.name) == {(f.size, f.sha256)}]
     skipped = {f.name for f in skip}
     return [f for f in files if f.name not in skipped], skip
-
-
-# ----------------------------------------------------------------------------- trainings
-
-
-def with_dataset(body: dict[str, Any], claim: str, sub: str) -> dict[str, Any]:
-    """The training ``body`` reading its images from ``claim`` at ``sub`` (replaces spec.dataset)."""
-    body["spec"]["dataset"] = {"persistentVolumeClaim": {"claimName": claim, "path": dataset_path(sub)}}
-    return body
-
