@@ -32,10 +32,8 @@ def output_durable(status: Status, spec: Spec, observed: Observed, name: str,
     to get there when it does not. Unknown while the claim is Pending and a pod waits for it."""
     output = api.output_of(spec)
     claim = observed.output_claim
-    pending = claim is not None and (claim.get("status") or {}).get("phase") == "Pending"
     durable: bool | None
-    if pending:
-        assert claim is not None
+    if claim is not None and (claim.get("status") or {}).get("phase") == "Pending":
         claim_name = claim["metadata"]["name"]
         durable, reason = None, "ClaimPending"
         modes = claim["spec"].get("accessModes") or []
