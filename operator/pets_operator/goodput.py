@@ -141,11 +141,12 @@ def read_attempt(status: Status, attempt: int, started: str | None,
         run["lastStep"] = int(last)
 
 
-def read_summary(status: Status, attempt: int, summary: dict[str, Any]) -> None:
-    """The newest run's final summary (its termination message): its whole split, more exact than a read."""
+def read_summary(status: Status, attempt: int, started: str | None, summary: dict[str, Any]) -> None:
+    """A run's final summary (its termination message; `started`: when its container started): its whole
+    split, more exact than a read."""
     times = summary.get(summary_keys.TIME_SECONDS)
     if isinstance(times, dict):  # a run that ended before any progress read has only its summary
-        _read(status, attempt, None, {str(g.field): times.get(g.summary_key) for g in TIME_GAUGES},
+        _read(status, attempt, started, {str(g.field): times.get(g.summary_key) for g in TIME_GAUGES},
               summary.get(summary_keys.RESUME_STEP))
 
 

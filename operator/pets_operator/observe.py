@@ -66,7 +66,7 @@ class Rank0:
     progress: dict[str, float] | None = None
     summary: dict[str, Any] | None = None
     progress_error: str | None = None
-    rank0_running_since: str | None = None  # when its trainer container started
+    rank0_running_since: str | None = None  # when its trainer container started (running or since ended)
     progress_failing_since: datetime | None = None  # since when its reads fail (scraper.Reading)
     progress_read_at: datetime | None = None  # when the gauges were read
 
@@ -76,19 +76,19 @@ def observe_rank0(pod: dict[str, Any] | None, phase_hint: str, scraper: Scraper 
     message (once finished)."""
     if pod is None:
         return Rank0()
-    summary = running_since = None
+    summary = started = None
     for cs in (pod.get("status") or {}).get("containerStatuses") or []:
         state = cs.get("state") or {}
         if state.get("terminated"):
             summary = pods.parse_summary(state["terminated"].get("message"))
-        running_since = (state.get("running") or {}).get("startedAt") or running_since
+        started = (state.get("running") or state.get("terminated") or {}).get("startedAt") or started
     st = pod.get("status") or {}
     if not st.get("podIP") or st.get("phase") != "Running" or phase_hint in api.FINISHED_PHASES:
-        return Rank0(summary=summary)
+        return Rank0(summary=summary, rank0_running_since=started)
     reading = scraper.reading(key, str(pod["metadata"].get("uid") or "")) if scraper is not None else None
     if reading is None:
-        return Rank0(None, summary, None, running_since)
-    return Rank0(reading.progress, summary, reading.error, running_since, reading.failing_since, reading.at)
+        return Rank0(None, summary, None, started)
+    return Rank0(reading.progress, summary, reading.error, started, reading.failing_since, reading.at)
 
 
 CREATING_LONG = 5.0  # seconds a pod may take to start its containers before its Events are read

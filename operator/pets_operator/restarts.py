@@ -87,7 +87,7 @@ def after_failure(result: Plan, spec: Spec, observed: Observed, ws: WorkloadStat
     if (failure is not None or disrupted) and isinstance(status.step, int) and status.last_failure:
         status.last_failure["lastStep"] = status.step  # how far it got (as last read): lostSteps
     if observed.summary:  # a stopped or failed trainer's own split of this attempt
-        goodput.read_summary(status, int(status.attempt or 0), observed.summary)
+        goodput.read_summary(status, int(status.attempt or 0), observed.rank0_running_since, observed.summary)
     if not permanent and (by_cluster or counted < spec.max_restarts):
         status.restarts = restarts + 1
         status.attempt = int(status.attempt or 0) + 1

@@ -281,7 +281,7 @@ def _with_workload(r: _Round, ws: WorkloadState) -> None:
         status.completion_time = ws.completion_time or timestamp(now)
         if observed.summary:  # the run may have finished before a progress read: its summary says it
             mirror_summary(status, observed.summary, spec.epochs)
-            goodput.read_summary(status, target.attempt, observed.summary)
+            goodput.read_summary(status, target.attempt, observed.rank0_running_since, observed.summary)
             work_lost(result, observed.summary.get("resume_step"))
             checkpoints_skipped(result, r.old)
         acc = status.eval_accuracy

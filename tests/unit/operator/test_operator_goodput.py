@@ -7,7 +7,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from pets_operator import api, goodput
+from pets_operator import api, goodput, observe
 from pets_operator.backends import timestamp
 from pets_operator.status_types import Status
 from test_operator_pods import NOW, body, failed, failed_job, job, plan, pod
@@ -188,6 +188,26 @@ def test_a_run_that_could_not_use_the_newest_step_checkpoint_says_so_once() -> N
     finished = plan(created(), done, [], now=at(30), summary=summary)
     assert finished.status.resume_skipped_checkpoints == 1
     assert [e.reason for e in finished.events].count("CheckpointSkipped") == 1
+
+
+def test_a_run_booked_only_by_its_summary_is_a_run_of_its_own() -> None:
+    """A Kueue preemption late in a training: the second run of the same attempt finishes between two
+    reads, so only its summary books it, told apart from the first by its container's start."""
+    status = Status()
+    goodput.read_attempt(status, 0, "2026-01-02T03:00:00Z", gauges(100, 0, 5.0, 30.0))
+    split = {"startup": 6.0, "train": 2.8, "eval": 0.5, "checkpoint": 0.1, "restore": 0.1}
+    goodput.read_summary(status, 0, "2026-01-02T03:01:00Z", {"resume_step": 100, "time_seconds": split})
+    first, second = status.goodput["attempts"]
+    assert (first["firstStep"], first["lastStep"], first["trainSeconds"]) == (0, 100, 30.0)
+    assert (second["firstStep"], second["trainSeconds"]) == (100, 2.8)
+    assert second["startedAt"] == "2026-01-02T03:01:00Z"
+
+
+def test_a_finished_rank_0_says_when_its_container_started() -> None:
+    """What books a run that ended before any read: the start of rank 0's terminated container."""
+    ended = pod(0, phase="Succeeded", terminated={"exitCode": 0, "startedAt": "2026-01-02T03:01:00Z"})
+    assert observe.observe_rank0(ended, api.RUNNING, None, ("ns", "pets")).rank0_running_since == \
+        "2026-01-02T03:01:00Z"
 
 
 def test_a_run_that_ended_before_any_progress_read_has_its_world_size_from_the_summary() -> None:
