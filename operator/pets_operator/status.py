@@ -267,6 +267,8 @@ def _read_progress(r: _Round, ws: WorkloadState) -> None:
         goodput.read_attempt(status, r.target.attempt, observed.rank0_running_since, observed.progress)
         checkpoints_skipped(r.result, r.old)
         work_lost(r.result, observed.progress.get(gauges.BY_KEY["resume_step"].name))
+    elif observed.rank0_running_since:  # listed before its first read: a resize may stop it before then
+        goodput.read_attempt(status, r.target.attempt, observed.rank0_running_since, {})
 
 
 def _with_workload(r: _Round, ws: WorkloadState) -> None:

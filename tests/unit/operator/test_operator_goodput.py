@@ -203,6 +203,13 @@ def test_a_run_booked_only_by_its_summary_is_a_run_of_its_own() -> None:
     assert second["startedAt"] == "2026-01-02T03:01:00Z"
 
 
+def test_a_run_is_listed_once_rank_0_runs_before_any_progress_read() -> None:
+    """A resize or a preemption may stop a run before the first read of its gauges: it is listed from its
+    container's start, its time unaccounted."""
+    p = plan(created(), job(active=2), RUNNING, now=at(10), rank0_running_since=timestamp(at(7)))
+    assert p.status.goodput["attempts"] == [{"attempt": 0, "startedAt": timestamp(at(7)), "worldSize": 2}]
+
+
 def test_a_finished_rank_0_says_when_its_container_started() -> None:
     """What books a run that ended before any read: the start of rank 0's terminated container."""
     ended = pod(0, phase="Succeeded", terminated={"exitCode": 0, "startedAt": "2026-01-02T03:01:00Z"})
