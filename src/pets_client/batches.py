@@ -20,7 +20,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Protocol
 
 from .errors import UploadError
-from .transfer import check_name
+from .transfer import check_name, list_command, list_limit, parse_list
 from .upload import LocalFile
 
 BATCH_BYTES = 64 << 20  # data per exec: a batch that fails is sent again whole
@@ -56,39 +56,6 @@ def prepare_command(root: str) -> list[str]:
               '{ echo "$0 cannot be written by uid $(id -u)" >&2; exit 3; }; '
               'rm -rf "$0"/' + STAGING_PREFIX + '*')
     return ["sh", "-c", script, root]
-
-
-def list_command(root: str, size: int) -> list[str]:
-    """What of the names on stdin (``size`` bytes, a name a line) is already under ``root``: `S <size>
-    <name>` and `<sha256>  <name>` lines, from a stat and a sha256sum per few thousand names (a process
-    per file made a second upload of 1,797 files take 28 s)."""
-    there = 'for f; do [ -f "$f" ] && printf "%s\\0" "$f"; done'
-    script = ('cd "$0" || exit 3; head -c "$1" | tr "\\n" "\\0" | '
-              f"xargs -0 -r sh -c '{there}' sh | "
-              """xargs -0 -r sh -c 'stat -c "S %s %n" -- "$@" && sha256sum -- "$@"' sh || exit 3""")
-    return ["sh", "-c", script, root, str(size)]
-
-
-def list_limit(names: list[str]) -> int:
-    """The most bytes list_command prints for ``names``: what a pod sends beyond it is refused."""
-    return sum(2 * len(n.encode()) + 2 + 21 + 1 + 64 + 2 + 1 for n in names) + 64
-
-
-_LIST_SIZE = re.compile(r"^S ([0-9]{1,20}) (.+)$")
-_LIST_DIGEST = re.compile(r"^([0-9a-f]{64})  (.+)$")
-
-
-def parse_list(text: bytes) -> list[tuple[str, int, str]]:
-    """list_command's output -> (name, size, sha256) of each file that has both lines (the shape of
-    fetch's parse_listing, which plan reads)."""
-    sizes: dict[str, int] = {}
-    digests: dict[str, str] = {}
-    for line in text.decode(errors="replace").split("\n"):
-        if m := _LIST_SIZE.match(line):
-            sizes[m.group(2)] = int(m.group(1))
-        elif m := _LIST_DIGEST.match(line):
-            digests[m.group(2)] = m.group(1)
-    return [(name, size, digests[name]) for name, size in sizes.items() if name in digests]
 
 
 def batches(files: list[LocalFile], max_bytes: int = BATCH_BYTES,

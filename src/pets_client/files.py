@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-import io
 import os
 import time
 import warnings
@@ -34,11 +33,12 @@ from .transfer import (
     decode_chunk,
     fetch_pod,
     list_command,
-    listing_limit,
+    list_limit,
     no_claim_reason,
 )
 
 FETCH_POD_START_S = 120.0
+EXEC_TIMEOUT_S = 600.0  # one command in a helper pod: a listing that hashes the files, or a chunk
 
 
 def auto_tqdm() -> Any:
@@ -125,7 +125,9 @@ class FilesMixin:
         pod_name = pod.metadata.name
         try:
             self._wait_pod_running(pod_name, timeout)
-            listing = self._exec_bytes(pod_name, list_command(wanted), listing_limit(wanted))
+            names = "".join(f"{f}\n" for f in wanted).encode()  # on stdin: never on the pod's command line
+            listing = self._exec_bytes(pod_name, list_command(_api.OUTPUT_DIR, len(names)),
+                                       list_limit(wanted), stdin=names)
             got = collect(dest, wanted, listing,
                           lambda f, index: decode_chunk(self._exec_bytes(pod_name, chunk_command(f, index),
                                                                          CHUNK_OUTPUT_BYTES)))
@@ -187,34 +189,20 @@ class FilesMixin:
                           stderr=True, tty=False, binary=True, _preload_content=False)
 
     def _exec_bytes(self, pod: str, command: builtins.list[str], limit: int, *, role: str = "fetch",
-                    error: type[PetsClientError] = FetchError, doing: str = "reading the outputs") -> bytes:
-        """The stdout of ``command`` in the ``role`` helper pod (its container has that name); ``error``
-        (FetchError) when it goes past ``limit`` bytes (the pod's image is the training's: what it prints
-        is not trusted) or the command fails."""
-        resp = self._open_exec(pod, command, role, stdin=False)
-        out, err = io.BytesIO(), io.BytesIO()
-        try:
-            def keep(stdout: bytes | None, stderr: bytes | None) -> None:
-                out.write(stdout or b"")
-                if err.tell() < STDERR_KEPT_BYTES:
-                    err.write((stderr or b"")[:STDERR_KEPT_BYTES - err.tell()])
-                if out.tell() > limit:
-                    raise error(f"the {role} pod sent more than the {limit} bytes its command can "
-                                     "print: refused (it runs the training's image: is that the trainer?)")
-
-            while resp.is_open():
-                resp.update(timeout=5)
-                keep(resp.read_stdout() if resp.peek_stdout() else None,
-                     resp.read_stderr() if resp.peek_stderr() else None)
-            # what arrived with the last frames, after the stream closed
-            keep(resp.read_stdout(timeout=0), resp.read_stderr(timeout=0))
-            code = resp.returncode
-        finally:
-            resp.close()
+                    error: type[PetsClientError] = FetchError, doing: str = "reading the outputs",
+                    stdin: bytes = b"") -> bytes:
+        """The stdout of ``command`` in the ``role`` helper pod (its container has that name), ``stdin``
+        written to it; ``error`` (FetchError) when it goes past ``limit`` bytes (the pod's image is the
+        training's: what it prints is not trusted), fails, or runs past EXEC_TIMEOUT_S."""
+        pod_exec = WsExec(self._open_exec(pod, command, role, stdin=True), error, limit, role)
+        if stdin:
+            pod_exec.write(stdin)
+        code, stderr = pod_exec.finish(EXEC_TIMEOUT_S)
+        if code is None:
+            raise error(f"{doing} did not end within {EXEC_TIMEOUT_S:g} s")
         if code:
-            raise error(f"{doing} failed (exit {code}): "
-                             f"{terminal_text(err.getvalue().decode(errors='replace').strip())}")
-        return out.getvalue()
+            raise error(f"{doing} failed (exit {code}): {terminal_text(stderr.strip())}")
+        return pod_exec.output()
 
     def upload(self, local_dir: str | os.PathLike[str], *, claim: str, path: str = "/",
                image: str | None = None, access_modes: builtins.list[str] | None = None,

@@ -3,7 +3,7 @@ write outside the destination. Hypothesis generates the names (any text: '..', '
 unicode, empty), the listings (names, sizes and digests, true or not), the chunks, and the destination
 itself: a temp tree whose `dest` holds links that lead out of it, stay inside it, dangle or loop.
 
-Whatever they are, `check_name`, `parse_listing`, `check_listing`, `target_path`, `assemble`, `save` and
+Whatever they are, `check_name`, `parse_list`, `check_listing`, `target_path`, `assemble`, `save` and
 `collect` return what they promise or raise FetchError (never another exception), and a snapshot of the
 temp tree around the destination shows nothing outside it changed. Each example makes its own
 tempfile.TemporaryDirectory (hypothesis runs a test body many times; a pytest tmp_path would be shared).
@@ -37,7 +37,7 @@ from pets_client.transfer import (
     check_name,
     collect,
     decode_chunk,
-    parse_listing,
+    parse_list,
     save,
     target_path,
 )
@@ -163,18 +163,19 @@ def test_check_name_of_what_is_not_a_string_raises_fetch_error(name: Any) -> Non
         check_name(name)
 
 
-LISTING_LINES = st.builds(
-    lambda size, digest, name: f"{size} {digest} {name}",
-    st.one_of(st.integers(0, 10**20), st.integers(), st.sampled_from(["", "-1", "1e3", "0x10", "١"])),
-    st.one_of(st.text(alphabet="0123456789abcdef", min_size=64, max_size=64), st.text(max_size=70)),
-    NAMES)
+LISTING_LINES = st.one_of(
+    st.builds(lambda size, name: f"S {size} {name}", st.one_of(
+        st.integers(0, 10**20), st.integers(), st.sampled_from(["", "-1", "1e3", "0x10", "١"])), NAMES),
+    st.builds(lambda digest, name: f"{digest}  {name}",
+              st.one_of(st.text(alphabet="0123456789abcdef", min_size=64, max_size=64), st.text(max_size=70)),
+              NAMES))
 
 
 @PURE
 @given(st.one_of(st.binary(), st.lists(st.one_of(LISTING_LINES, st.text()), max_size=8).map(
     lambda lines: "\n".join(lines).encode("utf-8", "surrogatepass"))))
-def test_parse_listing_of_any_bytes_gives_well_formed_entries(text: bytes) -> None:
-    for name, size, digest in parse_listing(text):
+def test_parse_list_of_any_bytes_gives_well_formed_entries(text: bytes) -> None:
+    for name, size, digest in parse_list(text):
         assert isinstance(name, str) and name and "\n" not in name
         assert type(size) is int and 0 <= size < 10**20
         assert re.fullmatch("[0-9a-f]{64}", digest)
@@ -326,7 +327,7 @@ def test_collect_writes_inside_the_destination_or_raises_fetch_error(links: dict
         true_digest = honest or data.draw(st.sampled_from([True, True, True, False]), label="true digest")
         digest = hashlib.sha256(content if true_digest else b"x").hexdigest()
         times = 1 if honest else data.draw(st.sampled_from([1, 1, 2]), label="times")
-        lines += [f"{size} {digest} {name}"] * times
+        lines += [f"S {size} {name}", f"{digest}  {name}"] * times
     garbage = st.text(max_size=20) if honest else st.one_of(LISTING_LINES, st.text(max_size=20))
     lines += data.draw(st.lists(garbage, max_size=2), label="garbage")
     order = data.draw(st.permutations(lines), label="order")

@@ -32,8 +32,8 @@ from pets_client.transfer import (
     check_name,
     collect,
     list_command,
-    listing_limit,
-    parse_listing,
+    list_limit,
+    parse_list,
     save,
     target_path,
 )
@@ -49,7 +49,8 @@ WANTED = list(_api.OUTPUT_FILES)
 
 
 def _line(name: str, data: bytes) -> bytes:
-    return f"{len(data)} {hashlib.sha256(data).hexdigest()} {name}\n".encode()
+    """The two lines list_command prints for a file: its size, then its digest."""
+    return f"S {len(data)} {name}\n{hashlib.sha256(data).hexdigest()}  {name}\n".encode()
 
 
 def _listing(files: dict[str, bytes]) -> bytes:
@@ -99,16 +100,17 @@ def test_check_name_refuses_what_is_not_a_string() -> None:
         check_name(b"summary.json")  # type: ignore[arg-type]
 
 
-def test_parse_listing_keeps_well_formed_lines_only() -> None:
+def test_parse_list_keeps_well_formed_lines_only() -> None:
     digest = "a" * 64
-    text = (f"12 {digest} summary.json\n"
-            f"\u00b2 {digest} progress.jsonl\n"          # a digit to str.isdigit, not to int()
-            f"\u0661\u0662 {digest} metrics.png\n"      # Arabic-Indic digits
-            f"3 {'A' * 64} config.yaml\n"               # not lower-case hex
-            f"99999999999999999999999 {digest} big\n"   # more than 20 digits
-            f"4 {digest} two\r\n"
+    text = (f"S 12 summary.json\n{digest}  summary.json\n"
+            f"S \u00b2 progress.jsonl\n{digest}  progress.jsonl\n"    # a digit to str.isdigit, not to int()
+            f"S \u0661\u0662 metrics.png\n{digest}  metrics.png\n"  # Arabic-Indic digits
+            f"S 3 config.yaml\n{'A' * 64}  config.yaml\n"             # not lower-case hex
+            f"S 99999999999999999999999 big\n{digest}  big\n"         # more than 20 digits
+            f"S 5 unhashed\n"                                         # a size without its digest
+            f"S 4 two\r\n{digest}  two\r\n"
             "garbage\n").encode()
-    assert parse_listing(text) == [("summary.json", 12, digest), ("two\r", 4, digest)]
+    assert parse_list(text) == [("summary.json", 12, digest), ("two\r", 4, digest)]
 
 
 def test_a_listing_may_only_name_what_was_asked_for() -> None:
@@ -195,9 +197,9 @@ def test_nothing_is_read_for_an_empty_file_but_its_digest_is_checked() -> None:
 
 def test_the_listing_limit_fits_the_listing_of_every_file() -> None:
     files = ["summary.json", "checkpoints/epoch_12/model.safetensors"]
-    assert listing_limit(files) >= len(_listing({f: b"" for f in files}).replace(b"0 ", b"9" * 20 + b" "))
+    longest = _listing({f: b"" for f in files}).replace(b"S 0 ", b"S " + b"9" * 20 + b" ")
+    assert list_limit(files) >= len(longest)
     assert CHUNK_OUTPUT_BYTES >= len(base64.b64encode(b"\xff" * CHUNK_BYTES))
-    assert list_command(files)  # the same names pass both
 
 
 # ----------------------------------------------------------------------------- save and collect
@@ -309,9 +311,9 @@ def _client(monkeypatch: pytest.MonkeyPatch, files: dict[str, bytes], listing: b
                 "spec": {"output": {"persistentVolumeClaim": {"claimName": "c"}}}}
     limits: list[int] = []
 
-    def exec_bytes(pod: str, command: list[str], limit: int) -> bytes:
+    def exec_bytes(pod: str, command: list[str], limit: int, stdin: bytes = b"") -> bytes:
         limits.append(limit)
-        if command[2].startswith('cd "$0" || exit 3'):
+        if command == list_command(_api.OUTPUT_DIR, len(stdin)):
             return _listing(files) if listing is None else listing
         name, index = command[4], int(command[5])
         if chunk_text is not None:
@@ -343,7 +345,7 @@ def test_fetch_reads_no_more_than_the_listing_says(tree: Path, monkeypatch: pyte
     pets, _ = _client(monkeypatch, files)
     assert pets.fetch("pets", tree / "dest") == [tree / "dest" / "summary.json"]
     assert (tree / "dest" / "summary.json").read_bytes() == files["summary.json"]
-    assert pets.limits == [listing_limit(WANTED), CHUNK_OUTPUT_BYTES]  # type: ignore[attr-defined]
+    assert pets.limits == [list_limit(WANTED), CHUNK_OUTPUT_BYTES]  # type: ignore[attr-defined]
     # a pod that sends more than the file it listed: refused, nothing written
     pets, _ = _client(monkeypatch, files, chunk_text=lambda n, i: base64.b64encode(b'{"a": 1}' + b" " * 99))
     before = snapshot(tree)

@@ -26,7 +26,7 @@ from pets_client.transfer import (
     fetch_pod,
     list_command,
     output_claim,
-    parse_listing,
+    parse_list,
     save,
 )
 
@@ -175,28 +175,37 @@ def test_an_unset_output_is_what_the_operator_chose() -> None:
 
 
 def test_fetch_commands_refuse_paths_outside_the_output() -> None:
-    cmd = list_command(["summary.json", "checkpoints/epoch_1/model.safetensors"])
-    assert cmd[:2] == ["sh", "-c"] and cmd[-1] == "/output"
     for bad in ("../etc/passwd", "/etc/passwd", "a;rm -rf /", "$(x)"):
-        with pytest.raises(FetchError):
-            list_command([bad])
         with pytest.raises(FetchError):
             chunk_command(bad, 0)
 
 
-def _run_in(directory: Path, cmd: list[str]) -> bytes:
+def _run_in(directory: Path, cmd: list[str], stdin: bytes = b"") -> bytes:
     """A fetch pod command run here, with ``directory`` standing in for /output."""
-    res = subprocess.run([cmd[0], cmd[1], cmd[2], str(directory), *cmd[4:]], capture_output=True, check=False)
+    res = subprocess.run([cmd[0], cmd[1], cmd[2], str(directory), *cmd[4:]], input=stdin, capture_output=True,
+                         check=False)
     assert res.returncode == 0 and not res.stderr, res.stderr
     return res.stdout
+
+
+def _list_in(directory: Path, names: list[str]) -> list[tuple[str, int, str]]:
+    text = "".join(f"{n}\n" for n in names).encode()
+    return parse_list(_run_in(directory, list_command("/output", len(text)), text))
+
+
+def test_the_listing_never_runs_a_name(tmp_path: Path) -> None:
+    """The names go to the pod on stdin, never into its shell's command line."""
+    (tmp_path / "a b").write_text("x")
+    names = ["$(touch pwned)", "`touch pwned`", "a b", "; touch pwned", "-n", "--help"]
+    assert [(n, size) for n, size, _ in _list_in(tmp_path, names)] == [("a b", 1)]
+    assert not (tmp_path / "pwned").exists() and not Path("pwned").exists()
 
 
 def test_the_pod_commands_list_and_read_a_file_in_checked_chunks(tmp_path: Path) -> None:
     payload = os.urandom(CHUNK_BYTES * 2 + 12345)
     (tmp_path / "model.safetensors").write_bytes(payload)
     (tmp_path / "summary.json").write_text("{}")
-    wanted = ["summary.json", "metrics.png", "model.safetensors"]
-    listing = parse_listing(_run_in(tmp_path, list_command(wanted)))
+    listing = _list_in(tmp_path, ["summary.json", "metrics.png", "model.safetensors"])
     assert [(n, size) for n, size, _ in listing] == [("summary.json", 2), ("model.safetensors", len(payload))]
     name, size, digest = listing[1]
     assert digest == hashlib.sha256(payload).hexdigest()

@@ -23,13 +23,12 @@ from pets_client.batches import (
     batches,
     frames,
     list_claim,
-    list_limit,
-    parse_list,
     prepare_command,
     receive_command,
     send,
     send_batch,
 )
+from pets_client.transfer import list_limit, parse_list
 from pets_client.upload import LocalFile, plan, walk
 
 from .test_client_upload import _sha, _write
