@@ -119,8 +119,10 @@ def _name(pod: dict[str, Any]) -> str:
     return str((pod.get("metadata") or {}).get("name") or "")
 
 
-def _condition(pod: dict[str, Any], ctype: str) -> dict[str, Any] | None:
-    return next((c for c in _status(pod).get("conditions") or [] if c.get("type") == ctype), None)
+def _condition(pod: dict[str, Any], ctype: str, status: str | None = None) -> dict[str, Any] | None:
+    """The pod's condition of this type (given a status: only where it has that status), or None."""
+    return next((c for c in _status(pod).get("conditions") or []
+                 if c.get("type") == ctype and (status is None or c.get("status") == status)), None)
 
 
 def _claims(pod: dict[str, Any]) -> list[str]:
@@ -151,8 +153,7 @@ def waiting_reason(pod: dict[str, Any], events: list[dict[str, Any]] | None = No
         if reason in CONFIG_REASONS:
             text = f"container {cs.get('name')} cannot be created ({reason})"
             return Waiting("ContainerConfigError", f"{text}: {detail}" if detail else text)
-    scheduled = _condition(pod, "PodScheduled")
-    if scheduled and scheduled.get("status") == "False":
+    if scheduled := _condition(pod, "PodScheduled", "False"):
         message = str(scheduled.get("message") or scheduled.get("reason") or "not scheduled")
         claim = _CLAIM.search(message)
         if claim or "PersistentVolumeClaim" in message:
@@ -166,7 +167,7 @@ def waiting_reason(pod: dict[str, Any], events: list[dict[str, Any]] | None = No
         if cs.get("name") == DATASET_INIT and (cs.get("state") or {}).get("running"):
             return Waiting("FetchingDataset", "the dataset init container is fetching spec.dataset.url into "
                            f"its cache claim (kubectl logs {_name(pod)} -c {DATASET_INIT})")
-    if scheduled and scheduled.get("status") == "True":
+    if _condition(pod, "PodScheduled", "True"):
         return Waiting("ContainerCreating", "containers are being created")
     return Waiting("WaitingForPods", "waiting to be scheduled")
 
@@ -222,15 +223,13 @@ def create_refused(workload_events: list[dict[str, Any]]) -> Waiting | None:
 def creating(pod: dict[str, Any]) -> bool:
     """Scheduled but its containers not started: where a mount failure keeps a pod, and the only pods
     whose Events `waiting_reason` needs."""
-    scheduled = _condition(pod, "PodScheduled")
-    return _status(pod).get("phase") == "Pending" and bool(scheduled and scheduled.get("status") == "True")
+    return _status(pod).get("phase") == "Pending" and _condition(pod, "PodScheduled", "True") is not None
 
 
 def scheduled_at(pod: dict[str, Any]) -> str | None:
     """When the pod was bound to a node (its PodScheduled condition turned True), or None."""
-    scheduled = _condition(pod, "PodScheduled")
-    return str(scheduled.get("lastTransitionTime") or "") or None if scheduled and \
-        scheduled.get("status") == "True" else None
+    scheduled = _condition(pod, "PodScheduled", "True") or {}
+    return str(scheduled.get("lastTransitionTime") or "") or None
 
 
 def worst_waiting(pods: list[dict[str, Any]], events: dict[str, list[dict[str, Any]]] | None = None
@@ -261,8 +260,7 @@ def _terminated(pod: dict[str, Any]) -> dict[str, Any] | None:
 
 def _disruption(pod: dict[str, Any]) -> str | None:
     """Preempted, NodeLost or Evicted when the cluster ended the pod (None: the training did)."""
-    cond = _condition(pod, "DisruptionTarget")
-    if cond and cond.get("status") == "True":
+    if cond := _condition(pod, "DisruptionTarget", "True"):
         reason = str(cond.get("reason") or "")  # PreemptionByScheduler, DeletionByTaintManager, ...
     elif _status(pod).get("reason") in DISRUPTION_REASONS:
         reason = str(_status(pod)["reason"])
