@@ -115,6 +115,12 @@ def _claim(description: str, path: str = "Directory inside the volume (absolute,
     return _obj(description, properties, required=["claimName"])
 
 
+def _made_claim(default_size: str) -> dict[str, Any]:
+    """The size and StorageClass of a claim the operator makes (children._claim reads them)."""
+    return {"size": _quantity(f"Storage requested; unset: {default_size}."),
+            "storageClassName": _object_name("StorageClass of the claim; unset: the cluster's default.")}
+
+
 # ----------------------------------------------------------------------------- the spec
 
 SPEC_SCHEMA: dict[str, Any] = _obj(
@@ -210,11 +216,9 @@ SPEC_SCHEMA: dict[str, Any] = _obj(
                         "AWS_SECRET_ACCESS_KEY, given to the init container only; unset: none (a public "
                         "bucket)."),
                 }),
-                "cache": _obj("The claim url's data is kept in (made by the operator when missing).", {
-                    "size": _quantity(f"Storage requested; unset: {DEFAULT_DATASET_CACHE_SIZE}."),
-                    "storageClassName": _object_name(
-                        "StorageClass of the claim; unset: the cluster's default."),
-                }, rules=_validations("spec.dataset.cache")),
+                "cache": _obj("The claim url's data is kept in (made by the operator when missing).",
+                              _made_claim(DEFAULT_DATASET_CACHE_SIZE),
+                              rules=_validations("spec.dataset.cache")),
                 "hostPath": _obj(
                     "A directory of <label>_<n>.jpg images on every node (single-node or test clusters).",
                     {"path": _str("Absolute directory on the node.", pattern=ABS_PATH, min_length=1,
@@ -238,9 +242,7 @@ SPEC_SCHEMA: dict[str, Any] = _obj(
                     "used as it is (a Retain claim of an earlier training of the same name: its work "
                     "resumes).",
                     {
-                        "size": _quantity(f"Storage requested; unset: {DEFAULT_OUTPUT_CLAIM_SIZE}."),
-                        "storageClassName": _object_name(
-                            "StorageClass of the claim; unset: the cluster's default."),
+                        **_made_claim(DEFAULT_OUTPUT_CLAIM_SIZE),
                         "accessModes": {
                             "type": "array", "maxItems": 2,
                             "description": "Access modes of the claim; unset: ReadWriteMany when replicas "
