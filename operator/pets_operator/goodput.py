@@ -84,21 +84,18 @@ def _entry(book: dict[str, Any], attempt: int, started: str | None) -> dict[str,
     suspension stops its pods, and the same attempt's workload starts new ones), told apart by when rank
     0's container started (None: the newest run of that attempt)."""
     runs = book.setdefault("attempts", [])
-    newest = next((run for run in reversed(runs) if run.get("attempt") == attempt), None)
-    if newest is not None and (started is None or newest.get("startedAt") in (None, started)):
-        if started is not None:
-            newest["startedAt"] = started
-        return newest
-    entry: dict[str, Any] = {"attempt": attempt}
+    run = next((run for run in reversed(runs) if run.get("attempt") == attempt), None)
+    if run is None or (started is not None and run.get("startedAt") not in (None, started)):  # a new run
+        run = {"attempt": attempt}
+        runs.append(run)
+        if len(runs) > ATTEMPTS_KEPT:
+            earlier = book.setdefault("earlier", {})
+            for key, value in runs.pop(0).items():
+                if key.endswith("Seconds"):
+                    earlier[key] = round(float(earlier.get(key) or 0.0) + float(value), 3)
     if started is not None:
-        entry["startedAt"] = started
-    runs.append(entry)
-    if len(runs) > ATTEMPTS_KEPT:
-        earlier = book.setdefault("earlier", {})
-        for key, value in runs.pop(0).items():
-            if key.endswith("Seconds"):
-                earlier[key] = round(float(earlier.get(key) or 0.0) + float(value), 3)
-    return entry
+        run["startedAt"] = started
+    return run
 
 
 def _resumed_at(book: dict[str, Any], run: dict[str, Any], first_step: int) -> None:
