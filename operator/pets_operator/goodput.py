@@ -33,6 +33,7 @@ from pets_contract import gauges
 from pets_contract import summary as summary_keys
 from pets_operator import api
 from pets_operator.backends import parse_timestamp, timestamp
+from pets_operator.mirror import in_range
 from pets_operator.status_types import Status
 
 WAITING_PHASES = (api.PENDING, api.QUEUED, api.SUSPENDED, api.PREEMPTED, api.RESTARTING)
@@ -42,9 +43,7 @@ ATTEMPTS_KEPT = 10  # older attempts are added into `earlier`
 
 
 def _seconds(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return round(float(value), 3) if 0 <= value <= gauges.TOP else None
+    return round(float(value), 3) if in_range(value) else None
 
 
 def _book(status: Status) -> dict[str, Any]:

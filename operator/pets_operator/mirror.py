@@ -65,9 +65,7 @@ def work_lost(result: Plan, resume_step: Any) -> None:
     steps the last one had done past that point, done again. At least: the last attempt's step is as
     last read (every progress interval), so it may have gone further."""
     failure = result.status.last_failure or {}
-    known = isinstance(resume_step, int | float) and not isinstance(resume_step, bool) and \
-        0 <= resume_step <= gauges.TOP
-    if "lastStep" not in failure or "lostSteps" in failure or not known:
+    if "lastStep" not in failure or "lostSteps" in failure or not in_range(resume_step):
         return
     lost = max(0, int(failure["lastStep"]) - int(resume_step))
     failure["lostSteps"] = lost
@@ -89,9 +87,14 @@ def checkpoints_skipped(result: Plan, old: Status) -> None:
         f"further back, at step {result.status.resume_step or 0} (0: from the start)")))
 
 
+def in_range(value: Any, top: float = gauges.TOP) -> bool:
+    """A number (not a bool) in 0..top: a figure from rank 0 that a status can hold."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value <= top
+
+
 def is_count(value: Any) -> bool:
-    """An integer (not a bool) in 0..gauges.TOP: a count from the summary a status can hold."""
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= gauges.TOP
+    """An integer in 0..gauges.TOP: a count from the summary a status can hold."""
+    return isinstance(value, int) and in_range(value)
 
 
 def mirror_summary(status: Status, summary: dict[str, Any], total_epochs: int) -> None:
@@ -100,7 +103,7 @@ def mirror_summary(status: Status, summary: dict[str, Any], total_epochs: int) -
     # The last progress read may be an epoch old: the run's own final figures win.
     for key, gauge_key in summary_keys.FINAL_FIGURES.items():
         gauge, value = gauges.BY_KEY[gauge_key], summary.get(key)
-        if isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value <= gauge.top:
+        if in_range(value, gauge.top):
             setattr(status, snake(str(gauge.field)), gauge.kind(value))
     if summary.get(summary_keys.STATUS) == summary_keys.SUCCEEDED and is_count(status.steps_total):
         status.step = status.steps_total  # every step of the run was taken
