@@ -377,10 +377,16 @@ def _rebuild(r: _Round, smaller: tuple[int, str, str] | None = None) -> None:
     old_size = int(resize.built_size(observed.workload) or observed.backend.size(observed.workload)
                    or spec.replicas)
     active = bool(status.workload_active)
+    # The workload goes (its pods stop with the SIGTERM save), and the next attempt is made once it is gone.
+    status.attempt = target.attempt + 1
+    policy = {k: v for k, v in (status.children or {}).items() if k == "networkPolicy"}  # one for all
+    status.children = observed.backend.children_names(target.name, target.attempt + 1) | policy
+    result.delete.append(ref(observed.workload))
+    result.requeue_after = 0.0
+    status.workload_active = False
     if smaller is not None:
         size, reason, why = smaller
         resize.begin(result, old_size, size, spec.replicas, reason, why, now)
-        _rebuild_workload(result, observed, target)
         r.phase(api.QUEUED if target.queued else api.PENDING, "Resizing",
                 f"resizing {old_size} -> {size}: {why}")
         return
@@ -392,7 +398,6 @@ def _rebuild(r: _Round, smaller: tuple[int, str, str] | None = None) -> None:
             status.resize = None
             result.events.append(Event("Normal", "Resized", f"{old_size} -> {spec.replicas} ({SCALED}): "
                                        + resize.scaled_message(old_size, spec.replicas, True)))
-    _rebuild_workload(result, observed, target)
     kind, name = observed.workload["kind"], observed.workload["metadata"]["name"]
     message = (f"spec changed (generation {r.generation}) since {kind} {name} was built: "
                "rebuilding it from the new spec")
@@ -404,19 +409,6 @@ def _rebuild(r: _Round, smaller: tuple[int, str, str] | None = None) -> None:
     phase = (api.SUSPENDED if spec.suspend else api.QUEUED if target.queued
              else api.RESTARTING if r.old.phase == api.RESTARTING else api.PENDING)
     r.phase(phase, "Rebuilding", message)
-
-
-def _rebuild_workload(result: Plan, observed: Observed, target: builders.Target) -> None:
-    """The workload goes (its pods stop with the SIGTERM save), and the next attempt is made once it is
-    gone."""
-    assert observed.workload is not None
-    status = result.status
-    status.attempt = target.attempt + 1
-    policy = {k: v for k, v in (status.children or {}).items() if k == "networkPolicy"}  # one for all
-    status.children = observed.backend.children_names(target.name, target.attempt + 1) | policy
-    result.delete.append(ref(observed.workload))
-    result.requeue_after = 0.0
-    status.workload_active = False
 
 
 def _while_active(result: Plan, spec: Spec, observed: Observed, ws: WorkloadState,
