@@ -52,18 +52,17 @@ def check_progress(raw: Mapping[str, object]) -> dict[str, float]:
     beyond int64 ever reaches a status patch (the API server refuses such a patch, and `int(inf)` raises)."""
     out: dict[str, float] = {}
     for metric, value in raw.items():
-        if metric not in READ:
+        if (gauge := READ.get(metric)) is None:
             continue
-        gauge = READ[metric]
-        key, kind, top = gauge.field, gauge.kind, gauge.top
+        key = gauge.field
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ProgressError(f"value of the wrong type: {key}")
         if isinstance(value, float) and math.isnan(value):
             continue
-        if not 0 <= value <= top:  # infinities fail here; a big int is compared exactly
+        if not 0 <= value <= gauge.top:  # infinities fail here; a big int is compared exactly
             raise ProgressError(f"value out of range: {key}")
         number = float(value)
-        if kind is int and not number.is_integer():
+        if gauge.kind is int and not number.is_integer():
             raise ProgressError(f"value not an integer: {key}")
         out[metric] = number
     return out
