@@ -9,6 +9,9 @@ from pets_operator import api, goodput
 from pets_operator.backends import timestamp
 from pets_operator.plan_types import Event, Plan, set_condition
 
+# The type of the Event a change into these phases emits (the others' Events are their policies').
+PHASE_EVENTS = {api.RUNNING: "Normal", api.SUCCEEDED: "Normal", api.FAILED: "Warning"}
+
 
 def apply_phase(result: Plan, old_phase: str | None, phase: str, reason: str, message: str,
                  now: datetime, generation: int | None, rank0_started: str | None = None) -> None:
@@ -23,10 +26,7 @@ def apply_phase(result: Plan, old_phase: str | None, phase: str, reason: str, me
         on = phase == in_it
         set_condition(status, ctype, on, reason if on else f"Not{ctype}", message if on else "", now,
                       generation)
-    if phase != old_phase:
-        if phase in (api.RUNNING, api.SUCCEEDED):
-            result.events.append(Event("Normal", phase, message))
-        elif phase == api.FAILED:
-            result.events.append(Event("Warning", phase, message))
+    if phase != old_phase and (event_type := PHASE_EVENTS.get(phase)):
+        result.events.append(Event(event_type, phase, message))
     if phase == api.RUNNING and not status.start_time:
         status.start_time = timestamp(now)
