@@ -120,19 +120,17 @@ class Cluster:
         """Why the node is lost (`pods.node_lost`), or None; read once per round (a Cluster lives one
         round). Without the right to read Nodes (403) nothing can be told: a warning, and not lost."""
         if name not in self._nodes:
+            node = None
             try:
-                node = self._dict(self.core.read_node(name))
+                with unless(404):  # no such Node: lost
+                    node = self._dict(self.core.read_node(name))
+                self._nodes[name] = pods.node_lost(node)
             except ApiException as exc:
-                if exc.status == 403:
-                    log.warning(f"cannot read Node {name} (HTTP 403: {api_message(exc)}), so cannot tell "
-                                "whether it is lost; grant the operator get on nodes (the chart's "
-                                "rbac.nodes)")
-                    self._nodes[name] = None
-                    return None
-                if exc.status != 404:
+                if exc.status != 403:
                     raise
-                node = None
-            self._nodes[name] = pods.node_lost(node)
+                log.warning(f"cannot read Node {name} (HTTP 403: {api_message(exc)}), so cannot tell "
+                            "whether it is lost; grant the operator get on nodes (the chart's rbac.nodes)")
+                self._nodes[name] = None
         return self._nodes[name]
 
     def claim(self, name: str) -> dict[str, Any] | None:
