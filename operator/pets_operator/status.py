@@ -222,9 +222,7 @@ def _create_workload(r: _Round, policy: dict[str, Any] | None, left: float | Non
         built_for = replace(built_for, deadline_left=max(1, math.ceil(left)))
     if (size := resize.next_size(spec, status)) != spec.replicas:  # smaller, as the cluster allowed
         built_for = replace(built_for, spec_digest=builders.spec_digest(spec))
-        workload = backend.build_workload(replace(spec, replicas=size), built_for)
-    else:
-        workload = backend.build_workload(spec, built_for)
+    workload = backend.build_workload(replace(spec, replicas=size), built_for)
     status.replicas = size
     if policy is not None and not r.made_policy and policy not in result.create:
         result.create.append(policy)
