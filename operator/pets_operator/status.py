@@ -424,14 +424,11 @@ def _while_active(result: Plan, spec: Spec, observed: Observed, ws: WorkloadStat
                                   else (api.PENDING, "Resuming", "resuming the training"))
         result.events.append(Event("Normal", "Suspended" if spec.suspend else "Resumed", message))
         return phase, reason, message
-    if phase == api.SUSPENDED:
-        status.pending_since = None
-        return phase, reason, message
     # The workload's count says pods exist; only the pods say whether they run. With no pod visible
     # yet (just created), the workload's own view stands, unless the API server refused to create them.
-    if observed.pods or observed.workload_refusals:
+    if phase != api.SUSPENDED and (observed.pods or observed.workload_refusals):
         phase, reason, message = _from_pods(result, spec, observed)
-    if phase == api.RUNNING:
+    if phase in (api.SUSPENDED, api.RUNNING):  # not waiting
         status.pending_since = None
         return phase, reason, message
     status.pending_since = status.pending_since or timestamp(now)
