@@ -35,24 +35,6 @@ from pets_operator.stall import progress_reported, stalled
 from pets_operator.status_types import Status
 
 
-def _network_policy(r: _Round) -> dict[str, Any] | None:
-    """The training's NetworkPolicy, if it is to have one. It is made once, with the first workload and
-    before it (plan's creating branch), and then named in status.children; a training that an operator
-    without policies started (its status names children, but no policy) gets it in this round. The one
-    the operator made is deleted when spec.networkPolicy or the chart's switch turns it off. No watch is
-    needed: the policy is owned by the training, and a create of an existing one is a no-op."""
-    policy, made = children.build_network_policy(r.spec, r.target), r.made_policy
-    if policy is not None:
-        if not made and r.old.children:  # started without (a made one is already named: carried over)
-            r.result.create.append(policy)
-            r.children["networkPolicy"] = policy["metadata"]["name"]
-    elif made:
-        r.result.delete.append({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "name": made,
-                                "namespace": r.target.namespace})
-        r.children.pop("networkPolicy", None)
-    return policy
-
-
 def plan(
     body: dict[str, Any],
     spec: Spec,
@@ -179,11 +161,26 @@ def _begin(body: dict[str, Any], spec: Spec, observed: Observed, target: builder
 
 def _service_and_network_policy(r: _Round) -> dict[str, Any] | None:
     """The headless Service (where the backend has one) and the NetworkPolicy, which every attempt
-    shares; the policy is returned for the first workload to be made after it."""
+    shares; the policy is returned for the first workload to be made after it.
+
+    The training's NetworkPolicy, if it is to have one, is made once, with the first workload and before
+    it (plan's creating branch), and then named in status.children; a training that an operator without
+    policies started (its status names children, but no policy) gets it in this round. The one the
+    operator made is deleted when spec.networkPolicy or the chart's switch turns it off. No watch is
+    needed: the policy is owned by the training, and a create of an existing one is a no-op."""
     service = r.observed.backend.build_service(r.spec, r.target)
     if service is not None and r.observed.service is None:
         r.result.create.append(service)
-    return _network_policy(r)
+    policy, made = children.build_network_policy(r.spec, r.target), r.made_policy
+    if policy is not None:
+        if not made and r.old.children:  # started without (a made one is already named: carried over)
+            r.result.create.append(policy)
+            r.children["networkPolicy"] = policy["metadata"]["name"]
+    elif made:
+        r.result.delete.append({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "name": made,
+                                "namespace": r.target.namespace})
+        r.children.pop("networkPolicy", None)
+    return policy
 
 
 def _without_workload(r: _Round, policy: dict[str, Any] | None) -> None:
