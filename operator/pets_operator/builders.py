@@ -199,9 +199,9 @@ def dataset_init_container(spec: Spec, trainer: dict[str, Any]) -> dict[str, Any
     return container
 
 
-def main_address(target: Target, name: str | None = None) -> str:
+def main_address(target: Target) -> str:
     """Stable DNS name of rank 0: `<job>-0.<service>.<namespace>.svc.<domain>`."""
-    job = name or job_name(target.name, target.attempt)
+    job = job_name(target.name, target.attempt)
     return f"{job}-0.{service_name(target.name)}.{target.namespace}.svc.{target.cluster_domain}"
 
 
