@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -239,7 +238,7 @@ def worst_waiting(pods: list[dict[str, Any]], events: dict[str, list[dict[str, A
     if not reasons:
         return None
     worst = min(reasons, key=lambda w: SEVERITY.index(w.reason))
-    return worst, Counter(w.reason for w in reasons)[worst.reason]
+    return worst, sum(1 for w in reasons if w.reason == worst.reason)
 
 
 def running_count(pods: list[dict[str, Any]]) -> int:
