@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Any
 
 from accelerate import Accelerator
-from torch import nn
 
 from pets_contract import samples
 from pets_contract import summary as summary_keys
+from pets_contract.names import CONFIG_FILE, DATASET_REPORT_FILE, MODEL_FILE, PROGRESS_FILE
 
 from .config import TrainConfig
-from .data import PetsData, report_counts
+from .data import report_counts
 from .model import inner_model
 from .progress import PLOT_FILE, SUMMARY_FILE, plot_metrics, write_summary
+from .run_state import RunState, Training
 
 log = logging.getLogger("pets_training")
 
@@ -35,29 +35,21 @@ def inexact_epochs(history: list[dict[str, Any]], train_samples: int) -> list[in
             and (r[samples.SAMPLES_TRAINED], r[samples.SAMPLES_DISTINCT]) != (train_samples, train_samples)]
 
 
-def finish_run(
-    accelerator: Accelerator,
-    module: nn.Module,
-    cfg: TrainConfig,
-    data: PetsData,
-    history: list[dict[str, Any]],
-    output_dir: Path,
-    elapsed: float,
-    time_seconds: dict[str, float],
-    resume_step: int = 0,
-    skipped_checkpoints: int = 0,
-    global_batch: int = 0,
-) -> dict[str, Any] | None:
+def finish_run(t: Training, cfg: TrainConfig, state: RunState) -> dict[str, Any] | None:
+    """The weights, the plot and the summary (rank 0, after every rank is done), the files to the MLflow
+    run and the summary with the trackers' outcome; returns it on rank 0, None elsewhere."""
+    accelerator, data, history, output_dir = t.accelerator, t.data, state.history, t.output_dir
+    elapsed, time_seconds = state.elapsed(), state.split.rounded()  # the run's, before the wait
     accelerator.wait_for_everyone()
     if not accelerator.is_main_process:
         return None
     from safetensors.torch import save_file
 
-    model = inner_model(accelerator.unwrap_model(module))
+    model = inner_model(accelerator.unwrap_model(t.module))
     weights = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     save_file(
         weights,
-        str(output_dir / "model.safetensors"),
+        str(output_dir / MODEL_FILE),
         metadata={"model": cfg.model, "classes": ",".join(data.classes)},
     )
     if history:
@@ -74,10 +66,10 @@ def finish_run(
         else None,
         summary_keys.ELAPSED_SECONDS: round(elapsed, 2),
         summary_keys.TIME_SECONDS: time_seconds,  # this run's wall time by part (rank 0's)
-        summary_keys.RESUME_STEP: resume_step,  # where this run resumed (0: fresh): the work lost
-        summary_keys.RESUME_SKIPPED_CHECKPOINTS: skipped_checkpoints,  # newer ones it could not use
+        summary_keys.RESUME_STEP: state.resume_step,  # where this run resumed (0: fresh): the work lost
+        summary_keys.RESUME_SKIPPED_CHECKPOINTS: state.skipped_checkpoints,  # newer ones it could not use
         "world_size": accelerator.num_processes,
-        samples.GLOBAL_BATCH: global_batch,
+        samples.GLOBAL_BATCH: t.layout.global_batch,
         samples.INEXACT_EPOCHS: inexact_epochs(history, len(data.train))[:20],
         "model": cfg.model,
         "num_classes": data.num_classes,
@@ -91,5 +83,7 @@ def finish_run(
         summary[summary_keys.EPOCHS],
         output_dir,
     )
-    return summary
+    files = [output_dir / name for name in (MODEL_FILE, SUMMARY_FILE, CONFIG_FILE, PROGRESS_FILE, PLOT_FILE,
+                                            DATASET_REPORT_FILE)]
+    return t.trackers.finish(summary, files, [output_dir / SUMMARY_FILE, cfg.summary_path])
 

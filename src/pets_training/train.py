@@ -25,14 +25,6 @@ from accelerate import Accelerator
 from accelerate.utils import ProjectConfiguration, set_seed
 
 from pets_contract.gauges import DATASET_COUNTS
-from pets_contract.names import (
-    CONFIG_FILE,
-    DATASET_REPORT_FILE,
-    MODEL_FILE,
-    PLOT_FILE,
-    PROGRESS_FILE,
-    SUMMARY_FILE,
-)
 
 from .checkpoint import claim
 from .config import TrainConfig, resolve, to_yaml
@@ -148,14 +140,7 @@ def training_function(
                 t.trackers.close(KILLED)
                 return end_run(t.accelerator, None)
         _end_of_loop(split, metrics)
-        summary = finish_run(t.accelerator, t.module, cfg, t.data, state.history, t.output_dir,
-                             state.elapsed(), split.rounded(), state.resume_step, state.skipped_checkpoints,
-                             t.layout.global_batch)
-        if summary is not None:  # rank 0: the files to the MLflow run, and the trackers' outcome
-            files = [t.output_dir / name for name in (MODEL_FILE, SUMMARY_FILE, CONFIG_FILE, PROGRESS_FILE,
-                                                      PLOT_FILE, DATASET_REPORT_FILE)]
-            summary = t.trackers.finish(summary, files, [t.output_dir / SUMMARY_FILE, cfg.summary_path])
-        return end_run(t.accelerator, summary)
+        return end_run(t.accelerator, finish_run(t, cfg, state))
     except BaseException:
         t.trackers.close(FAILED)
         raise
