@@ -285,7 +285,7 @@ def run_epoch(
     epoch: int,
     metrics: MetricsServer | None,
     step_hook: StepHook | None,
-    stop: StopRequest | None = None,
+    stop: StopRequest,
 ) -> None:
     """One epoch: train, evaluate across all processes, record progress (rank 0), checkpoint. Stopped on
     request mid-epoch (``state.stopped``): the step checkpoint is saved, and nothing else happens."""
@@ -369,8 +369,8 @@ def train_epoch(
     epoch: int,
     epoch_start: float,
     step_hook: StepHook | None,
-    metrics: MetricsServer | None = None,
-    stop: StopRequest | None = None,
+    metrics: MetricsServer | None,
+    stop: StopRequest,
 ) -> tuple[float, float, tuple[int, int] | None]:
     """One pass over the training set; returns the mean loss and images per second of all processes, and
     (samples trained, distinct samples) of the epoch, every process and resumed run together (None: not
@@ -434,14 +434,13 @@ def train_epoch(
         if step_hook is not None:
             step_hook(state.global_step, images_in_step)
         step_loss = torch.zeros((), device=accelerator.device)
-        requested = stop is not None and stop.requested
-        save, stopping = decide(state.clock.due(), requested, accelerator.is_main_process, lay.world_size,
-                                accelerator.device)
+        save, stopping = decide(state.clock.due(), stop.requested, accelerator.is_main_process,
+                                lay.world_size, accelerator.device)
         if cfg.checkpoints and (save or stopping):
             save_step_checkpoint(t, cfg, state, epoch, done, (loss_sum, seen), counts, epoch_start, metrics)
             state.clock.start()
         if stopping:
-            state.stopped = (stop.reason if stop is not None and stop.requested else "") or "asked to stop"
+            state.stopped = stop.reason or "asked to stop"
             break
         if _step_limit_reached(cfg, state):
             break
