@@ -104,32 +104,17 @@ class DeviceCrops:
         return torch.stack(crops), batch.labels.to(self.device, non_blocking=True)
 
 
-@dataclass
-class KeyBatch:
-    """A batch of sampler keys (no ``.to``: they stay on the host) and labels."""
+class Keys(Dataset[int]):
+    """The sampler's keys as they are, batched into a tensor: the images are read where they are cropped."""
 
-    keys: list[int]
-    labels: torch.Tensor
-
-
-class Keys(Dataset[tuple[int, int]]):
-    def __init__(self, labels: list[int]):
-        self.labels = labels
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def __getitem__(self, key: int) -> tuple[int, int]:
-        return int(key), self.labels[int(key) % len(self.labels)]
-
-
-def collate_keys(samples: list[tuple[int, int]]) -> KeyBatch:
-    return KeyBatch([key for key, _ in samples], torch.tensor([label for _, label in samples]))
+    def __getitem__(self, key: int) -> int:
+        return int(key)
 
 
 class StoreCrops:
-    """KeyBatch -> (uint8 crops, labels) on ``device`` from the decoded store, with no workers: each image is
-    read here the first time and kept on the device (on a CPU the store's memory map is the only copy)."""
+    """A batch of sampler keys -> (uint8 crops, labels) on ``device`` from the decoded store, with no
+    workers: each image is read here the first time and kept on the device (on a CPU the store's memory map
+    is the only copy)."""
 
     def __init__(self, images: PetsImages, device: torch.device):
         self.images = images
@@ -144,9 +129,10 @@ class StoreCrops:
         return self.kept[index]
 
     def __call__(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        n = len(self.images)
-        crops = [self.images.crop(self.image(key % n), *divmod(key, n)) for key in batch.keys]
-        return torch.stack(crops), batch.labels.to(self.device, non_blocking=True)
+        n, keys = len(self.images), batch.tolist()
+        crops = [self.images.crop(self.image(key % n), *divmod(key, n)) for key in keys]
+        labels = torch.tensor([self.images.labels[key % n] for key in keys])
+        return torch.stack(crops), labels.to(self.device, non_blocking=True)
 
 
 def gpu_decoder_missing(device: torch.device) -> str:
@@ -192,8 +178,7 @@ def device_train_loader(
     if isinstance(getattr(images.load, "load_all", None), StoreLoader):
         log.info("input store on the device path: no DataLoader workers; each training image is read once "
                  "and kept on %s", device)
-        keys = DataLoader(Keys(images.labels), batch_size=cfg.batch_size, sampler=sampler,
-                          collate_fn=collate_keys)
+        keys = DataLoader(Keys(), batch_size=cfg.batch_size, sampler=sampler)
         return keys, sampler, StoreCrops(images, device)
     loader = DataLoader(EncodedImages(paths, images.labels), batch_size=cfg.batch_size, sampler=sampler,
                         collate_fn=collate_encoded, persistent_workers=options["num_workers"] > 0, **options)
