@@ -43,11 +43,10 @@ class TimeSplit:
         self.mark = now
         return now
 
-    def first_step_done(self, now: float | None = None) -> float:
+    def first_step_done(self, now: float | None = None) -> None:
         """The first training step of this run has ended: what came before it is startup."""
-        now = self.charge("startup", now)
+        self.charge("startup", now)
         self.stepped = True
-        return now
 
     def rounded(self) -> dict[str, float]:
         """The summary's ``time_seconds``: every part, in seconds, to the millisecond."""

@@ -231,10 +231,10 @@ def save_checkpoint(
     steps: int,
     extra: dict[str, Any],
     metrics: MetricsServer | None,
-) -> float:
+) -> None:
     """Save ``epoch_<epochs>`` (``steps`` 0) or the step checkpoint ``epoch_<epochs>_step_<steps>`` (every
-    process calls this at the same step); returns the seconds the training loop was blocked, which are
-    logged and added to ``pets_checkpoint_seconds_total`` (the run's checkpoint time)."""
+    process calls this at the same step); the seconds the training loop was blocked are logged and added to
+    ``pets_checkpoint_seconds_total`` (the run's checkpoint time)."""
     started = state.split.charge()
     shared = t.shared_checkpoint_host is not None
     save_atomically(
@@ -259,9 +259,7 @@ def save_checkpoint(
         t.shared_checkpoint_host,
         step=steps,
     )
-    ended = time.perf_counter()
-    blocked = ended - started
-    state.split.charge("checkpoint", ended)
+    blocked = state.split.charge("checkpoint") - started
     total = state.split.seconds["checkpoint"]
     state.last_checkpoint = checkpoint_name(epochs, steps)
     log.info("checkpoint %s saved (global step %d): training blocked %.2f s (%.2f s in this run)",
@@ -272,7 +270,6 @@ def save_checkpoint(
         metrics.set("checkpoint_step", state.global_step)
         metrics.set("checkpoint_last_seconds", blocked)
         metrics.set("checkpoint_seconds_total", total)
-    return blocked
 
 
 def save_step_checkpoint(
