@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from accelerate.utils import send_to_device
 from torch.utils.data import DataLoader, Subset
 
 from .data import EpochShuffleSampler, PetsData, PetsImages
@@ -98,17 +99,6 @@ def _running(pid: int) -> bool:
 Batch = tuple[torch.Tensor, torch.Tensor]
 
 
-class ToDevice:
-    """A CPU-path batch (uint8 crops, labels) onto the device: the training loader is not accelerate's."""
-
-    def __init__(self, device: torch.device):
-        self.device = device
-
-    def __call__(self, batch: Any) -> Batch:
-        images, labels = batch
-        return images.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)
-
-
 def train_loader(
     data: PetsData, cfg: TrainConfig, workers: int, device: torch.device
 ) -> tuple[DataLoader, EpochShuffleSampler, Callable[[Any], Batch]]:
@@ -123,7 +113,8 @@ def train_loader(
     sampler = EpochShuffleSampler(len(data.train), cfg.seed)
     loader = DataLoader(data.train, batch_size=cfg.batch_size, sampler=sampler,
                         persistent_workers=workers > 0, **options)
-    return loader, sampler, ToDevice(device)
+    # a CPU-path batch (uint8 crops, labels) onto the device: the training loader is not accelerate's
+    return loader, sampler, functools.partial(send_to_device, device=device, non_blocking=True)
 
 
 def eval_shard(n: int, rank: int, world: int, batch_size: int) -> tuple[list[int], int, int]:
