@@ -417,10 +417,9 @@ def train_epoch(
         if state.steps_this_run == 1:
             state.split.first_step_done()
             t.eval_build.start()  # its workers decode the eval shard while this epoch trains
-            if accelerator.is_main_process:
-                # make bench-e2e measures time-to-first-step from this line's log timestamp
-                log.info("first training step done, %.1f s after the start of this run",
-                         sum(state.split.seconds.values()))
+            # rank 0's (setup_logging); make bench-e2e measures time-to-first-step from its log timestamp
+            log.info("first training step done, %.1f s after the start of this run",
+                     sum(state.split.seconds.values()))
             if metrics is not None:
                 metrics.set("startup_seconds", state.split.seconds["startup"])
         else:
