@@ -292,9 +292,9 @@ def _check_weight_source(cfg: TrainConfig) -> None:
                 )
 
 
-def build_parser(prog: str = "pets-train") -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
-        prog=prog,
+        prog="pets-train",
         description="Fine-tune a timm model on Pets-style images (the Accelerate 'Pets' recipe). "
         "Settings: defaults < --config FILE < flags. Run 'pets-train make-synthetic --help' to write "
         "the synthetic set as JPEGs.",
@@ -318,10 +318,9 @@ def build_parser(prog: str = "pets-train") -> argparse.ArgumentParser:
 def resolve(
     argv: Sequence[str] | None = None,
     overrides: Mapping[str, Any] | None = None,
-    prog: str = "pets-train",
 ) -> TrainConfig:
     """Defaults < YAML (``--config``) < flags < ``overrides`` (for the library and notebook path)."""
-    args = vars(build_parser(prog).parse_args(list(argv) if argv is not None else []))
+    args = vars(build_parser().parse_args(list(argv) if argv is not None else []))
     values: dict[str, Any] = {}
     config_file = args.pop("config", None)
     if config_file is not None:
