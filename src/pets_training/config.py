@@ -170,6 +170,15 @@ def _base_type(name: str) -> type:
     return args[0] if args else hint
 
 
+# a field's type -> the values it accepts (a bool is no number), and what its error calls them
+_ACCEPTS: dict[type, tuple[tuple[type, ...], str]] = {
+    bool: ((bool,), "true or false"),
+    int: ((int,), "an integer"),
+    float: ((int, float), "a number"),
+    str: ((str,), "a string"),
+}
+
+
 def coerce(name: str, value: Any, where: str = "") -> Any:
     """Check one value against the field's type; ``where`` says where it came from (for the error)."""
     prefix = f"{where}: " if where else ""
@@ -178,21 +187,11 @@ def coerce(name: str, value: Any, where: str = "") -> Any:
             return None
         raise ConfigError(f"{prefix}{name} must not be empty")
     kind = _base_type(name)
-    if kind is bool:
-        if isinstance(value, bool):
-            return value
-        raise ConfigError(f"{prefix}{name} must be true or false, got {value!r}")
-    if kind is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise ConfigError(f"{prefix}{name} must be an integer, got {value!r}")
-    if kind is float:
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
-        raise ConfigError(f"{prefix}{name} must be a number, got {value!r}")
-    if isinstance(value, str):
-        return value
-    raise ConfigError(f"{prefix}{name} must be a string, got {value!r}")
+    accepted, wanted = _ACCEPTS[kind]
+    wrong = not isinstance(value, accepted) or (kind is not bool and isinstance(value, bool))
+    if wrong:
+        raise ConfigError(f"{prefix}{name} must be {wanted}, got {value!r}")
+    return float(value) if kind is float else value
 
 
 def load_yaml(path: Path) -> dict[str, Any]:
