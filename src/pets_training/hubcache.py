@@ -42,9 +42,8 @@ def set_hub_timeout_defaults(env: MutableMapping[str, str] = os.environ) -> None
 
 
 def hub_timeout(env: MutableMapping[str, str] = os.environ) -> float:
-    raw = env.get("HF_HUB_ETAG_TIMEOUT", "").strip()
     try:
-        return float(raw) if raw else float(DEFAULT_HUB_TIMEOUT)
+        return float(env.get("HF_HUB_ETAG_TIMEOUT", "").strip() or DEFAULT_HUB_TIMEOUT)
     except ValueError:
         return float(DEFAULT_HUB_TIMEOUT)
 
