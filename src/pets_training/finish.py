@@ -16,6 +16,7 @@ from .data import report_counts
 from .model import inner_model
 from .progress import PLOT_FILE, SUMMARY_FILE, plot_metrics, write_summary
 from .run_state import RunState, Training
+from .tracking import FINISHED
 
 log = logging.getLogger("pets_training")
 
@@ -76,7 +77,8 @@ def finish_run(t: Training, cfg: TrainConfig, state: RunState) -> dict[str, Any]
         summary_keys.DATASET: report_counts(data.report),
         "output_dir": str(output_dir),
     }
-    write_summary(summary, [output_dir / SUMMARY_FILE, cfg.summary_path])
+    paths = [output_dir / SUMMARY_FILE, cfg.summary_path]
+    write_summary(summary, paths)
     log.info(
         "done: accuracy %.2f %% after %d epoch(s); outputs in %s",
         100 * (summary[summary_keys.FINAL_ACCURACY] or 0),
@@ -85,5 +87,8 @@ def finish_run(t: Training, cfg: TrainConfig, state: RunState) -> dict[str, Any]
     )
     files = [output_dir / name for name in (MODEL_FILE, SUMMARY_FILE, CONFIG_FILE, PROGRESS_FILE, PLOT_FILE,
                                             DATASET_REPORT_FILE)]
-    return t.trackers.finish(summary, files, [output_dir / SUMMARY_FILE, cfg.summary_path])
+    # the files to the MLflow run, which ends FINISHED; the summary again, with the trackers' outcome
+    summary[summary_keys.TRACKING] = t.trackers.close(FINISHED, files)
+    write_summary(summary, paths)
+    return summary
 

@@ -25,13 +25,11 @@ from accelerate import Accelerator
 from accelerate.tracking import GeneralTracker
 
 from pets_contract import env as contract_env
-from pets_contract import summary as summary_keys
 from pets_contract import tracking as keys
 from pets_contract.names import MLFLOW_RUN_FILE, TENSORBOARD_DIR
 from pets_contract.redact import redact_urls
 
 from .config import TrainConfig
-from .progress import write_summary
 
 log = logging.getLogger("pets_training")
 
@@ -323,11 +321,3 @@ class RunTrackers:
         if self.mlflow is not None and self.on:
             report.update(self.mlflow.close(status, artifacts, wait))
         return report
-
-    def finish(self, summary: dict[str, Any], files: Sequence[Path], paths: Sequence[Path | str | None]
-               ) -> dict[str, Any]:
-        """A finished run: upload ``files``, end the run FINISHED, and write the summary again with its
-        ``tracking`` object (the summary itself is one of the files, as it was before)."""
-        summary = {**summary, summary_keys.TRACKING: self.close(FINISHED, files)}
-        write_summary(summary, paths)
-        return summary
