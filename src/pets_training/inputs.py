@@ -183,11 +183,8 @@ class EvalStoreBuild:
             images.append(torch.zeros_like(images[0]))  # check_fits_world: every shard has a sample
             labels.append(torch.zeros(batch, dtype=torch.long))
             valid.append(torch.zeros(batch, dtype=torch.bool))
-
-        def to_device(ts: list[torch.Tensor]) -> list[torch.Tensor]:
-            return [t.to(self.device, non_blocking=True) for t in ts]
-
-        return EvalStore(to_device(images), to_device(labels), to_device(valid), len(self.indices))
+        images, labels, valid = send_to_device((images, labels, valid), self.device, non_blocking=True)
+        return EvalStore(images, labels, valid, len(self.indices))
 
 
 def build_eval_store(
