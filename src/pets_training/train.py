@@ -97,9 +97,9 @@ def training_function(
     stop = StopRequest() if stop is None else stop
 
     metrics = MetricsServer(cfg.metrics_port) if t.accelerator.is_main_process and cfg.metrics_port else None
-    t.trackers.start(cfg, state.global_step, _failure_gauge(metrics))
-    state.run_start = time.perf_counter()
     state.global_step = state.resume_step = state.start_epoch * t.layout.steps_per_epoch + state.start_steps
+    t.trackers.start(cfg, state.global_step, _failure_gauge(metrics))  # after a resume: TensorBoard's purge
+    state.run_start = time.perf_counter()
     state.clock.start()
     if metrics is not None:
         if state.history:

@@ -67,6 +67,24 @@ def test_the_trainer_writes_tensorboard_events_its_reader_shows(tmp_path: Path) 
     assert summary["tracking"] == {keys.TENSORBOARD: str(out / TENSORBOARD_DIR)}
 
 
+def test_a_resumed_run_tells_tensorboard_to_drop_what_the_run_before_logged_past_its_resume_step(
+        tmp_path: Path) -> None:
+    """purge_step: TensorBoard's reader drops the earlier run's points at and after the step this run
+    resumed at, which it logs again."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    out = tmp_path / "out"
+    args = [PYTHON, "-m", "pets_training", *(a for a in ARGS if a != "--no-checkpoints"),
+            "--output-dir", str(out)]
+    run([*args, "--max-train-steps", "24"], timeout=180)
+    run([*args, "--resume"], timeout=180)
+    resumed = read_json(out / "summary.json")["resume_step"]
+    _, second = sorted((out / TENSORBOARD_DIR).glob("events.out.tfevents.*"))  # one a run, by its start
+    starts = [event.step for event in EventFileLoader(str(second)).Load()
+              if event.HasField("session_log") and event.session_log.status == event.session_log.START]
+    assert resumed > 0 and starts == [resumed], (resumed, starts)
+
+
 def test_no_tensorboard_writes_no_events(tmp_path: Path) -> None:
     out = tmp_path / "out"
     run([PYTHON, "-m", "pets_training", *ARGS, "--epochs", "1", "--no-tensorboard", "--output-dir", str(out)],
