@@ -44,6 +44,7 @@ from pets_contract.redact import redact_urls
 from .archive import ArchiveError, blocks, quantity_bytes, unpack
 from .contract import PermanentError
 from .data import DataError, list_samples
+from .progress import write_summary
 
 log = logging.getLogger("pets-dataset-init")
 
@@ -345,7 +346,7 @@ def _fail(summary_path: Path | None, error: str) -> int:
     """Exit 78 with the (redacted) error in the log and the termination message."""
     log.error("%s (permanent: exit %d, a restart cannot fix this)", error, exits.PERMANENT)
     if summary_path:
-        summary_path.write_text(json.dumps({"status": "failed", "error": error})[:4000])
+        write_summary({"status": "failed", "error": error}, [summary_path])  # a long error cut to fit
     return exits.PERMANENT
 
 

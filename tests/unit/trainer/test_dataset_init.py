@@ -143,6 +143,14 @@ def test_main_exits_78_and_writes_the_reason_for_the_operator(tmp_path: Path,
     assert record["status"] == "failed" and record["error"].startswith("spec.dataset.url: ")
 
 
+def test_a_long_reason_is_cut_to_a_termination_message_that_is_still_json(tmp_path: Path) -> None:
+    summary = tmp_path / "termination-log"
+    url = f"http://127.0.0.1:9/{'a' * 5000}.tar"
+    code = dataset_init.main(["--url", url, "--cache", str(tmp_path / "c"), "--summary-path", str(summary)])
+    text = summary.read_text()
+    assert code == 78 and len(text.encode()) <= 4096 and json.loads(text)["error"].endswith(" [cut]")
+
+
 @pytest.mark.parametrize("url", [
     "https://user:s3cr3t-pass@127.0.0.1:notaport/pets.tar",  # http.client.InvalidURL (was exit 1)
     "http://127.0.0.1:9/pets.tar?X-Amz-Signature=s3cr3t-pass",  # unreachable, a presigned query
