@@ -10,7 +10,6 @@ subclass and one more entry in `BACKENDS`.
 from __future__ import annotations
 
 import copy
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -142,21 +141,22 @@ class JobBackend(Backend):
         st = workload.get("status") or {}
         active, ready = int(st.get("active") or 0), int(st.get("ready") or 0)
         start, done = _norm_ts(st.get("startTime")), _norm_ts(st.get("completionTime"))
-        state = functools.partial(WorkloadState, active=active, ready=ready, start_time=start)
         if c := conds.get("Complete") or conds.get("SuccessCriteriaMet"):
-            return state(api.SUCCEEDED, "JobComplete", c.get("message") or f"all {replicas} ranks finished",
-                         completion_time=done)
+            return WorkloadState(api.SUCCEEDED, "JobComplete", c.get("message") or
+                                 f"all {replicas} ranks finished", active, ready, start, done)
         if c := conds.get("Failed") or conds.get("FailureTarget"):
             reason = c.get("reason") or "JobFailed"
             if reason == self.permanent_reason and "DisruptionTarget" in str(c.get("message")):
                 reason = self.disrupted_reason  # children.build_job's second rule, not the exit code
-            return state(api.FAILED, reason, c.get("message") or f"Job failed ({reason})",
-                         completion_time=_norm_ts(c.get("lastTransitionTime")))
+            return WorkloadState(api.FAILED, reason, c.get("message") or f"Job failed ({reason})",
+                                 active, ready, start, _norm_ts(c.get("lastTransitionTime")))
         if self.is_suspended(workload) or "Suspended" in conds:
-            return state(api.SUSPENDED, "JobSuspended", "the Job is suspended")
+            return WorkloadState(api.SUSPENDED, "JobSuspended", "the Job is suspended", active, ready, start)
         if active > 0:
-            return state(api.RUNNING, "PodsRunning", f"{ready}/{replicas} pods ready, {active} active")
-        return state(api.PENDING, "WaitingForPods", "waiting for the Job's pods")
+            return WorkloadState(api.RUNNING, "PodsRunning",
+                                 f"{ready}/{replicas} pods ready, {active} active", active, ready, start)
+        return WorkloadState(api.PENDING, "WaitingForPods", "waiting for the Job's pods",
+                             active, ready, start)
 
     def pods_selector(self, workload_name: str) -> str:
         return f"{names.JOB_NAME_LABEL}={workload_name}"
@@ -216,19 +216,21 @@ class PyTorchJobBackend(Backend):
         rstat = st.get("replicaStatuses") or {}
         active = sum(int((v or {}).get("active") or 0) for v in rstat.values())
         start, done = _norm_ts(st.get("startTime")), _norm_ts(st.get("completionTime"))
-        state = functools.partial(WorkloadState, active=active, ready=active, start_time=start)
         if "Succeeded" in conds:
-            return state(api.SUCCEEDED, "PyTorchJobSucceeded",
-                         conds["Succeeded"].get("message") or "PyTorchJob succeeded", completion_time=done)
+            return WorkloadState(api.SUCCEEDED, "PyTorchJobSucceeded", conds["Succeeded"].get("message") or
+                                 "PyTorchJob succeeded", active, active, start, done)
         if c := conds.get("Failed"):
-            return state(api.FAILED, c.get("reason") or "PyTorchJobFailed",
-                         c.get("message") or "PyTorchJob failed",
-                         completion_time=done or _norm_ts(c.get("lastTransitionTime")))
+            return WorkloadState(api.FAILED, c.get("reason") or "PyTorchJobFailed",
+                                 c.get("message") or "PyTorchJob failed", active, active, start,
+                                 done or _norm_ts(c.get("lastTransitionTime")))
         if "Suspended" in conds or self.is_suspended(workload):
-            return state(api.SUSPENDED, "PyTorchJobSuspended", "the PyTorchJob is suspended")
+            return WorkloadState(api.SUSPENDED, "PyTorchJobSuspended", "the PyTorchJob is suspended",
+                                 active, active, start)
         if "Running" in conds or active > 0:
-            return state(api.RUNNING, "PodsRunning", f"{active}/{replicas} pods active")
-        return state(api.PENDING, "WaitingForPods", "waiting for the PyTorchJob's pods")
+            return WorkloadState(api.RUNNING, "PodsRunning", f"{active}/{replicas} pods active",
+                                 active, active, start)
+        return WorkloadState(api.PENDING, "WaitingForPods", "waiting for the PyTorchJob's pods", active,
+                             active, start)
 
     def pods_selector(self, workload_name: str) -> str:
         return f"{names.KUBEFLOW_JOB_NAME_LABEL}={workload_name}"
