@@ -12,16 +12,17 @@ import pytest
 from polling import wait_for
 from trainings import LONGER_SPEC, POLL_S, SMALL_SPEC, Trainings, addon, kubectl
 
-from pets_contract import names, samples
+from pets_contract import gauges, names, samples
 
 pytestmark = pytest.mark.e2e
 
 
+STEP, STEPS_TOTAL = gauges.BY_KEY["step"], gauges.BY_KEY["steps_total"]
 # Rank 0's own step, read inside its pod: the status mirrors it only every 10 s (the operator's progress
 # poll and status writes), long enough for half an epoch to pass unseen on an idle machine.
 READ_STEPS = ("import urllib.request as u; g = dict(line.split()[:2] for line in u.urlopen("
               f"'http://localhost:{names.METRICS_PORT}/metrics', timeout=5).read().decode().splitlines() "
-              "if line.startswith('pets_')); print(g['pets_step'], g['pets_steps_total'])")
+              f"if line.startswith('pets_')); print(g['{STEP.name}'], g['{STEPS_TOTAL.name}'])")
 
 
 def trainer_steps(trainings: Trainings, name: str) -> tuple[int, int] | None:
