@@ -54,8 +54,8 @@ def early_in_an_epoch(trainings: Trainings, name: str, epochs: int, after_step: 
 @pytest.mark.cluster_wide  # its two pods take a worker's CPU each
 def test_a_training_resized_2_1_2_mid_epoch_trains_every_sample_once(trainings: Trainings) -> None:
     name = "resized"
-    # An epoch of 120 steps (1,200 images a class): 15-30 s at 2 pods and twice that at one. Two epochs:
-    # the first resize in the first, the second in the second.
+    # Two epochs of 120 steps (1,200 images a class): 15-30 s each at 2 pods and twice that at one, so
+    # that each resize, asked for early in an epoch, lands in its middle.
     data = {"synthetic": {"numClasses": 4, "imagesPerClass": 1200}}
     spec = {**LONGER_SPEC, "dataset": data, "epochs": 2, "maxRestarts": 0,
             "elastic": {"minReplicas": 1, "maxReplicas": 2}, "checkpoint": {"intervalSeconds": 30}}
