@@ -17,7 +17,7 @@ from typing import Any, cast
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from pets_operator import api, backends, metrics, pods
+from pets_operator import api, backends, claim_binding, metrics, pods
 
 log = logging.getLogger(__name__)
 KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta2"
@@ -81,19 +81,26 @@ def served_backends(api_client: client.ApiClient) -> set[str]:
     return served
 
 
-def has_default_storage_class(api_client: client.ApiClient) -> bool | None:
-    """Whether a StorageClass carries the default-class annotation; None where the operator may not
-    list StorageClasses (403: the chart's rbac.storageClasses off), so it cannot tell."""
+def storage_classes(api_client: client.ApiClient) -> list[dict[str, Any]] | None:
+    """The cluster's StorageClasses; None where the operator may not list them (403: the chart's
+    rbac.storageClasses off)."""
     try:
         classes = client.StorageV1Api(api_client).list_storage_class()
     except ApiException as exc:
         if exc.status != 403:
             raise
         log.warning(f"cannot list StorageClasses (HTTP 403: {api_message(exc)}), so cannot tell whether "
-                    "the cluster has a default one; taking it that it does")
+                    "the cluster has a default one nor how each binds; taking it that it has one and that "
+                    "its claims bind when the pods come")
         return None
-    return any(((sc.metadata and sc.metadata.annotations) or {}).get(api.DEFAULT_STORAGE_CLASS_ANNOTATION)
-               == "true" for sc in classes.items)
+    return [cast(dict[str, Any], api_client.sanitize_for_serialization(sc)) for sc in classes.items]
+
+
+def has_default_storage_class(api_client: client.ApiClient) -> bool | None:
+    """Whether a StorageClass carries the default-class annotation; None where the operator may not
+    list StorageClasses, so it cannot tell."""
+    classes = storage_classes(api_client)
+    return None if classes is None else claim_binding.binding_modes(classes)[1] is not None
 
 
 class Cluster:

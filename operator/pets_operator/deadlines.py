@@ -1,5 +1,6 @@
 """spec.activeDeadlineSeconds: the time a training may run, paused time (Suspended, Queued, Preempted)
-not counted, and the end of one that ran out."""
+not counted, and the end of one that ran out; and spec.scheduling.pendingTimeoutSeconds, the time it may
+wait to start."""
 
 from __future__ import annotations
 
@@ -88,3 +89,22 @@ def deadline_exceeded(result: Plan, spec: Spec, workload: dict[str, Any] | None,
                "not restarted")
     result.events.append(Event("Warning", "DeadlineExceeded", message))
     return api.FAILED, "DeadlineExceeded", message
+
+
+def pending_timed_out(result: Plan, spec: Spec, now: datetime) -> str | None:
+    """Waiting for the pods to start: status.pendingSince (kept from the first such round). Once
+    spec.scheduling.pendingTimeoutSeconds has passed, why the training fails (and its end is set);
+    before, the next round comes by then at the latest."""
+    status = result.status
+    status.pending_since = status.pending_since or timestamp(now)
+    timeout = (spec.scheduling or {}).get("pendingTimeoutSeconds")
+    if timeout is None:
+        return None
+    waited = (now - parse_timestamp(status.pending_since)).total_seconds()
+    if waited >= timeout:
+        status.completion_time = timestamp(now)
+        status.pending_since = None
+        return f"did not start within spec.scheduling.pendingTimeoutSeconds={timeout}"
+    left = max(0.0, timeout - waited)
+    result.requeue_after = left if result.requeue_after is None else min(result.requeue_after, left)
+    return None

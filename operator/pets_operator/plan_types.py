@@ -36,6 +36,8 @@ class Observed:
     # Why the output, where spec.output is unset (OUTPUT_REASONS; "": the spec says)
     output_reason: str = ""
     output_claim: dict[str, Any] | None = None  # the output claim, read while a pod waits to be scheduled
+    # The claims the operator made that the pods wait for, with their class (claim_binding), by name
+    unbound_claims: dict[str, str] = field(default_factory=dict)
     # Pods of this training (the current workload's, or a deleting older one's) stuck on a lost node
     # (`pods.terminating_unfinished` on a node `pods.node_lost` calls lost), and why each node is lost.
     lost_pods: list[dict[str, Any]] = field(default_factory=list)

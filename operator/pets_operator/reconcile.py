@@ -10,10 +10,27 @@ from typing import Any
 
 import kopf
 
-from pets_operator import api, backends, builders, metrics, observe, output_durability, pods, status
+from pets_operator import (
+    api,
+    backends,
+    builders,
+    children,
+    claim_binding,
+    metrics,
+    observe,
+    output_durability,
+    pods,
+    status,
+)
 from pets_operator.act import POLL_IDLE, Logger, carry_out
 from pets_operator.backends import parse_timestamp
-from pets_operator.cluster import Cluster, has_default_storage_class, owned_by, served_backends
+from pets_operator.cluster import (
+    Cluster,
+    has_default_storage_class,
+    owned_by,
+    served_backends,
+    storage_classes,
+)
 from pets_operator.context import Context, Snapshot
 from pets_operator.plan_types import Observed
 from pets_operator.refusals import plan_backend_unavailable, plan_invalid
@@ -104,8 +121,14 @@ def reconcile_once(ctx: Context, snap: Snapshot, logger: Logger) -> float | None
     refusals: list[dict[str, Any]] = []
     queue_served, queue_workload = True, None
     output_claim: dict[str, Any] | None = None
-    if current is None and "managedClaim" in (spec.output or {}) and not stale:
-        output_claim = cl.claim(builders.output_claim_name(name))  # about to be made: not an old one's?
+    unbound_claims: dict[str, str] = {}
+    if current is None and not stale:  # about to make the workload: the claims it mounts, bound?
+        wanted = [c for c in (children.build_output_claim(spec, target),
+                              children.build_dataset_cache_claim(spec, target)) if c is not None]
+        found = {c["metadata"]["name"]: cl.claim(c["metadata"]["name"]) for c in wanted}
+        output_claim = found.get(builders.output_claim_name(name))  # not an old training's?
+        if any(claim_binding.pending(c) for c in found.values()):
+            unbound_claims = claim_binding.unbound_immediate(wanted, found, storage_classes(ctx.api_client))
     if current is not None:
         if target.queued:
             queue_served, queue_workload = cl.queue_workload(current)
@@ -127,7 +150,7 @@ def reconcile_once(ctx: Context, snap: Snapshot, logger: Logger) -> float | None
                         service=service, state=state, pods=pod_list, pod_events=warnings,
                         workload_refusals=refusals, queue_workload=queue_workload, queue_served=queue_served,
                         lost_pods=lost_pods, lost_nodes=lost_nodes, output_reason=output_reason,
-                        output_claim=output_claim, **vars(rank0))
+                        output_claim=output_claim, unbound_claims=unbound_claims, **vars(rank0))
     result = status.plan(body, spec, observed, target, now, old_status)
     result.delete = [r for r in result.delete if r["name"] not in deleting]
     delay = carry_out(ctx, cl, body, result, logger, restarts=restarts, watched=watched)

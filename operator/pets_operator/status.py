@@ -15,8 +15,15 @@ from typing import Any
 from pets_contract import gauges
 from pets_operator import api, builders, checkpoint_home, children, goodput, pods, resize, tracking_status
 from pets_operator.backends import WorkloadState, parse_timestamp, timestamp
+from pets_operator.claim_binding import CLAIM_POLL_SECONDS, waiting_message
 from pets_operator.conditions import apply_phase
-from pets_operator.deadlines import DEADLINE_SLACK_SECONDS, deadline_exceeded, deadline_left, watch_deadline
+from pets_operator.deadlines import (
+    DEADLINE_SLACK_SECONDS,
+    deadline_exceeded,
+    deadline_left,
+    pending_timed_out,
+    watch_deadline,
+)
 from pets_operator.mirror import (
     checkpoints_skipped,
     mirror_progress,
@@ -224,15 +231,20 @@ def _create_workload(r: _Round, policy: dict[str, Any] | None, left: float | Non
     if policy is not None and not r.made_policy and policy not in result.create:
         result.create.append(policy)
         r.children["networkPolicy"] = policy["metadata"]["name"]
-    if (claim := children.build_output_claim(spec, target)) is not None:
-        result.create.append(claim)
-        if not children.owned(claim) and target.attempt == 0:  # said once, where it is seen
-            result.events.append(Event("Normal", "OutputClaimRetained", (
-                f"the claim {claim['metadata']['name']} has retentionPolicy Retain: it stays, with "
-                "the work, when this PetsTraining is deleted; delete it with kubectl delete pvc -n "
-                f"{target.namespace} {claim['metadata']['name']}")))
-    if (cache := children.build_dataset_cache_claim(spec, target)) is not None:
-        result.create.append(cache)
+    claim = children.build_output_claim(spec, target)
+    result.create += [c for c in (claim, children.build_dataset_cache_claim(spec, target)) if c is not None]
+    if observed.unbound_claims and not builders.created_suspended(spec, target):
+        result.requeue_after = CLAIM_POLL_SECONDS
+        message = waiting_message(observed.unbound_claims)
+        if (timed_out := pending_timed_out(result, spec, r.now)) is not None:
+            result.create.clear()  # what it would have made first is there: the claims made it wait
+            return api.FAILED, "PendingTimeout", f"{timed_out}: {message}"
+        return (api.RESTARTING if r.restarts else api.PENDING), "WaitingForClaimBinding", message
+    if claim is not None and not children.owned(claim) and target.attempt == 0:  # said once, where seen
+        result.events.append(Event("Normal", "OutputClaimRetained", (
+            f"the claim {claim['metadata']['name']} has retentionPolicy Retain: it stays, with "
+            "the work, when this PetsTraining is deleted; delete it with kubectl delete pvc -n "
+            f"{target.namespace} {claim['metadata']['name']}")))
     result.create.append(workload)
     status.workload_active = not builders.created_suspended(spec, target)
     reason = "Created"
@@ -428,18 +440,11 @@ def _while_active(result: Plan, spec: Spec, observed: Observed, ws: WorkloadStat
     if phase in (api.SUSPENDED, api.RUNNING):  # not waiting
         status.pending_since = None
         return phase, reason, message
-    status.pending_since = status.pending_since or timestamp(now)
-    timeout = (spec.scheduling or {}).get("pendingTimeoutSeconds")
-    waited = (now - parse_timestamp(status.pending_since)).total_seconds()
-    if timeout is not None and waited >= timeout:
-        status.completion_time = timestamp(now)
-        status.pending_since = None
+    if (timed_out := pending_timed_out(result, spec, now)) is not None:
         result.delete.append(ref(observed.workload))
-        return api.FAILED, "PendingTimeout", (f"did not start within spec.scheduling.pendingTimeoutSeconds="
-                                              f"{timeout}: {message}")
-    if timeout is not None:
-        result.requeue_after = max(0.0, timeout - waited)
+        return api.FAILED, "PendingTimeout", f"{timed_out}: {message}"
     return (api.RESTARTING if restarts else api.PENDING), reason, message
+
 
 
 def _from_pods(result: Plan, spec: Spec, observed: Observed) -> tuple[str, str, str]:

@@ -7,6 +7,7 @@ the operator must follow. The garbage collector is real, so deletion goes throug
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -372,15 +373,15 @@ def test_a_managed_output_claim_is_made_before_the_job_and_follows_its_retention
     assert claims(admin, namespace)["kept-output"].metadata.deletion_timestamp is None
 
 
-@pytest.fixture
-def default_storage_class(admin: client.ApiClient) -> Iterator[str]:
-    """A default StorageClass for the duration of a test (this control plane has none of its own)."""
+@contextlib.contextmanager
+def a_storage_class(admin: client.ApiClient, name: str, binding: str, default: bool = False) -> Iterator[str]:
+    """A StorageClass binding its claims `binding`, no provisioner serving it (this control plane has
+    none of its own)."""
     storage = client.StorageV1Api(admin)
-    name = "pets-default-for-a-test"
+    annotations = {api.DEFAULT_STORAGE_CLASS_ANNOTATION: "true"} if default else {}
     storage.create_storage_class({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
-                                  "metadata": {"name": name, "annotations": {
-                                      api.DEFAULT_STORAGE_CLASS_ANNOTATION: "true"}},
-                                  "provisioner": "example.com/none"})
+                                  "metadata": {"name": name, "annotations": annotations},
+                                  "provisioner": "example.com/none", "volumeBindingMode": binding})
     try:
         yield name
     finally:
@@ -389,6 +390,47 @@ def default_storage_class(admin: client.ApiClient) -> Iterator[str]:
         except ApiException as exc:
             if exc.status != 404:  # the test may have taken it away itself
                 raise
+
+
+@pytest.fixture
+def default_storage_class(admin: client.ApiClient) -> Iterator[str]:
+    """A default class whose claims bind when a pod is scheduled (which never comes here): the operator
+    makes the Job at once."""
+    with a_storage_class(admin, "pets-default-for-a-test", "WaitForFirstConsumer", default=True) as name:
+        yield name
+
+
+def test_the_pods_are_made_once_an_immediate_claim_is_bound(
+        admin: client.ApiClient, operator: OperatorThread, namespace: str) -> None:
+    """A class that binds Immediate: the operator makes the claim, and the Job only once the claim is
+    bound (here by the PV controller, to a volume made for it), so kube-scheduler never turns the pods
+    away for an unbound claim (claim_binding)."""
+    with a_storage_class(admin, f"pets-immediate-{namespace}", "Immediate") as storage_class:
+        create_training(admin, namespace, "bound", replicas=2,
+                        output={"managedClaim": {"storageClassName": storage_class}})
+        made = wait_for("the output claim", lambda: claims(admin, namespace).get("bound-output"))
+
+        def progressing_condition() -> dict[str, Any] | None:
+            st = (get_training(admin, namespace, "bound") or {}).get("status") or {}
+            return next((c for c in st.get("conditions") or [] if c["type"] == "Progressing"), None)
+
+        progressing = wait_for("the Progressing condition", progressing_condition)
+        assert progressing["reason"] == "WaitingForClaimBinding", progressing
+        assert f"bound-output (StorageClass {storage_class})" in progressing["message"]
+        assert not [j for j in jobs(admin, namespace) if j.metadata.name == "bound"]
+        volume = f"pets-test-{namespace}"
+        client.CoreV1Api(admin).create_persistent_volume({
+            "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": volume},
+            "spec": {"capacity": {"storage": made.spec.resources.requests["storage"]},
+                     "accessModes": made.spec.access_modes, "storageClassName": storage_class,
+                     "persistentVolumeReclaimPolicy": "Retain", "hostPath": {"path": "/tmp/pets-test"}}})
+        try:
+            job = the_job(admin, namespace, "bound")  # the PV controller binds within its 15 s resync
+            assert claims(admin, namespace)["bound-output"].status.phase == "Bound"
+            (output,) = [v for v in job.spec.template.spec.volumes if v.name == "output"]
+            assert output.persistent_volume_claim.claim_name == "bound-output"
+        finally:
+            client.CoreV1Api(admin).delete_persistent_volume(volume)
 
 
 def chosen_output(admin: client.ApiClient, ns: str, name: str) -> dict[str, Any]:
