@@ -369,8 +369,8 @@ class WsExec:
                 raise self.error(f"the {self.role} pod sent more than the {self.stdout_limit} bytes its "
                                  "command can print: refused (it runs the training's image: is that the "
                                  "trainer?)")
-        if self.resp.peek_stderr() and len(self.stderr) < STDERR_KEPT_BYTES:
-            self.stderr += self.resp.read_stderr()[:STDERR_KEPT_BYTES]
+        if self.resp.peek_stderr():  # read even when enough is kept: left unread, it piles up in resp
+            self.stderr += self.resp.read_stderr()[:max(0, STDERR_KEPT_BYTES - len(self.stderr))]
 
     def output(self) -> bytes:
         return bytes(self.stdout)

@@ -16,6 +16,7 @@ import pytest
 from pets_client import cli
 from pets_client.client import PetsTrainingClient, _Reporter
 from pets_client.errors import FetchError, PetsClientError, terminal_text
+from pets_client.transfer import STDERR_KEPT_BYTES, WsExec
 
 pytestmark = pytest.mark.unit
 
@@ -178,6 +179,25 @@ def test_a_fetch_pods_stderr_is_shown_as_text(monkeypatch: pytest.MonkeyPatch) -
         _exec(monkeypatch, resp, 100)
     assert not _unsafe(str(err.value)) and SHOWN in str(err.value)
     assert len(str(err.value)) < 5000, "a pod's stderr is kept to its first 4 KiB"
+
+
+def test_a_pods_stderr_is_read_to_its_end_and_kept_to_its_first_4_kib() -> None:
+    class Flood(FakeResp):
+        def __init__(self) -> None:
+            super().__init__(0, b"")
+            self.pieces = [bytes([65 + i % 26]) * 3000 for i in range(1000)]  # 3 MB, frame by frame
+
+        def peek_stderr(self) -> bool:
+            return bool(self.pieces)
+
+        def read_stderr(self, timeout: float | None = None) -> bytes:
+            return self.pieces.pop(0)
+
+    resp = Flood()
+    pod = WsExec(resp, FetchError, 100, role="fetch")
+    while resp.pieces:
+        pod._drain()
+    assert bytes(pod.stderr) == b"A" * 3000 + b"B" * (STDERR_KEPT_BYTES - 3000)
 
 
 def test_a_fetch_pod_that_floods_stdout_is_cut_off(monkeypatch: pytest.MonkeyPatch) -> None:
