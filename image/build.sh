@@ -83,6 +83,13 @@ https://docs.docker.com/engine/install/ . As root on Debian, this script install
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends docker.io iptables >/dev/null
   fi
   mkdir -p "$PETS_CACHE"
+  # A dockerd killed without its shutdown (a machine stopped under it) leaves its pid file, and the next
+  # one refuses to start ("pid file found") until it is gone.
+  local pidfile=/var/run/docker.pid
+  if [[ -f $pidfile ]] && ! kill -0 "$(cat "$pidfile")" 2>/dev/null; then
+    log "removing $pidfile: its dockerd (pid $(cat "$pidfile")) is gone"
+    rm -f "$pidfile"
+  fi
   log "starting dockerd (log: $PETS_CACHE/dockerd.log)"
   setsid dockerd >"$PETS_CACHE/dockerd.log" 2>&1 </dev/null &
   wait_for_engine 120 || die "dockerd did not answer within 120 s; see $PETS_CACHE/dockerd.log:
