@@ -63,6 +63,7 @@ from pathlib import Path
 from typing import Any
 
 from pets_contract import env, exits, gauges
+from pets_contract import summary as summary_keys
 
 STEP, STEPS_TOTAL, TRAIN_SECONDS, RESUME_STEP = (
     gauges.BY_KEY[key].name for key in ("step", "steps_total", "train_seconds_total", "resume_step"))
@@ -334,9 +335,10 @@ def run_scenario(
     sigterm_save = None
     if scenario.signal == signal.SIGTERM:
         stopped = json.loads((out / "termination-log.json").read_text())
-        if stopped.get("global_step") != resume_step:
-            print(f"  warning: {scenario.key} stopped at step {stopped.get('global_step')} but resumed at "
-                  f"{resume_step}", flush=True)  # fmt: skip
+        stopped_at = stopped.get(summary_keys.GLOBAL_STEP)
+        if stopped_at != resume_step:
+            print(f"  warning: {scenario.key} stopped at step {stopped_at} but resumed at {resume_step}",
+                  flush=True)  # fmt: skip
         name = stopped.get("checkpoint")
         matching = [s for s in first_saves if s.name == name]
         if matching:  # the save the signal asked for, apart from the ones by time

@@ -5,7 +5,8 @@ stopped by SIGTERM after a step checkpoint (every rank finishes its step, they a
 continues at that step); 78 (``exits.PERMANENT``, EX_CONFIG) a
 failure no restart can fix (:class:`~.contract.PermanentError`: a bad flag or config value, model, weights,
 a hub that cannot be reached for pretrained weights, data, or pod environment); 1 anything else. On
-failure the summary ``{"status": "failed", "error": ...}`` goes where the success summary would, and a
+failure the summary ``{"status": "failed", "error": ..., "global_step": ...}`` (the step only once the
+training loop began) goes where the success summary would, and a
 failing process appends its code to ``$PETS_EXIT_CODE_FILE`` when set (``pets-launch`` sets it:
 torchrun's own exit code does not say why a worker failed). A trainer superseded by a newer attempt
 (:class:`~.checkpoint.SupersededError`, also 78) writes its failure summary only to ``--summary-path``:
@@ -82,12 +83,21 @@ def stopped_summary(stop: StopRequest) -> dict[str, object]:
     return {
         summary_keys.STATUS: summary_keys.STOPPED,
         "exit_code": exits.STOPPED,
-        "global_step": stop.global_step,
+        summary_keys.GLOBAL_STEP: stop.global_step,
         "checkpoint": stop.checkpoint or None,
         "error": f"stopped ({why}) at global step {stop.global_step} after {saved}; --resume continues "
         "from it",
         summary_keys.TIME_SECONDS: stop.time_seconds,  # this process's run, up to the stop
     }
+
+
+def failed_summary(message: str, stop: StopRequest) -> dict[str, object]:
+    """The summary of a run that failed: why, and the global step it reached when its training loop had
+    begun (``stop.global_step``, set on the way out of ``training_function``)."""
+    summary: dict[str, object] = {summary_keys.STATUS: summary_keys.FAILED, summary_keys.ERROR: message}
+    if stop.global_step is not None:
+        summary[summary_keys.GLOBAL_STEP] = stop.global_step
+    return summary
 
 
 def report_exit_code(code: int, env: Mapping[str, str] = os.environ) -> None:
@@ -149,7 +159,7 @@ def main(argv: Sequence[str] | None = None, pod: PodContract | None = None) -> i
             signal.signal(signal.SIGTERM, previous)
     if process.local_rank == 0:
         paths = _failure_paths(argv, pod.output_dir if pod else None, superseded)
-        write_summary({"status": "failed", "error": message}, paths)
+        write_summary(failed_summary(message, stop), paths)
     report_exit_code(code)
     return code
 

@@ -50,7 +50,9 @@ class StopRequest:
         self.requested = False
         self.reason = ""
         self.stopped = False
-        self.global_step = 0  # where it stopped
+        # the global step the run reached: where it stopped, or where it failed (training_function sets it
+        # on its way out); None: not known, it failed before its training loop began
+        self.global_step: int | None = None
         self.checkpoint = ""  # the checkpoint it saved there ("": none, --no-checkpoints)
         self.time_seconds: dict[str, float] = {}  # this run's wall time by part (progress.TimeSplit)
 

@@ -142,6 +142,7 @@ def training_function(
         _end_of_loop(split, metrics)
         return end_run(t.accelerator, finish_run(t, cfg, state))
     except BaseException:
+        stop.global_step = state.global_step  # how far it got, for the failure summary (cli.main)
         t.trackers.close(FAILED)
         raise
     finally:

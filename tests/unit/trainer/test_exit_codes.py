@@ -113,6 +113,40 @@ def test_a_crash_still_exits_1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     assert code_file.read_text() == "1\n"  # the launcher only turns a 78 into 78
 
 
+# pets-train whose second epoch crashes before its first step: the first one took 8 steps (2 x 20 images ->
+# 32 for training, batch 4).
+CRASH_IN_EPOCH_2 = """
+import sys
+from pets_training import cli, train
+
+real = train.run_epoch
+
+def run_epoch(t, cfg, state, epoch, *rest):
+    if epoch == 1:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+    return real(t, cfg, state, epoch, *rest)
+
+train.run_epoch = run_epoch
+raise SystemExit(cli.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.timeout(150)
+def test_a_crash_mid_run_says_the_step_it_reached(tmp_path: Path) -> None:
+    """The failure summary carries the global step the run reached (the operator's exact lastStep); a
+    failure before the training loop (above) knows none."""
+    env = {k: v for k, v in os.environ.items() if k != EXIT_CODE_FILE}
+    args = [*_with(TINY_ARGS, epochs="2", synthetic_images_per_class="20"),
+            "--output-dir", str(tmp_path / "out"), "--summary-path", str(tmp_path / "termination-log")]
+    proc = subprocess.run([PYTHON, "-c", CRASH_IN_EPOCH_2, *args], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == exits.FAILURE, proc.stderr[-3000:]
+    summary = read_json(tmp_path / "termination-log")
+    assert summary == {"status": "failed", "global_step": 8,
+                       "error": "RuntimeError: CUDA error: an illegal memory access was encountered"}
+    assert read_json(tmp_path / "out" / "summary.json") == summary
+
+
 def test_an_unreachable_hub_is_permanent_and_a_server_error_is_not(monkeypatch: pytest.MonkeyPatch) -> None:
     from pets_training import hubcache, model
 
