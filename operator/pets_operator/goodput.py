@@ -12,7 +12,8 @@ docs/operator.md ("Preemption and goodput"):
 - startup, train, eval, checkpoint, restore: each run's own split (an attempt, or the part of it
   between a Kueue preemption or a suspension and the next), from rank 0's gauges
   (pets_startup_seconds, pets_train_seconds_total, pets_eval_seconds_total,
-  pets_checkpoint_seconds_total, pets_restore_seconds) as last read, or its final summary.
+  pets_checkpoint_seconds_total, pets_restore_seconds) as last read, or its final summary. Its lastStep
+  likewise: the step gauge as last read, the summary's global_step once it ended (older trainers: none).
 - lost: the training time of steps done again after a run ended (a restart, a Kueue preemption, a
   suspension): the steps a run had done past the point the next one resumed at, times that run's
   seconds per step. Part of its train time.
@@ -33,7 +34,7 @@ from pets_contract import gauges
 from pets_contract import summary as summary_keys
 from pets_operator import api
 from pets_operator.backends import parse_timestamp, timestamp
-from pets_operator.mirror import in_range
+from pets_operator.mirror import in_range, summary_step
 from pets_operator.status_types import Status
 
 WAITING_PHASES = (api.PENDING, api.QUEUED, api.SUSPENDED, api.PREEMPTED, api.RESTARTING)
@@ -98,8 +99,8 @@ def _entry(book: dict[str, Any], attempt: int, started: str | None) -> dict[str,
 
 
 def _resumed_at(book: dict[str, Any], run: dict[str, Any], first_step: int) -> None:
-    """A run says where it resumed: the run before it lost the steps it had done past that point (as last
-    read, so at least that many), at its own seconds per step."""
+    """A run says where it resumed: the run before it lost the steps it had done past that point (its
+    summary's step, else as last read, so at least that many), at its own seconds per step."""
     if "firstStep" in run:
         return
     run["firstStep"] = first_step
@@ -139,11 +140,17 @@ def read_attempt(status: Status, attempt: int, started: str | None,
 
 def read_summary(status: Status, attempt: int, started: str | None, summary: dict[str, Any]) -> None:
     """A run's final summary (its termination message; `started`: when its container started): its whole
-    split, more exact than a read."""
+    split and the step it reached, more exact than a read (an older trainer's summary has no step: the
+    last read's stays)."""
     times = summary.get(summary_keys.TIME_SECONDS)
-    if isinstance(times, dict):  # a run that ended before any progress read has only its summary
-        _read(status, attempt, started, {str(g.field): times.get(g.summary_key) for g in TIME_GAUGES},
-              summary.get(summary_keys.RESUME_STEP))
+    step = summary_step(summary)
+    if not isinstance(times, dict) and step is None:  # e.g. a failure before the training loop
+        return
+    # a run that ended before any progress read has only its summary
+    parts = {str(g.field): times.get(g.summary_key) for g in TIME_GAUGES} if isinstance(times, dict) else {}
+    run = _read(status, attempt, started, parts, summary.get(summary_keys.RESUME_STEP))
+    if step is not None:
+        run["lastStep"] = step
 
 
 def account(old: Status, status: Status, created: str | None, now: datetime) -> None:

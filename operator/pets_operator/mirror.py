@@ -62,8 +62,8 @@ def mirror_progress(status: Status, progress: dict[str, float], now: datetime) -
 
 def work_lost(result: Plan, resume_step: Any) -> None:
     """Once the attempt after a restart says where it resumed (its progress, or its final summary): the
-    steps the last one had done past that point, done again. At least: the last attempt's step is as
-    last read (every progress interval), so it may have gone further."""
+    steps the last one had done past that point, done again. At least: the last attempt's step is its
+    summary's where it wrote one, else as last read (every progress interval), so it may have gone further."""
     failure = result.status.last_failure or {}
     if "lastStep" not in failure or "lostSteps" in failure or not in_range(resume_step):
         return
@@ -71,7 +71,7 @@ def work_lost(result: Plan, resume_step: Any) -> None:
     failure["lostSteps"] = lost
     result.events.append(Event("Normal" if lost == 0 else "Warning", "WorkLost", (
         f"attempt {max(0, int(result.status.attempt or 1) - 1)} lost at least {lost} step(s): last "
-        f"read at step {failure['lastStep']}, the next attempt resumed at step "
+        f"seen at step {failure['lastStep']}, the next attempt resumed at step "
         f"{int(resume_step)}")))
 
 
@@ -95,6 +95,13 @@ def in_range(value: Any, top: float = gauges.TOP) -> bool:
 def is_count(value: Any) -> bool:
     """An integer in 0..gauges.TOP: a count from the summary a status can hold."""
     return isinstance(value, int) and in_range(value)
+
+
+def summary_step(summary: dict[str, Any] | None) -> int | None:
+    """The global step a run's final summary says it reached: exact, where a progress read may be behind
+    (None: no summary, a trainer older than the key, or a failure before its training loop)."""
+    step = (summary or {}).get(summary_keys.GLOBAL_STEP)
+    return step if is_count(step) else None
 
 
 def mirror_summary(status: Status, summary: dict[str, Any], total_epochs: int) -> None:

@@ -7,8 +7,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from pets_contract import summary as summary_keys
 from pets_operator import api, goodput, pods
 from pets_operator.backends import WorkloadState, parse_timestamp, timestamp
+from pets_operator.mirror import summary_step
 from pets_operator.plan_types import Event, Observed, Plan, ref
 from pets_operator.spec import Spec
 from pets_operator.status_types import Status
@@ -84,8 +86,11 @@ def after_failure(result: Plan, spec: Spec, observed: Observed, ws: WorkloadStat
     if failure is None and disrupted:  # the disrupted pod is gone; the Job's condition says what it was
         status.last_failure = {"cause": "Disrupted", "message": ws.message,
                                  "time": ws.completion_time or timestamp(now)}
-    if (failure is not None or disrupted) and isinstance(status.step, int) and status.last_failure:
-        status.last_failure["lastStep"] = status.step  # how far it got (as last read): lostSteps
+    last_step = summary_step(observed.summary)  # how far it got: its summary's, exact
+    if last_step is None:
+        last_step = status.step  # as last read (no summary, or an older trainer's)
+    if (failure is not None or disrupted) and isinstance(last_step, int) and status.last_failure:
+        status.last_failure["lastStep"] = last_step  # lostSteps count from it
     if observed.summary:  # a stopped or failed trainer's own split of this attempt
         goodput.read_summary(status, int(status.attempt or 0), observed.rank0_running_since, observed.summary)
     if not permanent and (by_cluster or counted < spec.max_restarts):
@@ -113,8 +118,9 @@ def resume_point(spec: Spec, status: Status, summary: dict[str, Any] | None = No
     summary = summary or {}
     if "emptyDir" in api.output_of(spec):
         return "starting from epoch 0 (the output is an emptyDir, which goes with the pods)"
-    if summary.get("status") == "stopped" and isinstance(summary.get("global_step"), int):
-        return f"resuming at step {summary['global_step']}, from the checkpoint it saved on SIGTERM"
+    step = summary_step(summary)
+    if summary.get(summary_keys.STATUS) == summary_keys.STOPPED and step is not None:
+        return f"resuming at step {step}, from the checkpoint it saved on SIGTERM"
     checkpoint = status.last_checkpoint or {}
     if checkpoint.get("step"):  # the trainer's newest, an epoch's or a step checkpoint
         return f"resuming from the newest checkpoint, at step {checkpoint['step']} or later"

@@ -112,9 +112,9 @@ STATUS_SCHEMA: dict[str, Any] = _obj("Observed state, written by the operator.",
         "exitCode": _int("The trainer container's exit code."),
         "message": _str("The trainer's own reason, or the cluster's."),
         "logTail": _str("The last lines of that container's log."),
-        "lastStep": _int("The step that attempt had reached, as last read."),
+        "lastStep": _int("The step that attempt had reached: its final summary's, else as last read."),
         "lostSteps": _int("Steps it had done past the point the next attempt resumed at, so done again (at "
-                          "least: its step is as last read)."),
+                          "least, where its step is as last read)."),
         "time": _time("When it failed."),
     }),
     "deadline": _obj("Bookkeeping of spec.activeDeadlineSeconds: the time that does not count.", {
@@ -153,8 +153,9 @@ STATUS_SCHEMA: dict[str, Any] = _obj("Observed state, written by the operator.",
                          "checkpointSeconds": _seconds("Its checkpoint saves."),
                          "restoreSeconds": _seconds("Its restore."),
                          "firstStep": _int("The step it resumed at."),
-                         "lastStep": _int("The step it reached, as last read."),
-                         "lostSteps": _int("Its steps done again by the next run (at least: as last read)."),
+                         "lastStep": _int("The step it reached: its final summary's, else as last read."),
+                         "lostSteps": _int("Its steps done again by the next run (at least, where its "
+                                           "lastStep is as last read)."),
                          "lostSeconds": _seconds("Their time, at its seconds per step."),
                      })},
         "earlier": _obj("The parts of runs older than the newest ten, added up.", {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any
@@ -225,3 +226,56 @@ def test_a_run_that_ended_before_any_progress_read_has_its_world_size_from_the_s
                     summary={"status": "succeeded", "epochs": 5, "resume_step": 0, "time_seconds": split})
     (run,) = finished.status.goodput["attempts"]
     assert run["worldSize"] == 2 and run["trainSeconds"] == 4.0
+
+
+DONE = job(succeeded=2, conditions=[{"type": "Complete", "status": "True"}])
+
+
+def test_a_finished_run_s_last_step_is_its_summary_s_not_the_last_read() -> None:
+    """Read at step 218 (a read every 10 s), the run went on to take all 240 steps: its summary's
+    global_step is exact. A summary from a trainer older than that key leaves the last read's."""
+    p = plan(created(), job(active=2), RUNNING, now=at(60), progress=gauges(218, 0, 5.0, 50.0))
+    split = {"startup": 5.0, "train": 55.0, "eval": 1.0, "checkpoint": 0.1, "restore": 0.0}
+    older = {"status": "succeeded", "epochs": 5, "resume_step": 0, "time_seconds": split}
+    finished = plan(created(p.status), DONE, [], now=at(70), summary={**older, "global_step": 240})
+    assert finished.status.phase == api.SUCCEEDED
+    (run,) = finished.status.goodput["attempts"]
+    assert (run["firstStep"], run["lastStep"], run["trainSeconds"]) == (0, 240, 55.0)
+    (run,) = plan(created(p.status), DONE, [], now=at(70), summary=older).status.goodput["attempts"]
+    assert run["lastStep"] == 218
+    for junk in (-1, True, 2.0**60, "240", 239.5):  # not a step a status can hold: the read's stays
+        (run,) = goodput_of(p.status, {**older, "global_step": junk})["attempts"]
+        assert run["lastStep"] == 218, junk
+
+
+def goodput_of(status: Status, summary: dict[str, Any]) -> dict[str, Any]:
+    book: dict[str, Any] = plan(created(status), DONE, [], now=at(70), summary=summary).status.goodput
+    return book
+
+
+def test_a_failed_run_s_summary_step_is_its_last_step_and_the_work_lost_counts_from_it() -> None:
+    """Read at step 41, the attempt crashed at step 45 (its failure summary says so, without a time
+    split): lastFailure.lastStep and the run's lastStep are 45, and the next attempt, resumed at 31, lost
+    14 steps, not 10."""
+    p = plan(created(), job(active=2), RUNNING, now=at(60), progress=gauges(41, 0, 5.0, 40.0))
+    summary = {"status": "failed", "error": "RuntimeError: CUDA error", "global_step": 45}
+    gang = [failed(0, 1, "2026-01-02T03:03:27Z", message=json.dumps(summary)),
+            failed(1, 1, "2026-01-02T03:03:27Z")]
+    p = plan(created(p.status), failed_job(), gang, now=at(62), summary=summary)
+    assert p.status.phase == api.RESTARTING and p.status.last_failure["lastStep"] == 45
+    assert p.status.goodput["attempts"][0]["lastStep"] == 45
+    p = plan(created(p.status), job(active=2, attempt=1), RUNNING, now=at(70),
+             progress=gauges(32, 31, 6.0, 0.0, restore=1.0))
+    first = p.status.goodput["attempts"][0]
+    assert p.status.last_failure["lostSteps"] == first["lostSteps"] == 14
+    # its train time as last read (a failure summary has no split) over its 44 steps after the first
+    assert first["lostSeconds"] == round(40.0 * 14 / 44, 3)
+    (event,) = [e for e in p.events if e.reason == "WorkLost"]
+    assert "lost at least 14 step(s): last seen at step 45" in event.message
+    # A summary without the step (a failure before the training loop, an older trainer): as last read.
+    old = {"status": "failed", "error": "RuntimeError: CUDA error"}
+    gang = [failed(0, 1, "2026-01-02T03:03:27Z", message=json.dumps(old)),
+            failed(1, 1, "2026-01-02T03:03:27Z")]
+    before = plan(created(), job(active=2), RUNNING, now=at(60), progress=gauges(41, 0, 5.0, 40.0))
+    p = plan(created(before.status), failed_job(), gang, now=at(62), summary=old)
+    assert p.status.last_failure["lastStep"] == p.status.goodput["attempts"][0]["lastStep"] == 41
