@@ -5,8 +5,8 @@ stopped by SIGTERM after a step checkpoint (every rank finishes its step, they a
 continues at that step); 78 (``exits.PERMANENT``, EX_CONFIG) a
 failure no restart can fix (:class:`~.contract.PermanentError`: a bad flag or config value, model, weights,
 a hub that cannot be reached for pretrained weights, data, or pod environment); 1 anything else. On
-failure the summary ``{"status": "failed", "error": ..., "global_step": ...}`` (the step only once the
-training loop began) goes where the success summary would, and a
+failure the summary ``{"status": "failed", "error": ..., "global_step": ..., "time_seconds": ...}`` (the
+step and the time split only once the training loop began) goes where the success summary would, and a
 failing process appends its code to ``$PETS_EXIT_CODE_FILE`` when set (``pets-launch`` sets it:
 torchrun's own exit code does not say why a worker failed). A trainer superseded by a newer attempt
 (:class:`~.checkpoint.SupersededError`, also 78) writes its failure summary only to ``--summary-path``:
@@ -92,11 +92,12 @@ def stopped_summary(stop: StopRequest) -> dict[str, object]:
 
 
 def failed_summary(message: str, stop: StopRequest) -> dict[str, object]:
-    """The summary of a run that failed: why, and the global step it reached when its training loop had
-    begun (``stop.global_step``, set on the way out of ``training_function``)."""
+    """The summary of a run that failed: why, and the global step it reached and its time split when its
+    training loop had begun (``stop``, set on the way out of ``training_function``)."""
     summary: dict[str, object] = {summary_keys.STATUS: summary_keys.FAILED, summary_keys.ERROR: message}
     if stop.global_step is not None:
         summary[summary_keys.GLOBAL_STEP] = stop.global_step
+        summary[summary_keys.TIME_SECONDS] = stop.time_seconds  # the operator's split of the failed run
     return summary
 
 

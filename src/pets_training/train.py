@@ -142,7 +142,9 @@ def training_function(
         _end_of_loop(split, metrics)
         return end_run(t.accelerator, finish_run(t, cfg, state))
     except BaseException:
-        stop.global_step = state.global_step  # how far it got, for the failure summary (cli.main)
+        split.charge()  # the failing piece, to its part
+        # how far it got and where its time went, for the failure summary (cli.main)
+        stop.global_step, stop.time_seconds = state.global_step, split.rounded()
         t.trackers.close(FAILED)
         raise
     finally:

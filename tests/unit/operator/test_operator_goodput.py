@@ -279,3 +279,21 @@ def test_a_failed_run_s_summary_step_is_its_last_step_and_the_work_lost_counts_f
     before = plan(created(), job(active=2), RUNNING, now=at(60), progress=gauges(41, 0, 5.0, 40.0))
     p = plan(created(before.status), failed_job(), gang, now=at(62), summary=old)
     assert p.status.last_failure["lastStep"] == p.status.goodput["attempts"][0]["lastStep"] == 41
+
+
+def test_a_failed_run_s_summary_split_is_booked_and_prices_its_lost_steps() -> None:
+    """The trainer's failure summary carries its time split too: the run's train time is its own (44 s,
+    not 40 s as last read), so its lost steps cost 44 s * 14 / 44 steps."""
+    p = plan(created(), job(active=2), RUNNING, now=at(60), progress=gauges(41, 0, 5.0, 40.0))
+    times = {"startup": 5.0, "train": 44.0, "eval": 0.0, "checkpoint": 0.0, "restore": 0.0}
+    summary = {"status": "failed", "error": "RuntimeError: CUDA error", "global_step": 45,
+               "time_seconds": times}
+    gang = [failed(0, 1, "2026-01-02T03:03:27Z", message=json.dumps(summary)),
+            failed(1, 1, "2026-01-02T03:03:27Z")]
+    p = plan(created(p.status), failed_job(), gang, now=at(62), summary=summary)
+    first = p.status.goodput["attempts"][0]
+    assert (first["trainSeconds"], first["lastStep"]) == (44.0, 45), first
+    p = plan(created(p.status), job(active=2, attempt=1), RUNNING, now=at(70),
+             progress=gauges(32, 31, 6.0, 0.0, restore=1.0))
+    first = p.status.goodput["attempts"][0]
+    assert (first["lostSteps"], first["lostSeconds"]) == (14, 14.0), first
