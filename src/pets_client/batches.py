@@ -20,7 +20,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Protocol
 
 from .errors import UploadError
-from .transfer import check_name, list_command, list_limit, parse_list
+from .transfer import check_names, list_request, parse_list
 from .upload import LocalFile
 
 BATCH_BYTES = 64 << 20  # data per exec: a batch that fails is sent again whole
@@ -164,10 +164,9 @@ def list_claim(open_exec: OpenExec, root: str, files: list[LocalFile]) -> list[t
     """(name, size, sha256) of each of ``files`` already under ``root`` in the claim: one exec, the names
     on its stdin. A frame lost from its output loses lines, never makes one up whole: a file not listed
     is copied again, which costs time, not data."""
-    for f in files:
-        check_name(f.name)
-    names = "".join(f"{f.name}\n" for f in files).encode()
-    pod = open_exec(list_command(root, len(names)), stdout_limit=list_limit([f.name for f in files]))
+    check_names(wanted := [f.name for f in files])
+    command, names, limit = list_request(root, wanted)
+    pod = open_exec(command, stdout_limit=limit)
     stream(pod, frames([names]))
     timeout = 120 + sum(f.size for f in files) / 20e6  # it reads every file there: 20 MB/s at least
     code, stderr = pod.finish(timeout)

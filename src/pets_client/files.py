@@ -32,8 +32,7 @@ from .transfer import (
     collect,
     decode_chunk,
     fetch_pod,
-    list_command,
-    list_limit,
+    list_request,
     no_claim_reason,
 )
 
@@ -125,9 +124,8 @@ class FilesMixin:
         pod_name = pod.metadata.name
         try:
             self._wait_pod_running(pod_name, timeout)
-            names = "".join(f"{f}\n" for f in wanted).encode()  # on stdin: never on the pod's command line
-            listing = self._exec_bytes(pod_name, list_command(_api.OUTPUT_DIR, len(names)),
-                                       list_limit(wanted), stdin=names)
+            command, names, limit = list_request(_api.OUTPUT_DIR, wanted)
+            listing = self._exec_bytes(pod_name, command, limit, stdin=names)
             got = collect(dest, wanted, listing,
                           lambda f, index: decode_chunk(self._exec_bytes(pod_name, chunk_command(f, index),
                                                                          CHUNK_OUTPUT_BYTES)))

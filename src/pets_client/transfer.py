@@ -158,21 +158,19 @@ def check_names(files: list[str]) -> None:
         check_name(f)
 
 
-def list_command(root: str, size: int) -> list[str]:
-    """The listing of fetch and upload: which of the names on stdin (``size`` bytes, a name a line) are
-    files under ``root``, as `S <size> <name>` and `<sha256>  <name>` lines, from a stat and a sha256sum
-    per few thousand names (a process per file made a second upload of 1,797 files take 28 s). The names
-    never reach a command line of the pod's shell."""
+def list_request(root: str, names: list[str]) -> tuple[list[str], bytes, int]:
+    """The listing of fetch and upload: which of ``names`` (the caller checks them) are files under ``root``,
+    as `S <size> <name>` and `<sha256>  <name>` lines. Returns the pod's command, its stdin (the names, one
+    a line: they never reach a command line of the pod's shell) and the most bytes it prints for them
+    (what a pod sends beyond that is refused). A stat and a sha256sum per few thousand names: a process
+    per file made a second upload of 1,797 files take 28 s."""
+    stdin = "".join(f"{name}\n" for name in names).encode()
     there = 'for f; do [ -f "$f" ] && printf "%s\\0" "$f"; done'
     script = ('cd "$0" || exit 3; head -c "$1" | tr "\\n" "\\0" | '
               f"xargs -0 -r sh -c '{there}' sh | "
               """xargs -0 -r sh -c 'stat -c "S %s %n" -- "$@" && sha256sum -- "$@"' sh || exit 3""")
-    return ["sh", "-c", script, root, str(size)]
-
-
-def list_limit(names: list[str]) -> int:
-    """The most bytes list_command prints for ``names``: what a pod sends beyond it is refused."""
-    return sum(2 * len(n.encode()) + 2 + 21 + 1 + 64 + 2 + 1 for n in names) + 64
+    limit = sum(2 * len(n.encode()) + 2 + 21 + 1 + 64 + 2 + 1 for n in names) + 64
+    return ["sh", "-c", script, root, str(len(stdin))], stdin, limit
 
 
 _LIST_SIZE = re.compile(r"^S ([0-9]{1,20}) (.+)$")
@@ -180,7 +178,7 @@ _LIST_DIGEST = re.compile(r"^([0-9a-f]{64})  (.+)$")
 
 
 def parse_list(text: bytes) -> list[tuple[str, int, str]]:
-    """list_command's output -> (name, size, sha256) for each size line whose name has a digest line
+    """list_request's output -> (name, size, sha256) for each size line whose name has a digest line
     (lines of another shape are left out; fetch's check_listing then holds the names, each once, and the
     sizes to what was asked for)."""
     sizes: list[tuple[str, int]] = []

@@ -31,8 +31,7 @@ from pets_client.transfer import (
     check_listing,
     check_name,
     collect,
-    list_command,
-    list_limit,
+    list_request,
     parse_list,
     save,
     target_path,
@@ -49,7 +48,7 @@ WANTED = list(_api.OUTPUT_FILES)
 
 
 def _line(name: str, data: bytes) -> bytes:
-    """The two lines list_command prints for a file: its size, then its digest."""
+    """The two lines the listing (list_request) prints for a file: its size, then its digest."""
     return f"S {len(data)} {name}\n{hashlib.sha256(data).hexdigest()}  {name}\n".encode()
 
 
@@ -198,7 +197,7 @@ def test_nothing_is_read_for_an_empty_file_but_its_digest_is_checked() -> None:
 def test_the_listing_limit_fits_the_listing_of_every_file() -> None:
     files = ["summary.json", "checkpoints/epoch_12/model.safetensors"]
     longest = _listing({f: b"" for f in files}).replace(b"S 0 ", b"S " + b"9" * 20 + b" ")
-    assert list_limit(files) >= len(longest)
+    assert list_request("/output", files)[2] >= len(longest)
     assert CHUNK_OUTPUT_BYTES >= len(base64.b64encode(b"\xff" * CHUNK_BYTES))
 
 
@@ -313,7 +312,7 @@ def _client(monkeypatch: pytest.MonkeyPatch, files: dict[str, bytes], listing: b
 
     def exec_bytes(pod: str, command: list[str], limit: int, stdin: bytes = b"") -> bytes:
         limits.append(limit)
-        if command == list_command(_api.OUTPUT_DIR, len(stdin)):
+        if command[:3] == list_request(_api.OUTPUT_DIR, [])[0][:3]:  # the listing, whatever it lists
             return _listing(files) if listing is None else listing
         name, index = command[4], int(command[5])
         if chunk_text is not None:
@@ -345,7 +344,7 @@ def test_fetch_reads_no_more_than_the_listing_says(tree: Path, monkeypatch: pyte
     pets, _ = _client(monkeypatch, files)
     assert pets.fetch("pets", tree / "dest") == [tree / "dest" / "summary.json"]
     assert (tree / "dest" / "summary.json").read_bytes() == files["summary.json"]
-    assert pets.limits == [list_limit(WANTED), CHUNK_OUTPUT_BYTES]  # type: ignore[attr-defined]
+    assert pets.limits == [list_request(_api.OUTPUT_DIR, WANTED)[2], CHUNK_OUTPUT_BYTES]  # type: ignore[attr-defined]
     # a pod that sends more than the file it listed: refused, nothing written
     pets, _ = _client(monkeypatch, files, chunk_text=lambda n, i: base64.b64encode(b'{"a": 1}' + b" " * 99))
     before = snapshot(tree)

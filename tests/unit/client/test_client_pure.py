@@ -24,7 +24,7 @@ from pets_client.transfer import (
     chunk_command,
     decode_chunk,
     fetch_pod,
-    list_command,
+    list_request,
     output_claim,
     parse_list,
     save,
@@ -189,8 +189,8 @@ def _run_in(directory: Path, cmd: list[str], stdin: bytes = b"") -> bytes:
 
 
 def _list_in(directory: Path, names: list[str]) -> list[tuple[str, int, str]]:
-    text = "".join(f"{n}\n" for n in names).encode()
-    return parse_list(_run_in(directory, list_command("/output", len(text)), text))
+    command, text, _ = list_request("/output", names)
+    return parse_list(_run_in(directory, command, text))
 
 
 def test_the_listing_never_runs_a_name(tmp_path: Path) -> None:

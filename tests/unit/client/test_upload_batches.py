@@ -28,7 +28,7 @@ from pets_client.batches import (
     send,
     send_batch,
 )
-from pets_client.transfer import list_limit, parse_list
+from pets_client.transfer import list_request, parse_list
 from pets_client.upload import LocalFile, plan, walk
 
 from .test_client_upload import _sha, _write
@@ -194,7 +194,7 @@ def test_the_listing_is_one_exec_bounded_and_checked(tmp_path: Path) -> None:
     assert len(opened) == 1 and sum(len(a) for a in opened[0]) < 1000, "the names go on stdin"
     there = [(f.name, f.size, f.sha256) for f in files if not f.name.endswith("7.jpg")]
     assert sorted(listing) == sorted(there)
-    assert list_limit([f.name for f in files]) < 200 * len(files)
+    assert list_request("/data", [f.name for f in files])[2] < 200 * len(files)
     with pytest.raises(FetchError):
         list_claim(counted, str(tmp_path / "claim"), [LocalFile("../etc/passwd", 1, "0" * 64, Path("/x"))])
     text = (b"S 3 a.jpg\n" + _sha(b"abc").encode() + b"  a.jpg\nS 9 only-size.jpg\n"
