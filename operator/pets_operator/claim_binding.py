@@ -15,7 +15,14 @@ from typing import Any
 
 from pets_operator import api
 
-CLAIM_POLL_SECONDS = 1.0  # claims are not watched: how often a waiting training looks again
+# Claims are not watched: a waiting training looks again after a second, then less often the longer it
+# waits (a tenth of the wait, at most every 30 s), so a claim that never binds costs the API server little.
+CLAIM_POLL_SECONDS, CLAIM_POLL_MAX_SECONDS = 1.0, 30.0
+
+
+def poll_after(waited: float) -> float:
+    """Seconds until a training that has waited `waited` seconds for its claims looks again."""
+    return min(CLAIM_POLL_MAX_SECONDS, max(CLAIM_POLL_SECONDS, waited / 10))
 
 
 def binding_modes(classes: Iterable[Mapping[str, Any]]) -> tuple[dict[str, str], str | None]:

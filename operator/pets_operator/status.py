@@ -15,7 +15,7 @@ from typing import Any
 from pets_contract import gauges
 from pets_operator import api, builders, checkpoint_home, children, goodput, pods, resize, tracking_status
 from pets_operator.backends import WorkloadState, parse_timestamp, timestamp
-from pets_operator.claim_binding import CLAIM_POLL_SECONDS, waiting_message
+from pets_operator.claim_binding import poll_after, waiting_message
 from pets_operator.conditions import apply_phase
 from pets_operator.deadlines import (
     DEADLINE_SLACK_SECONDS,
@@ -234,11 +234,12 @@ def _create_workload(r: _Round, policy: dict[str, Any] | None, left: float | Non
     claim = children.build_output_claim(spec, target)
     result.create += [c for c in (claim, children.build_dataset_cache_claim(spec, target)) if c is not None]
     if observed.unbound_claims and not builders.created_suspended(spec, target):
-        result.requeue_after = CLAIM_POLL_SECONDS
         message = waiting_message(observed.unbound_claims)
         if (timed_out := pending_timed_out(result, spec, r.now)) is not None:
             result.create.clear()  # what it would have made first is there: the claims made it wait
             return api.FAILED, "PendingTimeout", f"{timed_out}: {message}"
+        poll = poll_after((r.now - parse_timestamp(str(status.pending_since))).total_seconds())
+        result.requeue_after = poll if result.requeue_after is None else min(result.requeue_after, poll)
         return (api.RESTARTING if r.restarts else api.PENDING), "WaitingForClaimBinding", message
     if claim is not None and not children.owned(claim) and target.attempt == 0:  # said once, where seen
         result.events.append(Event("Normal", "OutputClaimRetained", (

@@ -115,10 +115,16 @@ def test_the_wait_counts_against_the_pending_timeout() -> None:
     assert first.status.pending_since == "2026-01-02T03:04:05Z"
     assert first.requeue_after == claim_binding.CLAIM_POLL_SECONDS
     later = plan(waiting, first.status.to_dict(), 59.5, scheduling=timeout)
-    assert later.requeue_after == pytest.approx(0.5)
+    assert later.requeue_after == pytest.approx(0.5)  # the timeout comes before the next look
     out = plan(waiting, later.status.to_dict(), 60, scheduling=timeout)
     assert out.status.phase == api.FAILED and out.create == []
     ready = cond(out, "Ready")
     assert ready["reason"] == "PendingTimeout", ready
     assert ready["message"].startswith("did not start within spec.scheduling.pendingTimeoutSeconds=60: "
                                        "waiting for the claim pets-output"), ready
+
+
+def test_a_claim_that_does_not_bind_is_looked_at_less_and_less_often() -> None:
+    assert [claim_binding.poll_after(w) for w in (0, 5, 10, 60, 300, 3600)] == [1, 1, 1, 6, 30, 30]
+    first = plan({"pets-output": "now"})
+    assert plan({"pets-output": "now"}, first.status.to_dict(), 120).requeue_after == 12
