@@ -76,12 +76,7 @@ def observe_rank0(pod: dict[str, Any] | None, phase_hint: str, scraper: Scraper 
     message (once finished)."""
     if pod is None:
         return Rank0()
-    summary = started = None
-    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
-        state = cs.get("state") or {}
-        if state.get("terminated"):
-            summary = pods.parse_summary(state["terminated"].get("message"))
-        started = (state.get("running") or state.get("terminated") or {}).get("startedAt") or started
+    summary, started = pods.final_summary(pod)
     st = pod.get("status") or {}
     if not st.get("podIP") or st.get("phase") != "Running" or phase_hint in api.FINISHED_PHASES:
         return Rank0(summary=summary, rank0_running_since=started)

@@ -110,6 +110,18 @@ def parse_summary(message: str | None) -> dict[str, Any] | None:
     return value if isinstance(value, dict) and _nesting(value) <= SUMMARY_MAX_DEPTH else None
 
 
+def final_summary(pod: dict[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
+    """Rank 0's termination message, parsed (None: none, or not a summary), and when its trainer container
+    started (running or since ended)."""
+    summary = started = None
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        state = cs.get("state") or {}
+        if state.get("terminated"):
+            summary = parse_summary(state["terminated"].get("message"))
+        started = (state.get("running") or state.get("terminated") or {}).get("startedAt") or started
+    return summary, started
+
+
 def _status(pod: dict[str, Any]) -> dict[str, Any]:
     return pod.get("status") or {}
 
