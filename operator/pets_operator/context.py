@@ -12,10 +12,11 @@ from typing import Any, cast
 
 from kubernetes import client
 
-from pets_operator import api, backends, metrics, observe, workqueue
+from pets_operator import api, backends, ended_runs, metrics, observe, workqueue
 from pets_operator.backends import parse_timestamp
 from pets_operator.cluster import unless
 from pets_operator.observe import Key
+from pets_operator.plan_types import EndedRun
 from pets_operator.scraper import Scraper, Target
 from pets_operator.settings import Settings
 from pets_operator.standby import Standby
@@ -37,6 +38,7 @@ class Snapshot:
     jobs: list[dict[str, Any]]
     pods: list[dict[str, Any]]
     services: list[dict[str, Any]]
+    ended: tuple[EndedRun, ...] = ()  # rank 0's runs that ended as their pods went (Context.keep_ended)
 
 
 @dataclass
@@ -67,6 +69,9 @@ class Context:
     # by, so its indices were listed fresh). While it stood by, another replica wrote their statuses,
     # and kopf's re-listing may come after its first rounds: a round over a stale status writes it back.
     reread: set[Key] | None = None
+    # Rank 0's runs that ended as their pods went, by (attempt, start), until the stored status holds
+    # them: the index drops a deleted pod, often before the round that would book its summary.
+    ended: dict[Key, dict[tuple[int, str], EndedRun]] = field(default_factory=dict)
 
     def stood_by(self) -> None:
         """Peering paused this replica: when it acts again, each training is read afresh once."""
@@ -108,6 +113,16 @@ class Context:
             del self.gone[old]
         self.gone[(kind, namespace, name)] = now
 
+    def keep_ended(self, key: Key, run: EndedRun | None) -> None:
+        """A run of rank 0 that ended as its pod goes (ended_runs.of_pod): kept for the next rounds,
+        the newest ended_runs.KEPT a training."""
+        if run is None:
+            return
+        kept = self.ended.setdefault(key, {})
+        kept[(run.attempt, run.started)] = run
+        while len(kept) > ended_runs.KEPT:
+            del kept[next(iter(kept))]
+
     def _stale(self, kind: str, obj: Mapping[str, Any]) -> bool:
         meta = obj.get("metadata") or {}
         when = self.gone.get((kind, str(meta.get("namespace")), str(meta.get("name"))))
@@ -117,7 +132,7 @@ class Context:
 
     def forget(self, key: Key) -> None:
         """The training is gone: drop what is kept for it."""
-        for kept in (self.written, self.created, self.seen, self.failures, self.status_written):
+        for kept in (self.written, self.created, self.seen, self.failures, self.status_written, self.ended):
             kept.pop(key, None)
         if self.queue is not None:
             self.queue.forget(key)
@@ -147,7 +162,12 @@ class Context:
                 else:
                     by_name[name] = obj
             children[kind] = list(by_name.values())
-        return Snapshot(body, children["Job"], children["Pod"], children["Service"])
+        ended = self.ended.get(key) or {}
+        for run in ended_runs.settled(body.get("status") or {}, list(ended.values())):
+            del ended[(run.attempt, run.started)]  # the stored status holds it
+        if not ended:
+            self.ended.pop(key, None)
+        return Snapshot(body, children["Job"], children["Pod"], children["Service"], tuple(ended.values()))
 
     def _indexed(self, index_id: str, key: Key) -> list[dict[str, Any]]:
         return list((self.indices.get(index_id) or {}).get(key) or [])

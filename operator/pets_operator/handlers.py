@@ -26,7 +26,7 @@ import kopf
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from pets_operator import api, backends, metrics, observe, standby, workqueue
+from pets_operator import api, backends, ended_runs, metrics, observe, standby, workqueue
 from pets_operator.act import POLL_IDLE
 from pets_operator.cluster import api_message
 from pets_operator.context import JOBS_INDEX, PODS_INDEX, SERVICES_INDEX, TRAININGS_INDEX, Context
@@ -118,6 +118,9 @@ def register(registry: kopf.OperatorRegistry, ctx: Context) -> None:
                 _start(ctx, kwargs)
                 if event.get("type") == "DELETED":  # what we created and the index never showed: gone
                     ctx.created.get(key, {}).pop((str(body.get("kind")), body["metadata"]["name"]), None)
+                if event.get("type") == "DELETED" or body["metadata"].get("deletionTimestamp"):
+                    # rank 0's summary, for the rounds after the index dropped its pod
+                    ctx.keep_ended(key, ended_runs.of_pod(dict(body)))
                 ctx.trigger(key)
 
     children_of(JOBS_INDEX, JOB_WATCH_ID, backends.JOB.group, backends.JOB.version, backends.JOB.plural)

@@ -12,6 +12,17 @@ from pets_operator.status_types import Status
 
 
 @dataclass(frozen=True)
+class EndedRun:
+    """A run of rank 0 that ended as its pod went (ended_runs.py): its attempt, when its container
+    started (which tells the runs of one attempt apart), its summary, and the world size it ran at."""
+
+    attempt: int
+    started: str
+    summary: dict[str, Any]
+    world_size: int | None = None
+
+
+@dataclass(frozen=True)
 class Observed:
     """What the operator saw in the cluster for one PetsTraining."""
 
@@ -42,6 +53,8 @@ class Observed:
     # (`pods.terminating_unfinished` on a node `pods.node_lost` calls lost), and why each node is lost.
     lost_pods: list[dict[str, Any]] = field(default_factory=list)
     lost_nodes: dict[str, str] = field(default_factory=dict)
+    # Rank 0's runs that ended as their pods went (ended_runs.py), whose summaries a round books
+    ended_runs: tuple[EndedRun, ...] = ()
 
 
 @dataclass

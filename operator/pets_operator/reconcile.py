@@ -150,7 +150,8 @@ def reconcile_once(ctx: Context, snap: Snapshot, logger: Logger) -> float | None
                         service=service, state=state, pods=pod_list, pod_events=warnings,
                         workload_refusals=refusals, queue_workload=queue_workload, queue_served=queue_served,
                         lost_pods=lost_pods, lost_nodes=lost_nodes, output_reason=output_reason,
-                        output_claim=output_claim, unbound_claims=unbound_claims, **vars(rank0))
+                        output_claim=output_claim, unbound_claims=unbound_claims, ended_runs=snap.ended,
+                        **vars(rank0))
     result = status.plan(body, spec, observed, target, now, old_status)
     result.delete = [r for r in result.delete if r["name"] not in deleting]
     delay = carry_out(ctx, cl, body, result, logger, restarts=restarts, watched=watched)

@@ -14,6 +14,7 @@ from typing import Any
 
 from pets_contract import gauges
 from pets_operator import api, builders, checkpoint_home, children, goodput, pods, resize, tracking_status
+from pets_operator.ended_runs import book as book_ended_runs
 from pets_operator.backends import WorkloadState, parse_timestamp, timestamp
 from pets_operator.claim_binding import poll_after, waiting_message
 from pets_operator.conditions import apply_phase
@@ -67,6 +68,7 @@ def plan(
         _ttl(r.result, spec, r.status, now)
     else:
         goodput.begin(r.status, r.meta.get("creationTimestamp"), now)
+        book_ended_runs(r.status, observed.ended_runs)  # before this round's reads: they are older runs
         policy = _service_and_network_policy(r)
         ws = _workload_state(observed, r.size)
         if observed.workload is None or ws is None:
