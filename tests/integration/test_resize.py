@@ -9,11 +9,11 @@ import subprocess
 from typing import Any
 
 import pytest
-from conftest import tool
+from conftest import job_pod, tool
 from kubernetes import client
 from pets_operator import api
 from polling import wait_for
-from test_operator_lifecycle import create_training, get_training, jobs, run_job, the_job
+from test_operator_lifecycle import create_training, get_training, jobs, now, run_job, the_job
 from test_placement_and_node_loss import bound_pod, lost_node, pod_gone  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.integration
@@ -72,6 +72,42 @@ def test_kubectl_scale_resizes_a_running_training(admin: client.ApiClient, opera
     header, row = got.stdout.strip().splitlines()
     assert header.split()[:4] == ["NAME", "PHASE", "REPLICAS", "DESIRED"]
     assert row.split()[2:4] == ["1", "1"]
+
+
+def test_a_run_a_resize_stops_is_booked_from_rank_0s_summary_after_its_pod_is_gone(
+        admin: client.ApiClient, operator: Any, namespace: str) -> None:
+    """Rank 0 writes its summary on SIGTERM and its pod goes at once: kopf's index drops it, and the round
+    that follows still books the run's split (ended_runs.py). A finalizer of the test's holds the pod, as
+    the kubelet's grace period would, while the test writes what the kubelet would."""
+    create_training(admin, namespace, "drained", replicas=2, elastic={"minReplicas": 1})
+    job = the_job(admin, namespace, "drained")
+    run_job(admin, namespace, "drained", 2)
+    started = now()
+    core = client.CoreV1Api(admin)
+    container = {"name": "trainer", "image": "trainer", "imageID": "", "restartCount": 0}
+    pod = job_pod(admin, namespace, job, 0, {"phase": "Running", "containerStatuses": [
+        {**container, "ready": True, "state": {"running": {"startedAt": started}}}]})
+    core.patch_namespaced_pod(pod, namespace, {"metadata": {"finalizers": ["test.pets.dev/hold"]}})
+    wait_for("the run listed, before any progress read", lambda: _status(admin, namespace, "drained").get(
+        "goodput", {}).get("attempts") == [{"attempt": 0, "startedAt": started, "worldSize": 2}])
+
+    client.CustomObjectsApi(admin).patch_namespaced_custom_object(
+        api.GROUP, api.VERSION, namespace, api.PLURAL, "drained", {"spec": {"replicas": 1}})
+    wait_for("the garbage collector to delete rank 0's pod", lambda: core.read_namespaced_pod(
+        pod, namespace).metadata.deletion_timestamp)
+    split = {"startup": 4.0, "train": 30.0, "eval": 1.0, "checkpoint": 0.5, "restore": 0.0}
+    summary = {"status": "stopped", "global_step": 60, "resume_step": 0, "time_seconds": split}
+    stopped = {"exitCode": 75, "reason": "Error", "startedAt": started, "finishedAt": now(),
+               "message": json.dumps(summary)}
+    core.patch_namespaced_pod_status(pod, namespace, {"status": {"phase": "Failed", "containerStatuses": [
+        {**container, "ready": False, "state": {"terminated": stopped}}]}})
+    core.patch_namespaced_pod(pod, namespace, {"metadata": {"finalizers": None}})
+    run = wait_for("the stopped run's split booked", lambda: next(
+        (r for r in _status(admin, namespace, "drained").get("goodput", {}).get("attempts", [])
+         if r["attempt"] == 0 and "trainSeconds" in r), None))
+    assert run == {"attempt": 0, "startedAt": started, "worldSize": 2, "firstStep": 0, "startupSeconds": 4.0,
+                   "trainSeconds": 30.0, "evalSeconds": 1.0, "checkpointSeconds": 0.5, "restoreSeconds": 0.0}
+    assert _status(admin, namespace, "drained")["goodput"]["productiveSeconds"] == 30.0
 
 
 def test_after_a_node_loss_it_goes_on_at_the_size_that_was_placed(
