@@ -14,7 +14,6 @@ from typing import Any
 
 from pets_contract import gauges
 from pets_operator import api, builders, checkpoint_home, children, goodput, pods, resize, tracking_status
-from pets_operator.ended_runs import book as book_ended_runs
 from pets_operator.backends import WorkloadState, parse_timestamp, timestamp
 from pets_operator.claim_binding import poll_after, waiting_message
 from pets_operator.conditions import apply_phase
@@ -25,6 +24,7 @@ from pets_operator.deadlines import (
     pending_timed_out,
     watch_deadline,
 )
+from pets_operator.ended_runs import book as book_ended_runs
 from pets_operator.mirror import (
     checkpoints_skipped,
     mirror_progress,

@@ -89,7 +89,7 @@ def test_a_round_after_the_pod_left_the_index_books_the_runs_split_from_its_summ
     run = booked.status.goodput["attempts"][0]
     assert run == {"attempt": 0, "startedAt": STARTED, "worldSize": 2, "firstStep": 0, "startupSeconds": 5.0,
                    "trainSeconds": 40.0, "evalSeconds": 2.0, "checkpointSeconds": 1.0,
-                   "restoreSeconds": 0.5}  # its own size, not the 1 the training has now
+                   "restoreSeconds": 0.5, "lastStep": 80}  # its own size, not the 1 the training has now
     assert booked.status.replicas == 1
     book = booked.status.goodput
     assert (without.status.goodput["productiveSeconds"], book["productiveSeconds"]) == (0.0, 40.0)
