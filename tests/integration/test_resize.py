@@ -106,7 +106,8 @@ def test_a_run_a_resize_stops_is_booked_from_rank_0s_summary_after_its_pod_is_go
         (r for r in _status(admin, namespace, "drained").get("goodput", {}).get("attempts", [])
          if r["attempt"] == 0 and "trainSeconds" in r), None))
     assert run == {"attempt": 0, "startedAt": started, "worldSize": 2, "firstStep": 0, "startupSeconds": 4.0,
-                   "trainSeconds": 30.0, "evalSeconds": 1.0, "checkpointSeconds": 0.5, "restoreSeconds": 0.0}
+                   "trainSeconds": 30.0, "evalSeconds": 1.0, "checkpointSeconds": 0.5, "restoreSeconds": 0.0,
+                   "lastStep": 60}
     assert _status(admin, namespace, "drained")["goodput"]["productiveSeconds"] == 30.0
 
 
