@@ -489,10 +489,14 @@ class Bench:
             self.result["warning_progress_port_listened"] = True
         kubectl("apply", "--server-side", "--force-conflicts", "-f",
                 str(REPO / "charts" / "pets-training" / "crds" / f"{api.CRD_NAME}.yaml"))
-        # Polled, not `kubectl wait`: that fails at once on a CRD too new to have status.conditions.
-        established = '{.status.conditions[?(@.type=="Established")].status}'
-        wait_until("the CRD Established", lambda: kubectl("get", "crd", api.CRD_NAME, "--ignore-not-found",
-                                                          "-o", f"jsonpath={established}") == "True", 60)
+        # Polled and read as JSON: `kubectl wait`, and a jsonpath filter on status.conditions, both fail at
+        # once on a CRD too new to have them (the CI rehearsal of 2026-11-28 21:11 died on the filter).
+        def established() -> bool:
+            found = kubectl("get", "crd", api.CRD_NAME, "--ignore-not-found", "-o", "json")
+            conditions = (json.loads(found or "{}").get("status") or {}).get("conditions") or []
+            return any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
+
+        wait_until("the CRD Established", established, 60)
         # The chart's admission policy too, as a cluster with the chart has it (it checks spec edits only).
         kubectl("apply", "--server-side", "-f", "-", stdin=crd.policy_yaml())
         for ns in (OPERATOR_NAMESPACE, self.ns_raw, self.ns):
