@@ -138,6 +138,33 @@ def report(ips: dict[str, float], precision: str, device: str = "cpu") -> list[s
     return lines
 
 
+def plot_bench(runs: dict[str, list[float]], title: str, path: Path) -> None:
+    """The loops side by side as a PNG: a bar at each loop's best run, a dot at every run, and beside
+    the bar its images/s and share of the ceiling; the ceiling's own bar is grey."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(runs)
+    best = [max(runs[name]) for name in names]
+    ceiling = max(runs["ceiling"])
+    fig, ax = plt.subplots(figsize=(8, 1.2 + 0.55 * len(names)))
+    colours = ["tab:grey" if n == "ceiling" else "tab:green" if n.startswith("ours") else "tab:blue"
+               for n in names]  # fmt: skip
+    bars = ax.barh(names, best, color=colours, alpha=0.8)
+    for row, name in enumerate(names):
+        ax.plot(runs[name], [row] * len(runs[name]), "k.", markersize=5)
+    ax.bar_label(bars, labels=[f"{v:.1f} images/s, {100 * v / ceiling:.0f} %" for v in best], padding=8)
+    ax.axvline(ceiling, color="tab:grey", linestyle="--", linewidth=1)
+    ax.invert_yaxis()  # in the order they ran: the tutorial first, the ceiling last
+    ax.set_xlim(0, 1.45 * max(max(v) for v in runs.values()))
+    ax.set(xlabel="images/s (bar: best run; dots: every run; %: of the model-only ceiling)", title=title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def tutorial_precision(on_gpu: bool) -> tuple[str | None, str]:
     """The tutorial's `--mixed_precision fp16` as our trainer maps it (None: the loop is skipped), and why."""
     from .model import cpu_runs_bf16_natively, resolve_precision
@@ -165,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--data", help="use this image directory instead of the cached synthetic JPEGs")
     parser.add_argument(
-        "--output", default="bench-output", help="logs and bench.json (default: bench-output)"
+        "--output", default="bench-output", help="logs, bench.json, bench.png (default: bench-output)"
     )
     parser.add_argument("--cpus", type=int, help="run every loop on this many cores (default: all)")
     parser.add_argument("--input-path", default="cpu", help=argparse.SUPPRESS)
@@ -236,6 +263,9 @@ def main(argv: list[str] | None = None) -> int:
         "ours_of_ceiling": round(ips["ours"] / ips["ceiling"], 3),
         "speedup": round(ips["ours"] / ips["tutorial"], 3),
     }, indent=1))  # fmt: skip
+    where = f"on {args.cpus} core(s)" if cpus else f"on all {len(available)} cores"
+    plot_bench(runs, f"{args.model}, batch {args.batch_size}, {args.image_size} px, {precision}, "
+                     f"{'GPU' if on_gpu else 'CPU'}, input {where}", output / "bench.png")
     print("\n".join(lines), flush=True)
     return 0
 

@@ -7,7 +7,7 @@
 # 1. the device, the driver and the versions;
 # 2. `make bench`'s loops on 4 cores ("4 CPU cores per GPU"), then on every core;
 # 3. a 5-epoch run with the trainer's defaults on a Pets-sized set: 7,390 JPEGs of 500x375, 37 classes.
-# Each step has its own time limit, so one that hangs leaves the others' results. Seven files go to
+# Each step has its own time limit, so one that hangs leaves the others' results. Eight files go to
 # $OUT (the tool brings back 8 at most; output/gpu-check without it), for docs/gpu.md.
 #
 # The machine's python3 holds torch, torchvision, timm and accelerate and nothing can be installed
@@ -48,6 +48,7 @@ print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torc
 # shellcheck disable=SC2086 # the args are words
 step "bench-${CPUS}cpus" 240 "$PY" -m pets_training.bench $BENCH_ARGS --cpus "$CPUS" --output "$work/bench-cpus"
 cp "$work/bench-cpus/bench.json" "$OUT/bench-${CPUS}cpus.json" 2>/dev/null
+cp "$work/bench-cpus/bench.png" "$OUT/bench-${CPUS}cpus.png" 2>/dev/null  # for docs/gpu.md
 # shellcheck disable=SC2086
 step bench-allcpus 180 "$PY" -m pets_training.bench $BENCH_ARGS --output "$work/bench-allcpus"
 cp "$work/bench-allcpus/bench.json" "$OUT/bench-allcpus.json" 2>/dev/null

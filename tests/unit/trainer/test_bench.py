@@ -42,6 +42,7 @@ def test_bench_runs_the_five_loops_on_the_same_files_and_ends_with_the_speedup(t
     assert "1 CPU(s) from CPUs available to this process" in (tmp_path / "out" / "ours-1.log").read_text()
     assert "input path device (asked)" in (tmp_path / "out" / "ours-device-1.log").read_text()
     result = read_json(tmp_path / "out" / "bench.json")
+    assert (tmp_path / "out" / "bench.png").read_bytes().startswith(b"\x89PNG")  # the loops, plotted
     ips = result["images_per_second"]
     assert set(ips) == {"tutorial", "tutorial-mp", "ours", "ours-device", "ceiling"}
     assert all(v > 0 for v in ips.values()) and result["cpus"] == 1
