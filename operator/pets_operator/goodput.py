@@ -14,6 +14,9 @@ docs/operator.md ("Preemption and goodput"):
   (pets_startup_seconds, pets_train_seconds_total, pets_eval_seconds_total,
   pets_checkpoint_seconds_total, pets_restore_seconds) as last read, or its final summary. Its lastStep
   likewise: the step gauge as last read, the summary's global_step once it ended (older trainers: none).
+- inputWait: the share of train the training loop waited for its next batch (the trainer's
+  train_input_wait): how much the input pipeline held the steps back. Within productive and lost, not a
+  part of its own.
 - lost: the training time of steps done again after a run ended (a restart, a Kueue preemption, a
   suspension): the steps a run had done past the point the next one resumed at, times that run's
   seconds per step. Part of its train time.
@@ -188,6 +191,8 @@ def account(old: Status, status: Status, created: str | None, now: datetime) -> 
              "checkpointSeconds": total("checkpointSeconds"), "restoreSeconds": total("restoreSeconds")}
     parts["unaccountedSeconds"] = wall - sum(parts.values())
     book.update({key: round(value, 3) for key, value in parts.items()})
+    if any("inputWaitSeconds" in entry for entry in entries):  # older trainers do not say it
+        book["inputWaitSeconds"] = round(total("inputWaitSeconds"), 3)
     book["wallSeconds"] = round(wall, 3)
     book["ratio"] = round(parts["productiveSeconds"] / wall, 4) if wall > 0 else 0.0
     book["asOf"] = timestamp(end)

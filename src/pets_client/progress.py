@@ -132,8 +132,13 @@ def time_split_line(status: dict[str, Any]) -> str | None:
     book, ratio, wall = _goodput(status)
     if ratio is None or not wall:
         return None
-    parts = [f"{label} {seconds:.1f} s" for key, label in TIME_PARTS
-             if (seconds := _float(book.get(key))) is not None and round(seconds, 1) > 0]
+    wait = _float(book.get("inputWaitSeconds"))  # a share of the training time: said beside it
+    parts = []
+    for key, label in TIME_PARTS:
+        if (seconds := _float(book.get(key))) is None or round(seconds, 1) <= 0:
+            continue
+        waited = key == "productiveSeconds" and wait is not None and round(wait, 1) > 0
+        parts.append(f"{label} {seconds:.1f} s" + (f" (waiting for input {wait:.1f} s)" if waited else ""))
     return f"goodput {ratio:.2f} of {wall:.0f} s: " + ", ".join(parts)
 
 

@@ -28,6 +28,7 @@ class Gauge:
     kind: type = float  # int: a count, refused when not integral
     top: float = TOP
     summary_key: str | None = None  # its key in the summary's time_seconds or dataset
+    within: str | None = None  # a time gauge that is a share of this part (counted there too), not a part
 
     @property
     def name(self) -> str:
@@ -38,8 +39,8 @@ def _progress(key: str, field: str, kind: type, help: str, top: float = TOP) -> 
     return Gauge(key, help, PROGRESS, field, kind, top)
 
 
-def _time(key: str, field: str | None, part: str | None, help: str) -> Gauge:
-    return Gauge(key, help, TIME, field, float, TOP, part)
+def _time(key: str, field: str | None, part: str | None, help: str, within: str | None = None) -> Gauge:
+    return Gauge(key, help, TIME, field, float, TOP, part, within)
 
 
 def _dataset(key: str, field: str, help: str) -> Gauge:
@@ -72,6 +73,10 @@ GAUGES = (
     _time("train_seconds_total", "trainSeconds", "train",
           "seconds of this run in the epoch loop after its first training step, "
           "less eval and checkpoint saves"),
+    _time("train_input_wait_seconds_total", "inputWaitSeconds", "train_input_wait",
+          "seconds of this run's train time the training loop waited for its next batch (the loader, and "
+          "making the batch ready in this process): the input pipeline holding the step back",
+          within="train"),
     _time("eval_seconds_total", "evalSeconds", "eval", "seconds of this run in evaluation"),
     _time("checkpoint_seconds_total", "checkpointSeconds", "checkpoint",
           "seconds the training loop was blocked saving checkpoints in this process's run (epoch and step)"),
@@ -98,7 +103,9 @@ def group(name: str) -> tuple[Gauge, ...]:
     return tuple(gauge for gauge in GAUGES if gauge.group == name)
 
 
-# The parts of a run's wall time, in the summary's time_seconds (pets_training.progress.TimeSplit).
-TIME_PARTS = tuple(gauge.summary_key for gauge in group(TIME) if gauge.summary_key)
+# The parts of a run's wall time, in the summary's time_seconds (pets_training.progress.TimeSplit): they do
+# not overlap, so they add up. TIME_SHARES, in time_seconds too, are each a share of one of them.
+TIME_PARTS = tuple(gauge.summary_key for gauge in group(TIME) if gauge.summary_key and not gauge.within)
+TIME_SHARES = tuple(gauge.summary_key for gauge in group(TIME) if gauge.summary_key and gauge.within)
 # The dataset report's counts, in dataset.json and the summary's dataset.
 DATASET_COUNTS = tuple(gauge.summary_key for gauge in group(DATASET) if gauge.summary_key)

@@ -12,14 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from pets_contract import gauges
-from pets_contract.gauges import TIME_PARTS
+from pets_contract.gauges import TIME_PARTS, TIME_SHARES
 from pets_contract.names import PLOT_FILE, PROGRESS_FILE, SUMMARY_FILE
 from pets_contract.samples import SAMPLES_DISTINCT, SAMPLES_TRAINED
 from pets_contract.summary import LIMIT as SUMMARY_LIMIT
 
 log = logging.getLogger(__name__)
 
-__all__ = ["PLOT_FILE", "PROGRESS_FILE", "SUMMARY_FILE", "SUMMARY_LIMIT", "TIME_PARTS"]
+__all__ = ["PLOT_FILE", "PROGRESS_FILE", "SUMMARY_FILE", "SUMMARY_LIMIT", "TIME_PARTS", "TIME_SHARES"]
 
 
 class TimeSplit:
@@ -27,10 +27,12 @@ class TimeSplit:
     (docs/trainer.md, "Where a run's time goes"). From ``start`` (the start of this run) the time is
     charged piece by piece, each piece to the part it was spent in: ``restore``, ``eval`` and
     ``checkpoint`` where the trainer says so, the rest to ``startup`` until the first training step of this
-    run ends (:meth:`first_step_done`), to ``train`` after it."""
+    run ends (:meth:`first_step_done`), to ``train`` after it. Within ``train``, ``input_wait`` counts
+    the loop's waits for its next batch."""
 
     def __init__(self, start: float | None = None) -> None:
         self.seconds = dict.fromkeys(TIME_PARTS, 0.0)
+        self.input_wait = 0.0  # a share of train (TIME_SHARES' train_input_wait), not a part of its own
         self.mark = time.perf_counter() if start is None else start
         self.stepped = False  # the first training step of this run is done
 
@@ -48,9 +50,18 @@ class TimeSplit:
         self.charge("startup", now)
         self.stepped = True
 
+    def waited_for_input(self, since: float, now: float | None = None) -> None:
+        """The training loop waited for its next batch from ``since`` until now: a share of train once the
+        first step is done (before, the first batch's wait is start-up's, the loader's start)."""
+        if self.stepped:
+            self.input_wait += (time.perf_counter() if now is None else now) - since
+
     def rounded(self) -> dict[str, float]:
-        """The summary's ``time_seconds``: every part, in seconds, to the millisecond."""
-        return {part: round(seconds, 3) for part, seconds in self.seconds.items()}
+        """The summary's ``time_seconds``: every part, then the share of train that waited for input, in
+        seconds, to the millisecond."""
+        (share,) = TIME_SHARES
+        return {**{part: round(seconds, 3) for part, seconds in self.seconds.items()},
+                share: round(self.input_wait, 3)}
 
 
 def epoch_record(

@@ -15,7 +15,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ from .config import TrainConfig, resolve, to_yaml
 from .contract import PodContract, ProcessContext, attempt_number, take_process_start
 from .data import build_data, check_fits_world, write_report
 from .finish import end_run, finish_run
-from .inputs import EvalStoreBuild, evaluate, start_worker_server, train_loader
+from .inputs import Batch, EvalStoreBuild, evaluate, start_worker_server, train_loader
 from .model import cpu_runs_bf16_natively, create_model, resolve_precision, trainable_module
 from .position import loss_weight, rank_plan, samples_done, schedule_position, schedule_total, step_samples
 from .progress import MetricsServer, StepProgress, TimeSplit, append_progress, epoch_record
@@ -161,6 +161,7 @@ def _serve_time(metrics: MetricsServer | None, split: TimeSplit) -> None:
     """The time gauges that grow during the run (rank 0); startup is set once, at the first step."""
     if metrics is not None:
         metrics.set("train_seconds_total", split.seconds["train"])
+        metrics.set("train_input_wait_seconds_total", split.input_wait)
         metrics.set("eval_seconds_total", split.seconds["eval"])
         metrics.set("restore_seconds", split.seconds["restore"])
 
@@ -401,8 +402,7 @@ def train_epoch(
     bar = StepProgress(lay.steps_per_epoch, epoch + 1, cfg.epochs, accelerator.is_main_process, cfg.log_every)
     bar.step = done
     step_loss = torch.zeros((), device=accelerator.device)
-    for micro, batch in zip(plan, t.train_loader, strict=True):
-        images, labels = t.make_batch(batch)
+    for micro, (images, labels) in zip(plan, _ready_batches(t, state.split), strict=True):
         with contextlib.nullcontext() if micro.last else accelerator.no_sync(t.module):
             loss = forward_backward(t, images, labels, loss_weight(lay, micro))
         if not micro.padding:
@@ -430,6 +430,7 @@ def train_epoch(
         if metrics is not None:
             metrics.set("step", state.global_step)
             metrics.set("train_seconds_total", state.split.seconds["train"])
+            metrics.set("train_input_wait_seconds_total", state.split.input_wait)
         step_loss /= lay.accumulation  # this rank's mean over its micro-steps (a padding one counts 0)
         bar.update(step_loss, images_in_step)
         t.trackers.step(state.global_step, step_loss, images_in_step, t.optimizer.param_groups[0]["lr"])
@@ -456,6 +457,23 @@ def train_epoch(
     if epoch == state.start_epoch and state.start_steps and state.resumed_counts is None:
         coverage = None  # resumed from a checkpoint that had no counts (format 1): not known
     return train_loss, float(total_seen.item()) / train_seconds, coverage
+
+
+def _ready_batches(t: Training, split: TimeSplit) -> Iterator[Batch]:
+    """The training loader's batches made ready for the step (``make_batch``: on the device input path,
+    decoded and cropped there), the time each took counted as the loop's wait for input."""
+    batches = iter(t.train_loader)
+    while True:
+        since = time.perf_counter()
+        batch = next(batches, _END)
+        if batch is _END:
+            return
+        ready = t.make_batch(batch)
+        split.waited_for_input(since)
+        yield ready
+
+
+_END = object()  # the loader is done
 
 
 def _step_limit_reached(cfg: TrainConfig, state: RunState) -> bool:

@@ -69,6 +69,12 @@ def test_the_time_split_names_each_part_that_took_time_in_the_readers_order() ->
         "goodput 0.32 of 103 s: training 33.2 s, start-up 11.4 s, evaluation 9.3 s, checkpoints 0.2 s, "
         "restores 0.1 s, resizing 12.9 s, waiting 6.4 s, unaccounted 29.5 s")
     assert time_split_line({}) is None and time_split_line({"goodput": {"ratio": 0.5}}) is None
+    # the wait for input is a share of the training time: said beside it, when it took any
+    waited = time_split_line({"goodput": {**book, "inputWaitSeconds": 4.04}}) or ""
+    assert waited.startswith(
+        "goodput 0.32 of 103 s: training 33.2 s (waiting for input 4.0 s), start-up 11.4 s")
+    brief = {"goodput": {**book, "inputWaitSeconds": 0.01}}
+    assert time_split_line(brief) == time_split_line({"goodput": book})
 
 
 def test_make_demo_prints_the_time_split_with_the_host_python_alone() -> None:

@@ -297,3 +297,21 @@ def test_a_failed_run_s_summary_split_is_booked_and_prices_its_lost_steps() -> N
              progress=gauges(32, 31, 6.0, 0.0, restore=1.0))
     first = p.status.goodput["attempts"][0]
     assert (first["lostSteps"], first["lostSeconds"]) == (14, 14.0), first
+
+
+def test_the_wait_for_input_is_a_share_of_training_read_then_summed() -> None:
+    """The trainer's train_input_wait is booked beside each run's train time, from the gauge as read and
+    then the summary, and added up; it is inside productive, so the ratio and the parts do not change. A
+    trainer older than the gauge says nothing, and neither does the book."""
+    reading = {**gauges(100, 0, 5.0, 30.0), "pets_train_input_wait_seconds_total": 6.0}
+    p = plan(created(), job(active=2), RUNNING, now=at(60), progress=reading)
+    assert p.status.goodput["attempts"][0]["inputWaitSeconds"] == 6.0
+    assert p.status.goodput["inputWaitSeconds"] == 6.0
+    split = {"startup": 5.0, "train": 55.0, "eval": 1.0, "checkpoint": 0.1, "restore": 0.0}
+    book = goodput_of(p.status, {"status": "succeeded", "epochs": 5, "resume_step": 0, "global_step": 240,
+                                 "time_seconds": {**split, "train_input_wait": 11.5}})
+    assert (book["attempts"][0]["inputWaitSeconds"], book["inputWaitSeconds"]) == (11.5, 11.5)
+    older = goodput_of(created(), {"status": "succeeded", "epochs": 5, "resume_step": 0,
+                                   "time_seconds": split})
+    assert "inputWaitSeconds" not in older and "inputWaitSeconds" not in older["attempts"][0]
+    assert (book["productiveSeconds"], book["ratio"]) == (older["productiveSeconds"], older["ratio"])

@@ -15,7 +15,7 @@ from pets_contract import gauges
 from pets_contract.env import PROCESS_STARTED
 from pets_training.cli import stopped_summary
 from pets_training.contract import mark_process_start, take_process_start
-from pets_training.progress import TIME_PARTS, MetricsServer, TimeSplit, summary_json
+from pets_training.progress import TIME_PARTS, TIME_SHARES, MetricsServer, TimeSplit, summary_json
 from pets_training.stepsave import StopRequest
 
 from .helpers import PYTHON, free_port, read_json, run
@@ -31,14 +31,18 @@ def test_the_split_charges_each_piece_once() -> None:
     split = TimeSplit(start=100.0)
     split.charge(now=101.0)  # before the first step: startup
     split.charge("restore", now=103.0)
+    split.waited_for_input(103.5, now=104.0)  # the first batch: the loader's start, start-up's
     split.first_step_done(now=104.5)
+    split.waited_for_input(104.5, now=104.75)  # the next batch: a share of train
     split.charge(now=106.0)  # after it: train
     split.charge("eval", now=106.5)
     split.charge("checkpoint", now=107.0)
     split.charge(now=110.0)
     assert split.seconds == {"startup": 2.5, "train": 4.5, "eval": 0.5, "checkpoint": 0.5, "restore": 2.0}
     assert sum(split.seconds.values()) == 110.0 - 100.0
-    assert list(split.rounded()) == list(TIME_PARTS)
+    assert split.input_wait == 0.25
+    assert split.rounded() == {**split.seconds, "train_input_wait": 0.25}
+    assert list(split.rounded()) == [*TIME_PARTS, *TIME_SHARES] and TIME_SHARES == ("train_input_wait",)
 
 
 def test_the_first_entry_point_marks_the_start_and_a_run_takes_it_once() -> None:
@@ -112,8 +116,10 @@ def test_a_runs_parts_add_up_to_its_wall_time_and_are_served(tmp_path: Path) -> 
     wall, summary, seen = result["wall"], result["summary"], result["seen"]
     parts = summary["time_seconds"]
     assert read_json(tmp_path / "summary.json")["time_seconds"] == parts
-    assert list(parts) == list(TIME_PARTS)
+    assert list(parts) == [*TIME_PARTS, *TIME_SHARES]
     assert all(seconds >= 0 for seconds in parts.values()), parts
+    # no loader workers (one CPU a process here): the loop decodes its next batch itself, within train
+    assert 0 < parts["train_input_wait"] < parts["train"], parts
     assert parts["restore"] == 0  # no --resume
     assert parts["train"] > 0 and parts["eval"] > 0 and parts["checkpoint"] > 0  # 2 evals, 2 saves
     assert 0 < parts["startup"] < wall
@@ -122,7 +128,7 @@ def test_a_runs_parts_add_up_to_its_wall_time_and_are_served(tmp_path: Path) -> 
     # (model.safetensors; metrics.png, 0.4 s of it matplotlib's import; the summary that holds these
     # numbers; closing the metrics server, up to 0.5 s of its poll). The model build and data setup
     # before the first step are in startup. 80 %: that second is under 20 % of this run.
-    total = sum(parts.values())
+    total = sum(parts[part] for part in TIME_PARTS)
     assert 0.8 * wall <= total <= wall + 0.005, (total, wall, parts)
 
     # rank 0's gauges, read after every step
@@ -133,6 +139,9 @@ def test_a_runs_parts_add_up_to_its_wall_time_and_are_served(tmp_path: Path) -> 
     assert abs(seen[0]["pets_startup_seconds"] - parts["startup"]) < 0.001
     train = [s["pets_train_seconds_total"] for s in seen]
     assert train[0] == 0 and train == sorted(train) and 0 < train[-1] <= parts["train"]
+    waits = [s["pets_train_input_wait_seconds_total"] for s in seen]
+    assert waits[0] == 0 and waits == sorted(waits) and 0 < waits[-1] <= parts["train_input_wait"] + 0.0005
+    assert all(wait < spent for wait, spent in zip(waits[1:], train[1:], strict=True))
     # epoch 1's eval and checkpoint come before epoch 2's steps
     assert [s["pets_eval_seconds_total"] > 0 for s in seen] == [False] * STEPS + [True] * STEPS
     assert [s["pets_checkpoint_seconds_total"] > 0 for s in seen] == [False] * STEPS + [True] * STEPS
