@@ -6,9 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from operator_specs import training  # tests/unit/operator/operator_specs.py
 from pets_operator import api, backends, builders, checkpoint_home, plan_types, status
 from pets_operator.status_types import Status
-from test_operator_status import NOW, body
+from test_operator_status import NOW
 
 pytestmark = pytest.mark.unit
 
@@ -35,7 +36,7 @@ def new_attempt(st: dict[str, Any], spec: dict[str, Any]) -> plan_types.Plan:
     resolved = api.resolve_spec(spec)
     target = builders.Target("pets", "ns", int(st.get("attempt") or 0))
     obs = plan_types.Observed(backend=backends.JOB, workload=None, service={})
-    return status.plan(body(st, **spec), resolved, obs, target, NOW)
+    return status.plan(training(st, **spec), resolved, obs, target, NOW)
 
 
 def test_a_new_trainings_directory_is_the_same_at_every_size() -> None:

@@ -6,21 +6,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from operator_specs import condition, training  # tests/unit/operator/operator_specs.py
 from pets_operator import api, backends, builders, children, claim_binding, plan_types, status
 
 pytestmark = pytest.mark.unit
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 TARGET = builders.Target("pets", "ns")
-
-
-def body(old: dict[str, Any] | None, **spec: Any) -> dict[str, Any]:
-    return {"metadata": {"name": "pets", "namespace": "ns", "generation": 3, "uid": "u1"},
-            "spec": spec, "status": old or {}}
-
-
-def cond(plan: plan_types.Plan, ctype: str) -> dict[str, Any]:
-    return next(c for c in plan.status.conditions if c["type"] == ctype)
 
 
 def storage_class(name: str, mode: str | None = None, default: bool = False) -> dict[str, Any]:
@@ -74,7 +66,7 @@ def plan(unbound: dict[str, str], old: dict[str, Any] | None = None, now_after: 
          target: builders.Target = TARGET, **spec: Any) -> plan_types.Plan:
     spec = {"output": {"managedClaim": {}}} | spec
     observed = plan_types.Observed(backend=backends.JOB, workload=None, unbound_claims=unbound)
-    return status.plan(body(old, **spec), api.resolve_spec(spec), observed, target,
+    return status.plan(training(old, **spec), api.resolve_spec(spec), observed, target,
                        NOW + timedelta(seconds=now_after))
 
 
@@ -82,7 +74,7 @@ def test_the_round_makes_the_claims_and_waits_to_make_the_job() -> None:
     p = plan({"pets-output": "now"})
     assert [m["kind"] for m in p.create] == ["Service", "NetworkPolicy", "PersistentVolumeClaim"]
     assert p.status.phase == api.PENDING and p.status.workload_active is False
-    progressing = cond(p, "Progressing")
+    progressing = condition(p, "Progressing")
     assert progressing["reason"] == "WaitingForClaimBinding", progressing
     assert "pets-output (StorageClass now) to be bound" in progressing["message"]
     assert p.requeue_after == claim_binding.CLAIM_POLL_SECONDS
@@ -97,7 +89,7 @@ def test_a_dataset_cache_claim_is_waited_for_too() -> None:
     cache = builders.dataset_cache_name(api.resolve_spec({"dataset": dataset}))
     p = plan({cache: "now"}, dataset=dataset, output={"emptyDir": {}})
     assert [m["kind"] for m in p.create] == ["Service", "NetworkPolicy", "PersistentVolumeClaim"]
-    assert f"the claim {cache} (StorageClass now)" in cond(p, "Progressing")["message"]
+    assert f"the claim {cache} (StorageClass now)" in condition(p, "Progressing")["message"]
 
 
 def test_a_workload_made_suspended_does_not_wait() -> None:
@@ -118,7 +110,7 @@ def test_the_wait_counts_against_the_pending_timeout() -> None:
     assert later.requeue_after == pytest.approx(0.5)  # the timeout comes before the next look
     out = plan(waiting, later.status.to_dict(), 60, scheduling=timeout)
     assert out.status.phase == api.FAILED and out.create == []
-    ready = cond(out, "Ready")
+    ready = condition(out, "Ready")
     assert ready["reason"] == "PendingTimeout", ready
     assert ready["message"].startswith("did not start within spec.scheduling.pendingTimeoutSeconds=60: "
                                        "waiting for the claim pets-output"), ready

@@ -7,8 +7,9 @@ import json
 from typing import Any
 
 import pytest
+from operator_specs import condition, training  # tests/unit/operator/operator_specs.py
 from pets_operator import api, backends, builders, plan_types, status
-from test_operator_status import NOW, body, cond, job, run
+from test_operator_status import NOW, job, run
 
 from pets_contract import exits
 
@@ -45,7 +46,7 @@ def test_an_edit_while_suspended_rebuilds_the_workload_from_the_new_spec() -> No
     new_spec = {"replicas": 3, "epochs": 9, "suspend": False}  # edited, then resumed in one apply
     suspended = job(suspend=True, conditions=[{"type": "Suspended"}])
     made = {"phase": api.SUSPENDED, "backend": "job", "children": {"job": "pets", "networkPolicy": "pets"}}
-    p = run(body(made, **new_spec), suspended, built_from=old_spec)
+    p = run(training(made, **new_spec), suspended, built_from=old_spec)
     # The old workload goes, as a new attempt that is not a restart; nothing is unsuspended.
     assert p.delete == [{"apiVersion": "batch/v1", "kind": "Job", "name": "pets", "namespace": "ns"}]
     assert p.suspend is None
@@ -58,11 +59,11 @@ def test_an_edit_while_suspended_rebuilds_the_workload_from_the_new_spec() -> No
     # The next round waits for the old one to go, then builds attempt 1 from the spec that is there now.
     stale = job(suspend=True)
     stale["metadata"]["deletionTimestamp"] = "2026-01-02T03:04:00Z"
-    waiting = status.plan(body(p.status, **new_spec), api.resolve_spec(new_spec),
+    waiting = status.plan(training(p.status, **new_spec), api.resolve_spec(new_spec),
                           plan_types.Observed(backend=backends.JOB, workload=None, stale=[stale], service={}),
                           builders.Target("pets", "ns", 1), NOW)
     assert waiting.create == [] and waiting.status.phase == api.PENDING
-    created = status.plan(body(waiting.status, **new_spec), api.resolve_spec(new_spec),
+    created = status.plan(training(waiting.status, **new_spec), api.resolve_spec(new_spec),
                           plan_types.Observed(backend=backends.JOB, workload=None, service={}),
                           builders.Target("pets", "ns", 1), NOW)
     (_, new_job) = created.create  # the output claim, then the Job
@@ -73,7 +74,8 @@ def test_an_edit_while_suspended_rebuilds_the_workload_from_the_new_spec() -> No
 
 
 def test_a_workload_built_from_the_current_spec_is_kept_and_resumed() -> None:
-    p = run(body({"phase": api.SUSPENDED}, replicas=2), job(suspend=True, conditions=[{"type": "Suspended"}]))
+    p = run(training({"phase": api.SUSPENDED}, replicas=2),
+            job(suspend=True, conditions=[{"type": "Suspended"}]))
     assert p.delete == [] and p.suspend is False and p.status.attempt == 0
 
 
@@ -83,13 +85,13 @@ def test_a_workload_from_before_the_digest_is_taken_as_current() -> None:
     old["metadata"]["annotations"].pop(api.ANNOTATION_SPEC_DIGEST)
     observed = plan_types.Observed(backend=backends.JOB, workload=old, service={})
     target = builders.Target("pets", "ns")
-    p = status.plan(body({"phase": api.SUSPENDED}, replicas=2), spec, observed, target, NOW)
+    p = status.plan(training({"phase": api.SUSPENDED}, replicas=2), spec, observed, target, NOW)
     assert p.delete == [] and p.suspend is False
 
 
 def test_a_restart_starts_a_new_attempt_and_counts() -> None:
     failed = job(conditions=[{"type": "Failed", "reason": "BackoffLimitExceeded"}])
-    p = run(body({"phase": api.RUNNING, "attempt": 2, "restarts": 1}, maxRestarts=3), failed)
+    p = run(training({"phase": api.RUNNING, "attempt": 2, "restarts": 1}, maxRestarts=3), failed)
     assert p.status.phase == api.RESTARTING
     assert p.status.restarts == 2 and p.status.attempt == 3
 
@@ -103,7 +105,7 @@ def kueue_workload(*conditions: dict[str, Any], active: bool = True) -> dict[str
 
 def run_queued(st: dict[str, Any], workload: dict[str, Any] | None, qw: dict[str, Any] | None = None,
                served: bool = True, **spec: Any) -> plan_types.Plan:
-    b = body(st, **spec)
+    b = training(st, **spec)
     b["metadata"]["labels"] = dict(QUEUE)
     resolved = api.resolve_spec(b["spec"])
     target = builders.Target("pets", "ns", queue_labels=QUEUE)
@@ -158,7 +160,7 @@ def test_preemption_is_shown_and_is_not_a_failure() -> None:
     assert "Preempted to accommodate" in p.status.message and "not a failure" in p.status.message
     assert p.status.restarts == 1 and p.delete == [] and p.suspend is None
     assert [e.reason for e in p.events] == ["Preempted"]
-    assert cond(p, "Failed")["status"] == "False"
+    assert condition(p, "Failed")["status"] == "False"
 
 
 def test_the_users_suspend_goes_through_kueues_active_switch() -> None:
@@ -204,7 +206,7 @@ def test_a_deleted_pod_that_is_gone_restarts_without_counting_and_a_visible_cras
     """make chaos deleted the one pod of a 1-replica training: its trainer stopped on SIGTERM (exit 75),
     but the pod was gone when the operator looked, and the Job said only BackoffLimitExceeded."""
     failed = job(conditions=[{"type": "Failed", "reason": "BackoffLimitExceeded", "message": "too many"}])
-    p = run(body({"phase": api.RUNNING, "step": 7}, maxRestarts=0, replicas=1), failed, pods=[])
+    p = run(training({"phase": api.RUNNING, "step": 7}, maxRestarts=0, replicas=1), failed, pods=[])
     assert (p.status.phase, p.status.restarts, p.status.disruptions) == (api.RESTARTING, 1, 1)
     assert p.status.last_failure["cause"] == "Deleted" and p.status.last_failure["rank"] == 0
     assert "pod" not in p.status.last_failure and p.status.last_failure["lastStep"] == 7
@@ -214,7 +216,7 @@ def test_a_deleted_pod_that_is_gone_restarts_without_counting_and_a_visible_cras
     crashed = {"metadata": {"name": "pets-1-x", "labels": {"batch.kubernetes.io/job-completion-index": "1"}},
                "spec": {"nodeName": "node-a"},
                "status": {"phase": "Failed", "containerStatuses": [{"name": "trainer", "state": ended}]}}
-    p = run(body({"phase": api.RUNNING}, maxRestarts=2), failed, pods=[crashed])
+    p = run(training({"phase": api.RUNNING}, maxRestarts=2), failed, pods=[crashed])
     assert (p.status.restarts, p.status.disruptions or 0) == (1, 0)
     assert p.status.last_failure["cause"] == "ExitCode", p.status.last_failure
     # Every rank's pod is there, none failed yet (the pods' watch is behind the Job's): not called deleted.
@@ -222,7 +224,7 @@ def test_a_deleted_pod_that_is_gone_restarts_without_counting_and_a_visible_cras
     running["status"] = {"phase": "Running"}
     ranks = [running, {**running, "metadata": {**running["metadata"], "labels": {
         "batch.kubernetes.io/job-completion-index": "0"}}}]
-    p = run(body({"phase": api.RUNNING}, maxRestarts=2), failed, pods=ranks)
+    p = run(training({"phase": api.RUNNING}, maxRestarts=2), failed, pods=ranks)
     assert (p.status.restarts, p.status.disruptions or 0) == (1, 0)
 
 
@@ -231,7 +233,7 @@ def test_a_disruption_the_job_recorded_restarts_without_counting_even_when_the_p
     failed = job(conditions=[{"type": "FailureTarget", "reason": "PodFailurePolicy", "message": message},
                              {"type": "Failed", "reason": "PodFailurePolicy", "message": message}])
     assert backends.JOB.state(failed, 2).reason == "PodDisrupted"
-    p = run(body({"phase": api.RUNNING, "step": 23}, maxRestarts=0), failed, pods=[])
+    p = run(training({"phase": api.RUNNING, "step": 23}, maxRestarts=0), failed, pods=[])
     assert p.status.phase == api.RESTARTING
     assert (p.status.restarts, p.status.disruptions) == (1, 1)
     assert p.status.last_failure["cause"] == "Disrupted"
@@ -241,7 +243,7 @@ def test_a_disruption_the_job_recorded_restarts_without_counting_even_when_the_p
             "spec": {"nodeName": "node-a"},
             "status": {"phase": "Failed", "containerStatuses": [{"name": "trainer", "state": {"terminated": {
                 "exitCode": 1, "finishedAt": "2026-01-02T03:04:00Z"}}}]}}
-    p = run(body({"phase": api.RUNNING}, maxRestarts=0), failed, pods=[peer])
+    p = run(training({"phase": api.RUNNING}, maxRestarts=0), failed, pods=[peer])
     assert (p.status.phase, p.status.restarts, p.status.disruptions) == (api.RESTARTING, 1, 1)
     assert p.status.last_failure["cause"] == "Disrupted", p.status.last_failure
     assert "DisruptionTarget" in p.status.message
@@ -249,11 +251,11 @@ def test_a_disruption_the_job_recorded_restarts_without_counting_even_when_the_p
     # still the eviction, seen by the CI's e2e (the evicted pod already gone, its peer's 75 left).
     stopped = json.loads(json.dumps(peer))
     stopped["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] = exits.STOPPED
-    p = run(body({"phase": api.RUNNING}, maxRestarts=0), failed, pods=[stopped])
+    p = run(training({"phase": api.RUNNING}, maxRestarts=0), failed, pods=[stopped])
     assert (p.status.restarts, p.status.disruptions) == (1, 1)
     assert p.status.last_failure["cause"] == "Disrupted", p.status.last_failure
     # The trainer's permanent exit code is still the first rule: it ends the training at once.
     permanent = ("Container trainer for pod ns/pets-1-x failed with exit code 78 matching FailJob rule "
                  "at index 0")
     ended = job(conditions=[{"type": "Failed", "reason": "PodFailurePolicy", "message": permanent}])
-    assert run(body({"phase": api.RUNNING}, maxRestarts=3), ended, pods=[]).status.phase == api.FAILED
+    assert run(training({"phase": api.RUNNING}, maxRestarts=3), ended, pods=[]).status.phase == api.FAILED

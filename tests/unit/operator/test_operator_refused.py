@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from kubernetes.client.exceptions import ApiException
+from operator_specs import condition, training  # tests/unit/operator/operator_specs.py
 from pets_operator import act, api, builders, children, context, handlers, plan_types, refusals, status
 from pets_operator.cluster import child_refusal_permanent
 from pets_operator.status_types import Status
@@ -62,34 +63,24 @@ def test_classification_reads_a_body_that_is_not_json() -> None:
     assert child_refusal_permanent(exc) is False
 
 
-def body(st: dict[str, Any] | None = None, **spec: Any) -> dict[str, Any]:
-    return {"apiVersion": api.API_VERSION, "kind": api.KIND,
-            "metadata": {"name": "pets", "namespace": "ns", "generation": 2, "uid": "u1"},
-            "spec": spec, "status": st or {}}
-
-
 def service_manifest() -> dict[str, Any]:
     return children.build_service(api.resolve_spec({}), builders.Target("pets", "ns"))
 
 
-def cond(plan: plan_types.Plan, ctype: str) -> dict[str, Any]:
-    return next(c for c in plan.status.conditions if c["type"] == ctype)
-
-
 def test_permanent_refusal_fails_with_the_servers_words_and_cleans_up() -> None:
     svc = service_manifest()
-    p = refusals.plan_child_refused(body({"phase": api.PENDING, "pendingSince": "2026-01-02T03:00:00Z"}), VAP,
-                                  NOW, True, child="Job pets-r0", cleanup=[svc])
+    pending = training({"phase": api.PENDING, "pendingSince": "2026-01-02T03:00:00Z"})
+    p = refusals.plan_child_refused(pending, VAP, NOW, True, child="Job pets-r0", cleanup=[svc])
     assert p.status.phase == api.FAILED
     assert VAP in p.status.message and "Job pets-r0" in p.status.message
-    assert cond(p, "Failed")["reason"] == "ChildRejected" and cond(p, "Failed")["status"] == "True"
+    assert condition(p, "Failed")["reason"] == "ChildRejected" and condition(p, "Failed")["status"] == "True"
     assert [(e.type, e.reason) for e in p.events] == [("Warning", "ChildRejected")]
     assert p.delete == [{"apiVersion": "v1", "kind": "Service", "name": svc["metadata"]["name"],
                          "namespace": "ns"}]
     assert p.create == [] and p.requeue_after is None
     assert p.status.completion_time == "2026-01-02T03:04:05Z" and p.status.pending_since is None
     # Said once: the same refusal seen again emits no second Event.
-    again = refusals.plan_child_refused(body(p.status.to_dict()), VAP, NOW + timedelta(seconds=5), True,
+    again = refusals.plan_child_refused(training(p.status.to_dict()), VAP, NOW + timedelta(seconds=5), True,
                                       child="Job pets-r0")
     assert again.events == [] and again.status.phase == api.FAILED
 
@@ -99,17 +90,17 @@ QUOTA = ('jobs.batch "pets-r0" is forbidden: exceeded quota: jobs, requested: co
 
 
 def test_transient_refusal_waits_pending_with_the_reason_and_backs_off() -> None:
-    first = refusals.plan_child_refused(body({"phase": api.PENDING}), QUOTA, NOW, False, child="Job pets-r0",
-                                      cleanup=[service_manifest()])
+    first = refusals.plan_child_refused(training({"phase": api.PENDING}), QUOTA, NOW, False,
+                                        child="Job pets-r0", cleanup=[service_manifest()])
     assert first.status.phase == api.PENDING and first.delete == []
-    assert cond(first, "Progressing")["reason"] == "ChildCreateRetrying"
+    assert condition(first, "Progressing")["reason"] == "ChildCreateRetrying"
     assert QUOTA in first.status.message and "pets-r0" in first.status.message
     assert first.status.pending_since == "2026-01-02T03:04:05Z"
     assert [(e.type, e.reason) for e in first.events] == [("Warning", "ChildCreateRetrying")]
     delays = [first.requeue_after]
     st = first.status.to_dict()
     for waited in (2, 4, 8, 16, 32, 64, 600):
-        p = refusals.plan_child_refused(body(st), QUOTA, NOW + timedelta(seconds=waited), False,
+        p = refusals.plan_child_refused(training(st), QUOTA, NOW + timedelta(seconds=waited), False,
                                       child="Job pets-r0")
         assert p.events == [] and p.status.pending_since == "2026-01-02T03:04:05Z"
         delays.append(p.requeue_after)
@@ -118,22 +109,22 @@ def test_transient_refusal_waits_pending_with_the_reason_and_backs_off() -> None
 
 
 def test_transient_refusal_during_a_restart_stays_restarting_and_workload_is_not_active() -> None:
-    p = refusals.plan_child_refused(body({"phase": api.RESTARTING, "restarts": 1, "workloadActive": True}),
-                                  QUOTA, NOW, False)
+    restarting = training({"phase": api.RESTARTING, "restarts": 1, "workloadActive": True})
+    p = refusals.plan_child_refused(restarting, QUOTA, NOW, False)
     assert p.status.phase == api.RESTARTING and p.status.workload_active is False
 
 
 def test_pending_timeout_bounds_a_transient_refusal() -> None:
     spec = {"scheduling": {"pendingTimeoutSeconds": 60}}
     st = {"phase": api.PENDING, "pendingSince": "2026-01-02T03:03:35Z"}  # 30 s ago
-    waiting = refusals.plan_child_refused(body(st, **spec), QUOTA, NOW, False, child="Job pets-r0")
+    waiting = refusals.plan_child_refused(training(st, **spec), QUOTA, NOW, False, child="Job pets-r0")
     assert waiting.status.phase == api.PENDING and waiting.requeue_after == 30.0
-    later = refusals.plan_child_refused(body(st, **spec), QUOTA, NOW + timedelta(seconds=25), False,
+    later = refusals.plan_child_refused(training(st, **spec), QUOTA, NOW + timedelta(seconds=25), False,
                                       child="Job pets-r0")
     assert later.requeue_after == 5.0  # never sleeps past the deadline
-    over = refusals.plan_child_refused(body(st, **spec), QUOTA, NOW + timedelta(seconds=31), False,
+    over = refusals.plan_child_refused(training(st, **spec), QUOTA, NOW + timedelta(seconds=31), False,
                                      child="Job pets-r0", cleanup=[service_manifest()])
-    assert over.status.phase == api.FAILED and cond(over, "Failed")["reason"] == "PendingTimeout"
+    assert over.status.phase == api.FAILED and condition(over, "Failed")["reason"] == "PendingTimeout"
     assert "pendingTimeoutSeconds=60" in over.status.message and QUOTA in over.status.message
     assert [d["kind"] for d in over.delete] == ["Service"]
 
@@ -195,7 +186,7 @@ def events(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str, str]]:
 def plan_creating_both() -> tuple[dict[str, Any], plan_types.Plan]:
     from pets_operator import backends
 
-    b = body()
+    b = training()
     spec = api.resolve_spec({})
     target = builders.Target("pets", "ns")
     obs = plan_types.Observed(backend=backends.get("job"), workload=None)
@@ -289,7 +280,7 @@ def test_status_writes_within_a_phase_are_at_most_one_per_interval(
     """A burst of pod changes is one status write per STATUS_WRITE_INTERVAL; a phase change, or a Plan
     that acts on a child, is never held back."""
     ctx = context.Context(api_client=None)  # type: ignore[arg-type]
-    b = body()
+    b = training()
     b["status"] = {"phase": api.PENDING, "message": "2/2 pod(s) waiting: waiting to be scheduled"}
     cl = FakeCluster({})
     cl.stored = dict(b["status"])

@@ -8,9 +8,10 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from operator_specs import training  # tests/unit/operator/operator_specs.py
 from pets_operator import api, backends, builders, children, goodput, plan_types, resize, status
 from pets_operator.status_types import Status
-from test_operator_status import NOW, body
+from test_operator_status import NOW
 
 pytestmark = pytest.mark.unit
 
@@ -38,7 +39,7 @@ def plan(st: dict[str, Any], spec: dict[str, Any], workload: dict[str, Any] | No
     target = builders.Target("pets", "ns", int(st.get("attempt") or 0))
     obs = plan_types.Observed(backend=backends.JOB, workload=workload,
                               service=backends.JOB.build_service(resolved, target), **observed)
-    return status.plan(body(st, **spec), resolved, obs, target, now)
+    return status.plan(training(st, **spec), resolved, obs, target, now)
 
 
 RUNNING = {"phase": api.RUNNING, "backend": "job", "attempt": 0, "workloadActive": True,

@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from operator_specs import condition, training  # tests/unit/operator/operator_specs.py
 from pets_operator import (
     api,
     backends,
@@ -27,12 +28,6 @@ pytestmark = pytest.mark.unit
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 TARGET = builders.Target("pets", "ns")
-
-
-def body(st: dict[str, Any] | Status | None = None, **spec: Any) -> dict[str, Any]:
-    """The stored training; a plan's typed status is stored as the API server would hold it."""
-    return {"metadata": {"name": "pets", "namespace": "ns", "generation": 3, "uid": "u1"},
-            "spec": spec, "status": st.to_dict() if isinstance(st, Status) else st or {}}
 
 
 def job(conditions: list[dict[str, Any]] | None = None, attempt: int = 0, suspend: bool = False,
@@ -58,14 +53,10 @@ def run(b: dict[str, Any], workload: dict[str, Any] | None, *, backend: str = "j
     return status.plan(b, spec, obs, target, now)
 
 
-def cond(plan: plan_types.Plan, ctype: str) -> dict[str, Any]:
-    return next(c for c in plan.status.conditions if c["type"] == ctype)
-
-
 def test_new_training_creates_service_and_job_once() -> None:
     spec = api.resolve_spec({"replicas": 2, "backend": "job"})
     observed = plan_types.Observed(backend=backends.JOB, workload=None, backend_reason="spec.backend is job")
-    p = status.plan(body(replicas=2, backend="job"), spec, observed, TARGET, NOW)
+    p = status.plan(training(replicas=2, backend="job"), spec, observed, TARGET, NOW)
     assert [m["kind"] for m in p.create] == ["Service", "NetworkPolicy", "PersistentVolumeClaim", "Job"]
     assert p.status.phase == api.PENDING
     assert p.status.observed_generation == 3
@@ -73,21 +64,22 @@ def test_new_training_creates_service_and_job_once() -> None:
                                     "networkPolicy": "pets"}
     assert p.status.workload_active is True and p.status.attempt == 0
     assert p.status.backend_reason == "spec.backend is job"
-    assert cond(p, "Progressing")["status"] == "True"
+    assert condition(p, "Progressing")["status"] == "True"
     # An explicit backend is no choice: no BackendSelected Event (`auto` gets one: the test below).
     assert [(e.reason, e.message) for e in p.events] == [("Created", "created Job pets")]
     # Once both exist, nothing is created again (idempotent).
-    p2 = run(body(p.status, replicas=2), job())
+    p2 = run(training(p.status, replicas=2), job())
     assert p2.create == [] and p2.delete == []
 
 
 def test_a_managed_output_claim_is_created_before_the_first_workload_only() -> None:
     spec = api.resolve_spec({"replicas": 2, "backend": "job", "output": {"managedClaim": {}}})
     observed = plan_types.Observed(backend=backends.JOB, workload=None)
-    p = status.plan(body(replicas=2, backend="job", output={"managedClaim": {}}), spec, observed, TARGET, NOW)
+    stored = training(replicas=2, backend="job", output={"managedClaim": {}})
+    p = status.plan(stored, spec, observed, TARGET, NOW)
     assert [m["kind"] for m in p.create] == ["Service", "NetworkPolicy", "PersistentVolumeClaim", "Job"]
     assert p.create[2]["metadata"]["name"] == "pets-output"
-    p2 = run(body(p.status, replicas=2, output={"managedClaim": {}}), job())
+    p2 = run(training(p.status, replicas=2, output={"managedClaim": {}}), job())
     assert p2.create == []
     assert "OutputClaimRetained" not in [e.reason for e in p.events]  # Delete: it goes with the training
 
@@ -96,7 +88,7 @@ def test_a_url_datasets_cache_claim_is_created_before_the_workload() -> None:
     dataset = {"url": "https://example.com/pets.tar.gz"}
     spec = api.resolve_spec({"replicas": 2, "backend": "job", "dataset": dataset})
     observed = plan_types.Observed(backend=backends.JOB, workload=None)
-    p = status.plan(body(replicas=2, backend="job", dataset=dataset), spec, observed, TARGET, NOW)
+    p = status.plan(training(replicas=2, backend="job", dataset=dataset), spec, observed, TARGET, NOW)
     kinds = ["Service", "NetworkPolicy", "PersistentVolumeClaim", "PersistentVolumeClaim", "Job"]
     assert [m["kind"] for m in p.create] == kinds
     assert p.create[3]["metadata"]["name"] == builders.dataset_cache_name(spec)
@@ -107,11 +99,11 @@ def test_a_retained_claim_is_named_in_an_event_once() -> None:
     output = {"managedClaim": {"retentionPolicy": "Retain"}}
     spec = api.resolve_spec({"output": output})
     observed = plan_types.Observed(backend=backends.JOB, workload=None)
-    p = status.plan(body(output=output), spec, observed, TARGET, NOW)
+    p = status.plan(training(output=output), spec, observed, TARGET, NOW)
     (retained,) = [e for e in p.events if e.reason == "OutputClaimRetained"]
     assert "pets-output has retentionPolicy Retain" in retained.message
     assert "kubectl delete pvc -n ns pets-output" in retained.message
-    restart = status.plan(body({"attempt": 1, "restarts": 1}, output=output), spec, observed,
+    restart = status.plan(training({"attempt": 1, "restarts": 1}, output=output), spec, observed,
                           builders.Target("pets", "ns", 1), NOW)
     assert "OutputClaimRetained" not in [e.reason for e in restart.events]
 
@@ -120,7 +112,7 @@ def test_auto_says_what_it_chose_once() -> None:
     spec = api.resolve_spec({"backend": "auto"})
     why = "spec.backend is auto: --auto-backend is job"
     observed = plan_types.Observed(backend=backends.JOB, workload=None, backend_reason=why)
-    p = status.plan(body(backend="auto"), spec, observed, TARGET, NOW)
+    p = status.plan(training(backend="auto"), spec, observed, TARGET, NOW)
     assert [(e.reason, e.message) for e in p.events] == [
         ("BackendSelected", f"running as a Job: {why}"), ("Created", "created Job pets")]
 
@@ -132,7 +124,7 @@ def test_running_with_progress_mirrored() -> None:
         "# TYPE pets_train_loss gauge\npets_train_loss 0.5\n"
         "# TYPE pets_eta_seconds gauge\npets_eta_seconds 30\n"
         "# TYPE pets_images_per_second gauge\npets_images_per_second 123.5\n")
-    p = run(body({"phase": api.PENDING}), job(active=1, ready=1, startTime="2026-01-02T03:00:00Z"),
+    p = run(training({"phase": api.PENDING}), job(active=1, ready=1, startTime="2026-01-02T03:00:00Z"),
             progress=scrape)
     st = p.status.to_dict()
     assert st["phase"] == api.RUNNING and st["activeReplicas"] == 1 and st["readyReplicas"] == 1
@@ -140,26 +132,27 @@ def test_running_with_progress_mirrored() -> None:
     assert st["evalAccuracy"] == 0.875 and st["trainLoss"] == 0.5 and st["etaSeconds"] == 30.0
     assert st["imagesPerSecond"] == 123.5
     assert st["startTime"] == "2026-01-02T03:00:00Z"
-    assert cond(p, "Ready")["status"] == "True"
+    assert condition(p, "Ready")["status"] == "True"
     assert [e.reason for e in p.events] == [api.RUNNING]
 
 
 def test_succeeded_takes_the_summary() -> None:
     summary = pods.parse_summary(json.dumps({"status": "succeeded", "epochs": 5, "final_accuracy": 0.94,
                                                "final_train_loss": 0.2, "images_per_second": 120.0}))
-    p = run(body({"phase": api.RUNNING}),
+    p = run(training({"phase": api.RUNNING}),
             job([{"type": "Complete"}], succeeded=2, completionTime="2026-01-02T03:04:00Z"), summary=summary)
     st = p.status.to_dict()
     assert st["phase"] == api.SUCCEEDED and st["evalAccuracy"] == 0.94 and st["progress"] == "5/5"
     assert st["completionTime"] == "2026-01-02T03:04:00Z" and st["summary"]["status"] == "succeeded"
-    assert cond(p, "Succeeded")["status"] == "True" and cond(p, "Progressing")["status"] == "False"
+    assert condition(p, "Succeeded")["status"] == "True" and condition(p, "Progressing")["status"] == "False"
     assert "0.9400" in st["message"]
 
 
 def test_failure_restarts_the_gang_then_fails() -> None:
     failed = job([{"type": "Failed", "reason": "BackoffLimitExceeded", "message": "pod failed"}])
     made = {"phase": api.RUNNING, "children": {"job": "pets", "service": "pets", "networkPolicy": "pets"}}
-    p = run(body(made, maxRestarts=2), failed, summary={"status": "failed", "error": "CUDA out of memory"})
+    p = run(training(made, maxRestarts=2), failed,
+            summary={"status": "failed", "error": "CUDA out of memory"})
     assert p.status.phase == api.RESTARTING and p.status.restarts == 1
     assert p.delete == [{"apiVersion": "batch/v1", "kind": "Job", "name": "pets", "namespace": "ns"}]
     assert p.create == []
@@ -168,19 +161,19 @@ def test_failure_restarts_the_gang_then_fails() -> None:
     assert p.status.children["job"] == "pets"  # switches to pets-r1 once the status is stored
 
     # Next round: old Job still going away -> wait, do not create yet.
-    wait = run(body(p.status, maxRestarts=2), None, stale=[failed])
+    wait = run(training(p.status, maxRestarts=2), None, stale=[failed])
     assert wait.create == [] and wait.status.phase == api.RESTARTING
 
     # Old Job gone -> attempt 1 is created with its own name.
-    again = run(body(p.status, maxRestarts=2), None)
+    again = run(training(p.status, maxRestarts=2), None)
     assert [m["metadata"]["name"] for m in again.create] == ["pets-output", "pets-r1"]
     assert again.status.children["job"] == "pets-r1"
 
     # Last allowed restart used up -> Failed, nothing deleted, nothing created.
-    final = run(body({"phase": api.RUNNING, "restarts": 2}, maxRestarts=2),
+    final = run(training({"phase": api.RUNNING, "restarts": 2}, maxRestarts=2),
                 job([{"type": "Failed", "reason": "BackoffLimitExceeded"}], attempt=2))
     assert final.status.phase == api.FAILED and final.delete == [] and final.create == []
-    assert cond(final, "Failed")["reason"] == "MaxRestartsExceeded"
+    assert condition(final, "Failed")["reason"] == "MaxRestartsExceeded"
     assert any(e.type == "Warning" and e.reason == api.FAILED for e in final.events)
 
 
@@ -199,20 +192,20 @@ def test_the_phase_says_restarting_from_the_gang_restart_until_the_new_gang_runs
     """Every round between a gang restart and the new attempt's pods running says Restarting (never
     Pending: that reads as a training that never started), then Running."""
     failed = job([{"type": "Failed", "reason": "BackoffLimitExceeded", "message": "pod failed"}])
-    p = run(body({"phase": api.RUNNING}, replicas=2, maxRestarts=2), failed)
-    rounds = [(p.status.phase, cond(p, "Progressing")["reason"])]
-    p = run(body(p.status, replicas=2, maxRestarts=2), None, stale=[failed])  # the old Job still goes
-    rounds.append((p.status.phase, cond(p, "Progressing")["reason"]))
-    p = run(body(p.status, replicas=2, maxRestarts=2), None)  # gone: attempt 1 is created
+    p = run(training({"phase": api.RUNNING}, replicas=2, maxRestarts=2), failed)
+    rounds = [(p.status.phase, condition(p, "Progressing")["reason"])]
+    p = run(training(p.status, replicas=2, maxRestarts=2), None, stale=[failed])  # the old Job still goes
+    rounds.append((p.status.phase, condition(p, "Progressing")["reason"]))
+    p = run(training(p.status, replicas=2, maxRestarts=2), None)  # gone: attempt 1 is created
     assert [m["metadata"]["name"] for m in p.create] == ["pets-output", "pets-r1"]  # the claim first
-    rounds.append((p.status.phase, cond(p, "Progressing")["reason"]))
-    p = run(body(p.status, replicas=2, maxRestarts=2), job(attempt=1))  # created, no pod yet
-    rounds.append((p.status.phase, cond(p, "Progressing")["reason"]))
-    p = run(body(p.status, replicas=2, maxRestarts=2), job(attempt=1, active=2),
+    rounds.append((p.status.phase, condition(p, "Progressing")["reason"]))
+    p = run(training(p.status, replicas=2, maxRestarts=2), job(attempt=1))  # created, no pod yet
+    rounds.append((p.status.phase, condition(p, "Progressing")["reason"]))
+    p = run(training(p.status, replicas=2, maxRestarts=2), job(attempt=1, active=2),
             pods=[pending_pod(0, 1), pending_pod(1, 1)])  # its pods wait for their containers
-    rounds.append((p.status.phase, cond(p, "Progressing")["reason"]))
-    p = run(body(p.status, replicas=2, maxRestarts=2), job(attempt=1, active=2, ready=2))
-    rounds.append((p.status.phase, cond(p, "Progressing")["reason"]))
+    rounds.append((p.status.phase, condition(p, "Progressing")["reason"]))
+    p = run(training(p.status, replicas=2, maxRestarts=2), job(attempt=1, active=2, ready=2))
+    rounds.append((p.status.phase, condition(p, "Progressing")["reason"]))
     assert rounds == [
         (api.RESTARTING, "GangRestart"),
         (api.RESTARTING, "WaitingForOldAttempt"),
@@ -225,56 +218,56 @@ def test_the_phase_says_restarting_from_the_gang_restart_until_the_new_gang_runs
 
 
 def test_an_edit_during_a_restart_rebuilds_and_still_says_restarting() -> None:
-    p = run(body({"phase": api.RESTARTING, "restarts": 1, "attempt": 1}, replicas=2, epochs=9),
+    p = run(training({"phase": api.RESTARTING, "restarts": 1, "attempt": 1}, replicas=2, epochs=9),
             job(attempt=1), built_from={"replicas": 2})
-    assert cond(p, "Progressing")["reason"] == "Rebuilding"
+    assert condition(p, "Progressing")["reason"] == "Rebuilding"
     assert p.status.phase == api.RESTARTING
 
 
 def test_finished_is_terminal() -> None:
-    p = run(body({"phase": api.SUCCEEDED, "completionTime": "2026-01-02T03:00:00Z"}), None)
+    p = run(training({"phase": api.SUCCEEDED, "completionTime": "2026-01-02T03:00:00Z"}), None)
     assert p.create == [] and p.status.phase == api.SUCCEEDED
 
 
 def test_a_field_the_planner_does_not_model_is_kept_as_it_was() -> None:
     """A newer operator's field (a downgrade): every round writes it back as read, never removes it."""
     stored = {"phase": api.RUNNING, "attempt": 0, "fromANewerOperator": {"kept": [1, 2]}}
-    for p in (run(body(stored), job(active=2)), refusals.plan_invalid(body(stored), "bad", NOW)):
+    for p in (run(training(stored), job(active=2)), refusals.plan_invalid(training(stored), "bad", NOW)):
         assert p.status.to_dict()["fromANewerOperator"] == {"kept": [1, 2]}
         assert "fromANewerOperator" not in plan_types.merge_patch(stored, p.status.to_dict())
 
 
 def test_suspend_and_resume_go_through_the_job() -> None:
-    p = run(body({"phase": api.RUNNING}, suspend=True), job(active=2))
+    p = run(training({"phase": api.RUNNING}, suspend=True), job(active=2))
     assert p.suspend is True and p.status.phase == api.SUSPENDED
-    assert cond(p, "Suspended")["status"] == "True"
-    p2 = run(body(p.status, suspend=True), job([{"type": "Suspended"}], suspend=True))
+    assert condition(p, "Suspended")["status"] == "True"
+    p2 = run(training(p.status, suspend=True), job([{"type": "Suspended"}], suspend=True))
     assert p2.suspend is None and p2.status.phase == api.SUSPENDED
-    p3 = run(body(p2.status, suspend=False), job([{"type": "Suspended"}], suspend=True))
+    p3 = run(training(p2.status, suspend=False), job([{"type": "Suspended"}], suspend=True))
     assert p3.suspend is False and p3.status.phase == api.PENDING
     assert [e.reason for e in p3.events] == ["Resumed"]
     # A training created suspended creates a suspended Job.
-    p4 = run(body(suspend=True), None)
+    p4 = run(training(suspend=True), None)
     assert p4.create[-1]["spec"]["suspend"] is True and p4.status.phase == api.SUSPENDED
 
 
 def test_condition_transition_time_moves_only_on_change() -> None:
-    p = run(body({"phase": api.PENDING}), job(active=1))
-    first = cond(p, "Ready")["lastTransitionTime"]
+    p = run(training({"phase": api.PENDING}), job(active=1))
+    first = condition(p, "Ready")["lastTransitionTime"]
     later = NOW + timedelta(minutes=5)
-    p2 = run(body(p.status), job(active=1), now=later)
-    assert cond(p2, "Ready")["lastTransitionTime"] == first
-    p3 = run(body(p2.status), job([{"type": "Complete"}]), now=later)
-    assert cond(p3, "Ready")["lastTransitionTime"] == "2026-01-02T03:09:05Z"
+    p2 = run(training(p.status), job(active=1), now=later)
+    assert condition(p2, "Ready")["lastTransitionTime"] == first
+    p3 = run(training(p2.status), job([{"type": "Complete"}]), now=later)
+    assert condition(p3, "Ready")["lastTransitionTime"] == "2026-01-02T03:09:05Z"
 
 
 def test_ttl_after_finished() -> None:
     done = {"phase": api.SUCCEEDED, "completionTime": "2026-01-02T03:00:00Z"}
-    early = run(body(done, ttlSecondsAfterFinished=600), None)
+    early = run(training(done, ttlSecondsAfterFinished=600), None)
     assert not early.delete_self and early.requeue_after == pytest.approx(600 - 245)
-    late = run(body(done, ttlSecondsAfterFinished=60), None)
+    late = run(training(done, ttlSecondsAfterFinished=60), None)
     assert late.delete_self
-    assert not run(body(done), None).delete_self
+    assert not run(training(done), None).delete_self
 
 
 def test_summary_parsing_is_lenient() -> None:
@@ -294,36 +287,36 @@ def test_child_timestamps_in_either_rfc3339_form() -> None:
     """The client library serialises times as '+00:00'; the status always gets the server's 'Z' form."""
     j = job([{"type": "Complete"}], startTime="2026-01-02T03:00:00+00:00",
             completionTime="2026-01-02T03:04:00+00:00")
-    p = run(body({"phase": api.RUNNING}, ttlSecondsAfterFinished=600), j)
+    p = run(training({"phase": api.RUNNING}, ttlSecondsAfterFinished=600), j)
     assert p.status.start_time == "2026-01-02T03:00:00Z"
     assert p.status.completion_time == "2026-01-02T03:04:00Z"
     assert p.requeue_after == pytest.approx(600 - 5)
 
 
 def test_invalid_spec_plan_fails_with_one_event() -> None:
-    p = refusals.plan_invalid(body({"phase": api.PENDING}), "spec.dataset: bad", NOW)
+    p = refusals.plan_invalid(training({"phase": api.PENDING}), "spec.dataset: bad", NOW)
     assert p.status.phase == api.FAILED and p.status.message == "spec.dataset: bad"
-    assert cond(p, "Failed") == {"type": "Failed", "status": "True", "reason": "InvalidSpec",
+    assert condition(p, "Failed") == {"type": "Failed", "status": "True", "reason": "InvalidSpec",
                                  "message": "spec.dataset: bad", "lastTransitionTime": "2026-01-02T03:04:05Z",
                                  "observedGeneration": 3}
     assert [(e.type, e.reason) for e in p.events] == [("Warning", "InvalidSpec")]
     assert p.create == [] and p.delete == []
     # The same reason again (an operator restart) writes nothing new and emits no second Event.
-    again = refusals.plan_invalid(body(p.status), "spec.dataset: bad", NOW + timedelta(seconds=30))
+    again = refusals.plan_invalid(training(p.status), "spec.dataset: bad", NOW + timedelta(seconds=30))
     assert again.status.to_dict() == p.status.to_dict() and again.events == []
 
 
 def test_backend_unavailable_plan_waits_pending() -> None:
-    p = refusals.plan_backend_unavailable(body(), "spec.backend is 'pytorchjob' but ...", NOW)
+    p = refusals.plan_backend_unavailable(training(), "spec.backend is 'pytorchjob' but ...", NOW)
     assert p.status.phase == api.PENDING
-    assert cond(p, "Progressing")["reason"] == "BackendUnavailable"
+    assert condition(p, "Progressing")["reason"] == "BackendUnavailable"
     assert [e.reason for e in p.events] == ["BackendUnavailable"]
-    assert refusals.plan_backend_unavailable(body(p.status), "spec.backend is 'pytorchjob' but ...",
+    assert refusals.plan_backend_unavailable(training(p.status), "spec.backend is 'pytorchjob' but ...",
                                            NOW).events == []
 
 
 def test_target_attempt_names_the_workload_after_a_restart() -> None:
-    p = run(body({"phase": api.RESTARTING, "restarts": 2, "children": {"networkPolicy": "pets"}}), None)
+    p = run(training({"phase": api.RESTARTING, "restarts": 2, "children": {"networkPolicy": "pets"}}), None)
     assert [m["metadata"]["name"] for m in p.create] == ["pets-output", "pets-r2"]
     assert p.status.children == {"service": "pets", "job": "pets-r2", "outputClaim": "pets-output",
                                     "networkPolicy": "pets"}
@@ -358,12 +351,12 @@ def test_output_durable_says_whether_the_work_outlives_the_pods(output: dict[str
                                                                 reason: str, words: str) -> None:
     spec = api.resolve_spec({"output": output})
     observed = plan_types.Observed(backend=backends.JOB, workload=None)
-    p = status.plan(body(output=output), spec, observed, TARGET, NOW)
-    c = cond(p, "OutputDurable")
+    p = status.plan(training(output=output), spec, observed, TARGET, NOW)
+    c = condition(p, "OutputDurable")
     assert (c["status"], c["reason"]) == (durable, reason) and words in c["message"], c
     # Stable: the next round changes nothing about it (no status write for it).
-    again = status.plan(body(p.status, output=output), spec, observed, TARGET, NOW + timedelta(minutes=1))
-    assert cond(again, "OutputDurable") == c
+    again = status.plan(training(p.status, output=output), spec, observed, TARGET, NOW + timedelta(minutes=1))
+    assert condition(again, "OutputDurable") == c
 
 
 @pytest.mark.parametrize(("chosen", "why", "durable", "reason", "words"), [
@@ -380,9 +373,9 @@ def test_an_unset_output_is_the_operators_choice_kept_in_status(
     round resolves from there), and OutputDurable says what it means."""
     spec = dataclasses.replace(api.resolve_spec({}), output=chosen)
     observed = plan_types.Observed(backend=backends.JOB, workload=None, output_reason=why)
-    p = status.plan(body(), spec, observed, TARGET, NOW)
+    p = status.plan(training(), spec, observed, TARGET, NOW)
     assert (p.status.output, p.status.output_reason) == (chosen, why)
-    c = cond(p, "OutputDurable")
+    c = condition(p, "OutputDurable")
     assert (c["status"], c["reason"]) == (durable, reason) and words in c["message"], c
     claims = [m for m in p.create if m["kind"] == "PersistentVolumeClaim"]
     assert len(claims) == (1 if "managedClaim" in chosen else 0)
@@ -395,7 +388,7 @@ def test_an_output_the_spec_names_clears_an_old_choice() -> None:
     spec = api.resolve_spec({"output": {"emptyDir": {}}})
     old = {"output": {"managedClaim": {}}, "outputReason": output_durability.OPERATOR_DEFAULT}
     observed = plan_types.Observed(backend=backends.JOB, workload=None)
-    p = status.plan(body(old, output={"emptyDir": {}}), spec, observed, TARGET, NOW)
+    p = status.plan(training(old, output={"emptyDir": {}}), spec, observed, TARGET, NOW)
     assert p.status.output is None and p.status.output_reason is None
 
 
@@ -405,18 +398,18 @@ def test_a_pending_claim_makes_output_durable_unknown_until_it_binds() -> None:
     claim["spec"]["storageClassName"] = "slow"
     pending = claim | {"status": {"phase": "Pending"}}
     running = {"phase": api.PENDING, "attempt": 0}
-    p = run(body(running), job(active=2), output_claim=pending,
+    p = run(training(running), job(active=2), output_claim=pending,
             output_reason=output_durability.OPERATOR_DEFAULT)
-    c = cond(p, "OutputDurable")
+    c = condition(p, "OutputDurable")
     assert (c["status"], c["reason"]) == ("Unknown", "ClaimPending")
     assert "pets-output (StorageClass slow, ReadWriteOnce) is Pending" in c["message"]
     assert "kubectl describe pvc pets-output" in c["message"]
     assert "ReadWriteMany" not in c["message"]
     several = pending | {"spec": {**pending["spec"], "accessModes": ["ReadWriteMany"]}}
-    rwx = cond(run(body(running), job(active=2), output_claim=several), "OutputDurable")
+    rwx = condition(run(training(running), job(active=2), output_claim=several), "OutputDurable")
     assert "a class without ReadWriteMany never binds it" in rwx["message"], rwx
-    bound = run(body(p.status), job(active=2, ready=2), output_reason=output_durability.OPERATOR_DEFAULT)
-    assert (cond(bound, "OutputDurable")["status"], cond(bound, "OutputDurable")["reason"]) == \
+    bound = run(training(p.status), job(active=2, ready=2), output_reason=output_durability.OPERATOR_DEFAULT)
+    assert (condition(bound, "OutputDurable")["status"], condition(bound, "OutputDurable")["reason"]) == \
         ("True", "ManagedClaim")
 
 
@@ -428,14 +421,14 @@ def test_a_claim_left_by_a_deleted_training_of_the_same_name_is_waited_for() -> 
     old_owner = claim | {"metadata": {**claim["metadata"], "ownerReferences": [{"uid": "old-uid"}]}}
     deleting = claim | {"metadata": {**claim["metadata"], "deletionTimestamp": "2026-01-02T03:04:00Z"}}
     for going in (old_owner, deleting):
-        p = run(body(), None, output_claim=going)
+        p = run(training(), None, output_claim=going)
         assert p.create == [] and p.status.phase == api.PENDING
-        assert cond(p, "Progressing")["reason"] == "WaitingForOldClaim", p.status.to_dict()
+        assert condition(p, "Progressing")["reason"] == "WaitingForOldClaim", p.status.to_dict()
         assert p.requeue_after == refusals.CHILD_RETRY_MIN_SECONDS
     # Ours (a round that made it, then crashed), or kept work (Retain: no owner): used as it is.
     ours = claim | {"metadata": {**claim["metadata"], "ownerReferences": [{"uid": "u1"}]}}
     for usable in (ours, claim):
-        assert [m["kind"] for m in run(body(), None, output_claim=usable).create][-1] == "Job"
+        assert [m["kind"] for m in run(training(), None, output_claim=usable).create][-1] == "Job"
 
 
 def test_the_status_patch_removes_what_the_plan_removed_and_sends_only_what_changed() -> None:
@@ -459,6 +452,6 @@ def test_a_training_that_leaves_pending_loses_pending_since_in_the_stored_status
     """The plan pops pendingSince once pods run; the patch it is written with must null it."""
     pending = {"phase": api.PENDING, "pendingSince": "2026-01-02T03:04:05Z", "attempt": 0,
                "children": {"job": "pets", "service": "pets"}}
-    p = run(body(pending, replicas=2), job(active=2, ready=2))
+    p = run(training(pending, replicas=2), job(active=2, ready=2))
     assert p.status.pending_since is None
     assert plan_types.merge_patch(pending, p.status.to_dict())["pendingSince"] is None
