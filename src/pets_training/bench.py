@@ -92,8 +92,12 @@ def worker(args: argparse.Namespace) -> int:
         times.append(time.perf_counter())
         images.append(n)
 
-    training_function(_our_config(args), step_hook=hook)
-    print("RESULT " + json.dumps({"step_times": times, "step_images": images}), flush=True)
+    summary = training_function(_our_config(args), step_hook=hook) or {}
+    parts = summary.get("time_seconds") or {}
+    # the share of its steps' time the loop waited for the next batch: is the input pipeline the bound?
+    waited = parts["train_input_wait"] / parts["train"] if parts.get("train") else None
+    print("RESULT " + json.dumps({"step_times": times, "step_images": images, "input_wait_share": waited}),
+          flush=True)
     return 0
 
 
@@ -243,14 +247,18 @@ def main(argv: list[str] | None = None) -> int:
     commands["ceiling"] = [*ours_cmd, "--ceiling"]
     precision = mixed or "no"
     runs: dict[str, list[float]] = {name: [] for name in commands}
+    waits: dict[str, list[float | None]] = {name: [] for name in commands}  # our loops' input wait shares
     names = list(commands)
     # this machine may be shared: rotate the order and keep each loop's best (least disturbed) run
     for repeat in range(args.repeats):
         for name in names[repeat % len(names):] + names[:repeat % len(names)]:
             result = _run(commands[name], output / f"{name}-{repeat + 1}.log")
             runs[name].append(throughput(result["step_times"], result["step_images"], args.warmup))
+            waits[name].append(result.get("input_wait_share"))
             print(f"  {name} run {repeat + 1}: {runs[name][-1]:.2f} images/s", flush=True)
     ips = {name: max(values) for name, values in runs.items()}
+    # each of our loops' best run: the share of its training time it waited for input
+    input_wait = {name: waits[name][runs[name].index(ips[name])] for name in ("ours", "ours-device")}
     lines = report(ips, precision, "GPU" if on_gpu else "CPU")
     (output / "bench.json").write_text(json.dumps({
         "model": args.model, "batch_size": args.batch_size, "image_size": args.image_size,
@@ -262,10 +270,13 @@ def main(argv: list[str] | None = None) -> int:
         "ours_images_per_second": round(ips["ours"], 3),
         "ours_of_ceiling": round(ips["ours"] / ips["ceiling"], 3),
         "speedup": round(ips["ours"] / ips["tutorial"], 3),
+        "input_wait_share": {name: None if v is None else round(v, 3) for name, v in input_wait.items()},
     }, indent=1))  # fmt: skip
     where = f"on {args.cpus} core(s)" if cpus else f"on all {len(available)} cores"
     plot_bench(runs, f"{args.model}, batch {args.batch_size}, {args.image_size} px, {precision}, "
                      f"{'GPU' if on_gpu else 'CPU'}, input {where}", output / "bench.png")
+    print("waiting for input, share of the training time: " + ", ".join(
+        f"{name} {'-' if v is None else f'{100 * v:.0f} %'}" for name, v in input_wait.items()), flush=True)
     print("\n".join(lines), flush=True)
     return 0
 

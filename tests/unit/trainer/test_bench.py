@@ -43,6 +43,10 @@ def test_bench_runs_the_five_loops_on_the_same_files_and_ends_with_the_speedup(t
     assert "input path device (asked)" in (tmp_path / "out" / "ours-device-1.log").read_text()
     result = read_json(tmp_path / "out" / "bench.json")
     assert (tmp_path / "out" / "bench.png").read_bytes().startswith(b"\x89PNG")  # the loops, plotted
+    # one core: no loader worker, so our CPU path decodes its batches in the loop and waits for them
+    shares = result["input_wait_share"]
+    assert set(shares) == {"ours", "ours-device"} and 0 < shares["ours"] < 1, shares
+    assert f"waiting for input, share of the training time: ours {100 * shares['ours']:.0f} %" in output
     ips = result["images_per_second"]
     assert set(ips) == {"tutorial", "tutorial-mp", "ours", "ours-device", "ceiling"}
     assert all(v > 0 for v in ips.values()) and result["cpus"] == 1
