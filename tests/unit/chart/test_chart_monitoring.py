@@ -120,6 +120,7 @@ def test_the_alerts_fire_when_they_should_and_never_on_a_healthy_training(helm: 
     alerts = {rule["alert"] for group in rules["groups"] for rule in group["rules"]}
     tested = set(re.findall(r"alertname: (\w+)", (HERE / "alerts-test.yaml").read_text()))
     assert alerts == tested == {"PetsTrainingStalled", "PetsTrainingFailed", "PetsTrainingGoodputLow",
+                                "PetsTrainingInputBound",
                                 "PetsOperatorDown", "PetsOperatorNotReconciling",
                                 "PetsOperatorReconcileErrors", "PetsProgressScrapesFailing",
                                 "PetsTrainerScrapesFailing"}
@@ -134,7 +135,7 @@ def test_the_alerts_fire_when_they_should_and_never_on_a_healthy_training(helm: 
 
 
 def test_the_thresholds_and_alert_labels_come_from_values(helm: str, tmp_path: Path) -> None:
-    rule = {"enabled": True, "stalledMinutes": 40, "goodputThreshold": 0.3,
+    rule = {"enabled": True, "stalledMinutes": 40, "goodputThreshold": 0.3, "inputBoundShare": 0.8,
             "alertLabels": {"severity": "page"}, "operatorJob": "custom-operator"}
     values = {"metrics": {"prometheusRule": rule}}
     (tmp_path / "values.yaml").write_text(yaml.safe_dump(values))
@@ -143,6 +144,8 @@ def test_the_thresholds_and_alert_labels_come_from_values(helm: str, tmp_path: P
     stalled = by_name["PetsTrainingStalled"]["expr"]
     assert "[40m]" in stalled and "offset 40m" in stalled
     assert "< 0.3" in by_name["PetsTrainingGoodputLow"]["expr"]
+    input_bound = by_name["PetsTrainingInputBound"]["expr"]
+    assert "> 0.8" in input_bound and "[15m]" in input_bound
     assert 'job="custom-operator"' in by_name["PetsOperatorDown"]["expr"]
     assert all(rule["labels"]["severity"] == "page" for rule in by_name.values())
 
@@ -165,7 +168,8 @@ def test_the_pod_monitor_scrapes_rank_0_of_the_watched_namespaces(helm: str) -> 
 
 
 @pytest.mark.parametrize("setting", ["metrics.prometheusRule.goodputThreshold=2",
-                                     "metrics.prometheusRule.stalledMinutes=0"])
+                                     "metrics.prometheusRule.stalledMinutes=0",
+                                     "metrics.prometheusRule.inputBoundShare=0"])
 def test_bad_thresholds_are_refused(helm: str, setting: str) -> None:
     from .support import run_helm, template_args
 
