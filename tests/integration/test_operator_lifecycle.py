@@ -221,8 +221,11 @@ def test_failure_restarts_the_gang_up_to_max_restarts(admin: client.ApiClient, o
     wait_for("the failed attempt's Job to be gone",
              lambda: [j.metadata.name for j in jobs(admin, namespace)] == ["pets-r1"])
     assert second.metadata.uid != first.metadata.uid
-    st = get_training(admin, namespace, "pets")["status"]  # type: ignore[index]
-    assert st["restarts"] == 1 and st["children"]["job"] == "pets-r1"
+    # The round that makes pets-r1 writes the status after it (act: children first): wait for that write.
+    st = wait_for("the status to name pets-r1",
+                  lambda: (got := (get_training(admin, namespace, "pets") or {}).get("status") or {})
+                  .get("children", {}).get("job") == "pets-r1" and got)
+    assert st["restarts"] == 1
     assert st["phase"] == api.RESTARTING  # every round from the failure to Running says so (no pod runs here)
 
     def attempt_1_seen() -> dict[str, Any] | None:  # a round after the one that created pets-r1
