@@ -462,18 +462,12 @@ def train_epoch(
 def _ready_batches(t: Training, split: TimeSplit) -> Iterator[Batch]:
     """The training loader's batches made ready for the step (``make_batch``: on the device input path,
     decoded and cropped there), the time each took counted as the loop's wait for input."""
-    batches = iter(t.train_loader)
-    while True:
-        since = time.perf_counter()
-        batch = next(batches, _END)
-        if batch is _END:
-            return
+    since = time.perf_counter()
+    for batch in t.train_loader:
         ready = t.make_batch(batch)
         split.waited_for_input(since)
         yield ready
-
-
-_END = object()  # the loader is done
+        since = time.perf_counter()
 
 
 def _step_limit_reached(cfg: TrainConfig, state: RunState) -> bool:
