@@ -90,15 +90,17 @@ def plan_cpu(
 ) -> CpuPlan:
     """Split the container's CPUs between the training processes of this machine.
 
-    Each process gets ``cpus // local_processes`` compute threads (at least 1). Decoding and augmenting
-    images is a small share of the work next to the model, so each process gets about one worker per
-    two threads (at most 4) to overlap loading with compute. With one CPU a worker has nothing to
-    overlap with, and its forkserver's imports cost 2.4 s of that CPU before the first step: none then.
+    Each process gets ``cpus // local_processes`` compute threads (at least 1). The training process's own
+    thread needs one of its cores; the input path's workers get every other one (on a GPU they set the
+    pace: one core decodes and crops about 750 images/s, the step takes thousands). With one CPU a worker
+    has nothing to overlap with, and its forkserver's imports cost 2.4 s of that CPU before the first
+    step: none then. On a CPU the workers share the cores with the compute threads, which they leave
+    idle once their batches are ready.
     """
     if local_processes < 1:
         raise ValueError(f"local_processes must be >= 1, got {local_processes}")
     per_process = max(1, cpus // local_processes)
     return CpuPlan(
         threads=threads if threads is not None else per_process,
-        workers=workers if workers is not None else min(4, per_process // 2),
+        workers=workers if workers is not None else per_process - 1,
     )

@@ -55,11 +55,19 @@ def test_this_machine_reports_something_sane() -> None:
     assert limit.cpus >= 1 and limit.source
 
 
+@pytest.mark.parametrize(
+    ("cpus", "workers"),
+    [(1, 0), (2, 1), (4, 3), (8, 7), (16, 15)],  # 1 and 2: as tuned before (docs/trainer.md)
+)
+def test_the_input_path_gets_every_core_but_the_training_process_own(cpus: int, workers: int) -> None:
+    assert plan_cpu(cpus, 1) == CpuPlan(threads=cpus, workers=workers)
+
+
 def test_plan_splits_cpus_between_local_processes() -> None:
-    assert plan_cpu(8, 2) == CpuPlan(threads=4, workers=2)  # 8 CPUs, 2 processes: 4 threads, 2 workers each
+    assert plan_cpu(8, 2) == CpuPlan(threads=4, workers=3)  # 8 CPUs, 2 processes: 4 threads, 3 workers each
     assert (plan_cpu(2, 2).threads, plan_cpu(2, 2).workers) == (1, 0)  # one CPU each: no worker
-    assert (plan_cpu(3, 1).threads, plan_cpu(3, 1).workers) == (3, 1)
-    assert (plan_cpu(64, 1).threads, plan_cpu(64, 1).workers) == (64, 4)
+    assert (plan_cpu(3, 1).threads, plan_cpu(3, 1).workers) == (3, 2)
+    assert (plan_cpu(9, 2).threads, plan_cpu(9, 2).workers) == (4, 3)  # the odd CPU is left over
     assert plan_cpu(8, 2, threads=3, workers=0) == CpuPlan(threads=3, workers=0)  # explicit values win, 0 too
     with pytest.raises(ValueError, match="local_processes must be >= 1"):
         plan_cpu(2, 0)
