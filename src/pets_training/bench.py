@@ -240,8 +240,11 @@ def main(argv: list[str] | None = None) -> int:
     ours_cmd = [sys.executable, "-m", "pets_training.bench", *common, "--steps", str(args.steps),
                 "--warmup", str(args.warmup), "--output", str(output)]  # fmt: skip
     commands = {"tutorial": base_cmd}
+    skipped: dict[str, str] = {}  # loop -> why it did not run, in bench.json beside those that did
     if mixed is not None:
         commands["tutorial-mp"] = [*base_cmd, "--mixed-precision", mixed]
+    else:
+        skipped["tutorial-mp"] = precision_line.removeprefix("tutorial-mp: skipped: ")
     commands["ours"] = [*ours_cmd, "--worker"]
     commands["ours-device"] = [*ours_cmd, "--worker", "--input-path", "device"]
     commands["ceiling"] = [*ours_cmd, "--ceiling"]
@@ -271,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         "ours_of_ceiling": round(ips["ours"] / ips["ceiling"], 3),
         "speedup": round(ips["ours"] / ips["tutorial"], 3),
         "input_wait_share": {name: None if v is None else round(v, 3) for name, v in input_wait.items()},
+        "loops": names, "skipped": skipped, "lines": lines,
     }, indent=1))  # fmt: skip
     where = f"on {args.cpus} core(s)" if cpus else f"on all {len(available)} cores"
     plot_bench(runs, f"{args.model}, batch {args.batch_size}, {args.image_size} px, {precision}, "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -176,10 +177,18 @@ class Precision:
     note: str | None  # a log line when the request was changed
 
 
+CPU_BF16_ENV = "PETS_CPU_BF16"  # 1 or 0: take this answer instead of asking the CPU (tests, benches)
+
+
 def cpu_runs_bf16_natively() -> bool:
     """Whether this CPU has bf16 instructions (AVX-512 BF16 or AMX). Without them torch emulates bf16
     with fp32 arithmetic and conversions, and a bf16 step took 2.6x an fp32 one (resnet18, 128 px, on
-    the 2-core Xeon CI machine)."""
+    the 2-core Xeon CI machine). ``PETS_CPU_BF16=1|0`` forces the answer, so both sides run anywhere."""
+    forced = os.environ.get(CPU_BF16_ENV)
+    if forced is not None:
+        if forced not in ("0", "1"):
+            raise ModelError(f"{CPU_BF16_ENV} must be 1 (bf16 instructions) or 0 (none), got {forced!r}")
+        return forced == "1"
     checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")  # torch.cpu's; private, so looked up
     return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
 

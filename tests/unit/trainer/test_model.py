@@ -15,6 +15,8 @@ from pets_training.model import (
     trainable_module,
 )
 
+from .helpers import PYTHON, SMALL_ARGS, run
+
 pytestmark = pytest.mark.unit
 
 
@@ -37,6 +39,29 @@ def test_on_a_cpu_without_bf16_instructions_fp16_becomes_none_and_bf16_is_kept_w
     assert resolve_precision("fp16", on_gpu=True, cpu_bf16=False) == resolve_precision("fp16", on_gpu=True)
     assert isinstance(cpu_runs_bf16_natively(), bool)
 
+
+def test_pets_cpu_bf16_forces_the_answer_and_a_bad_value_names_the_setting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for value, answer in (("1", True), ("0", False)):
+        monkeypatch.setenv("PETS_CPU_BF16", value)
+        assert cpu_runs_bf16_natively() is answer
+    monkeypatch.setenv("PETS_CPU_BF16", "yes")
+    with pytest.raises(ModelError, match=r"PETS_CPU_BF16 must be 1 \(bf16 instructions\) or 0 \(none\), "
+                       "got 'yes'"):
+        cpu_runs_bf16_natively()
+
+
+@pytest.mark.timeout(120)
+def test_a_real_run_maps_fp16_to_what_this_cpu_runs_natively(tmp_path: Path, cpu_bf16: bool) -> None:
+    """fp16 (the default) on a CPU: bf16 where it has bf16 instructions, else none; the log says which."""
+    args = [*SMALL_ARGS, "--mixed-precision", "fp16", "--epochs", "1", "--max-train-steps", "1",
+            "--no-checkpoints", "--threads", "1", "--num-workers", "0", "--output-dir", str(tmp_path)]
+    output, _ = run([PYTHON, "-m", "pets_training", *args], timeout=110)
+    if cpu_bf16:
+        assert "fp16 asked for on CPU: using bf16 instead" in output and "mixed precision bf16" in output
+    else:
+        assert "fp16 asked for on CPU: using none" in output and "mixed precision no" in output
 
 def test_frozen_backbone_wrapper_computes_what_the_model_computes() -> None:
     torch.manual_seed(0)
