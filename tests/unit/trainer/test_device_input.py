@@ -124,12 +124,32 @@ def test_crops_are_the_same_with_0_1_and_4_workers_and_after_a_resume(data: Pets
     assert not torch.equal(alone[0], _epoch(data, 0, 3)[0])  # another epoch: other crops
 
 
-def test_without_a_gpu_decoder_auto_falls_back_to_the_cpu_with_one_line(data: PetsData) -> None:
+@pytest.mark.parametrize("decoder", ["works", "fails"])
+def test_auto_takes_the_gpu_decoder_where_it_works_and_else_the_cpu_with_one_line(
+    data: PetsData, decoder: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both sides of the nvJPEG probe on any machine: torchvision's decoder forced to work or to fail."""
+    from pets_training import device_input
+
+    def decode(jpegs: list[torch.Tensor], mode: object, device: torch.device) -> list[torch.Tensor]:
+        if decoder == "fails":
+            raise RuntimeError("Not compiled with GPU support")
+        return [torch.zeros(3, 8, 8, dtype=torch.uint8, device="meta") for _ in jpegs]
+
+    monkeypatch.setattr(device_input, "decode_jpeg", decode)
+    gpu = torch.device("cuda")
+    if decoder == "works":
+        assert gpu_decoder_missing(gpu) == ""
+        assert choose_input_path("auto", data.train, gpu) == (
+            "device", "input path device: workers read the files, nvJPEG decodes and crops on cuda")
+    else:
+        assert gpu_decoder_missing(gpu) == (
+            "torchvision's GPU JPEG decoder failed (RuntimeError: Not compiled with GPU support)")
+        path, line = choose_input_path("auto", data.train, gpu)
+        assert path == "cpu" and "no GPU JPEG decoder (torchvision's GPU JPEG decoder failed" in line
+    # no GPU at all: the decoder is not even tried
     path, line = choose_input_path("auto", data.train, CPU)
     assert path == "cpu" and "no GPU JPEG decoder (the device is cpu, not a GPU)" in line
-    if not torch.cuda.is_available():
-        why = gpu_decoder_missing(torch.device("cuda"))
-        assert why.startswith("torchvision's GPU JPEG decoder failed")
     assert choose_input_path("device", data.train, CPU)[0] == "device"
     assert choose_input_path("cpu", data.train, CPU)[0] == "cpu"
     synthetic = build_data("synthetic", 32, 42, 0.8, 3, 10)
