@@ -314,6 +314,8 @@ def _env(spec: Spec, target: Target, *, container_name: str,
         # Without our headless Service (a controller that names the main pod itself), the controller
         # sets MASTER_ADDR, which the launcher falls back to.
         env.insert(2, {"name": contract_env.MAIN_ADDR, "value": main_address(target)})
+    if spec.resources["gpu"] > 0:  # the trainer fails, saying why, rather than train on the CPU without them
+        env.append({"name": contract_env.GPUS, "value": str(spec.resources["gpu"])})
     env += tracking.trainer_env(spec, target.namespace, target.name, target.uid)
     # User extras cannot shadow the contract: api's env-not-reserved rule refuses them (server and local).
     env += [dict(extra) for extra in spec.env or []]

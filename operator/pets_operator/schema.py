@@ -277,7 +277,10 @@ SPEC_SCHEMA: dict[str, Any] = _obj(
                 # (docs/operator.md); the rest is room for DataLoader workers and page cache.
                 "cpu": _quantity("CPU of each pod (request = limit).", default="1"),
                 "memory": _quantity("Memory of each pod (request = limit).", default="3Gi"),
-                "gpu": _int("GPUs of each pod; 0 trains on CPU.", default=0, minimum=0, maximum=16),
+                "gpu": _int("GPUs of each pod; 0 trains on CPU. A pod that finds fewer working GPUs (a "
+                            "node driver older than the trainer image's CUDA 13 needs, 580 or later; no "
+                            "device from the device plugin) fails without restarts, naming what it found.",
+                            default=0, minimum=0, maximum=16),
                 "gpuResourceName": _str("Extended resource name of the GPUs.", default="nvidia.com/gpu",
                                         pattern=r"^([a-z0-9.-]+/)?[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$",
                                         max_length=253),

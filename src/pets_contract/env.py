@@ -12,6 +12,9 @@ MAIN_PORT = "PETS_MAIN_PORT"
 CPU_LIMIT = "PETS_CPU_LIMIT"
 ATTEMPT = "PETS_ATTEMPT"  # the checkpoint fence's token (pets_training.checkpoint.claim)
 OPERATOR_ENV = (NUM_MACHINES, PROCS_PER_MACHINE, MAIN_ADDR, MAIN_PORT, CPU_LIMIT, ATTEMPT)
+# Also set by the operator, only on a pod given GPUs (spec.resources.gpu > 0): how many. A trainer that
+# finds fewer fails permanently instead of training on the CPU (pets_training.gpus).
+GPUS = "PETS_GPUS"
 OPERATOR_PREFIX = "PETS_"  # a user's spec.env may set no name of ours
 
 # Set by the workload's controller: the Indexed Job controller (JOB_COMPLETION_INDEX) or Kubeflow's

@@ -26,6 +26,7 @@ from pets_contract.env import (
     ATTEMPT,
     CPU_LIMIT,
     DEFAULT_MAIN_PORT,
+    GPUS,
     JOB_COMPLETION_INDEX,
     LOCAL_RANK,
     LOCAL_WORLD_SIZE,
@@ -146,6 +147,7 @@ class PodContract:
     resolve_timeout: float = 300.0
     cpu_limit: int | None = None  # None: unknown here (the cgroup or the host then say)
     output_dir: str | None = None  # the default of --output-dir
+    gpus: int = 0  # GPUs the pod was given (0: none said; the trainer then takes CUDA where it works)
 
     @property
     def total_processes(self) -> int:
@@ -162,6 +164,7 @@ class PodContract:
             resolve_timeout=_timeout(env),
             cpu_limit=_cpus(env),
             output_dir=_str(env, [OUTPUT_DIR], None),
+            gpus=_int(env, [GPUS], 0, 0),
         )
 
 

@@ -31,6 +31,7 @@ from .config import TrainConfig, resolve, to_yaml
 from .contract import PodContract, ProcessContext, attempt_number, take_process_start
 from .data import build_data, check_fits_world, write_report
 from .finish import end_run, finish_run
+from .gpus import use_gpu
 from .inputs import Batch, EvalStoreBuild, evaluate, start_worker_server, train_loader
 from .model import cpu_runs_bf16_natively, create_model, resolve_precision, trainable_module
 from .position import loss_weight, rank_plan, samples_done, schedule_position, schedule_total, step_samples
@@ -175,7 +176,7 @@ def _end_of_loop(split: TimeSplit, metrics: MetricsServer | None) -> None:
 
 def setup(cfg: TrainConfig, pod: PodContract, process: ProcessContext) -> Training:
     """Accelerator, data, model, optimiser and OneCycle schedule, prepared by accelerate."""
-    on_gpu = torch.cuda.is_available()
+    on_gpu = use_gpu(pod.gpus, os.environ)  # a pod given GPUs and finding fewer fails here, saying why
     output_dir = cfg.resolved_output_dir(pod.output_dir)
     limit = cpu_limit(pod.cpu_limit)
     cpu = plan_cpu(limit.cpus, process.local_world_size, cfg.threads, cfg.num_workers)

@@ -203,6 +203,10 @@ def test_built_manifests_pass_server_side_dry_run(admin: client.ApiClient, names
         else:
             got = client.BatchV1Api(admin).create_namespaced_job(namespace, manifest, dry_run="All",
                                                                 field_validation="Strict")
+            # the pod contract as the server keeps it: PETS_GPUS on a pod given GPUs, and only there
+            env = {e.name: e.value for e in got.spec.template.spec.containers[0].env}
+            gpus = api.resolve_spec(BUILD_CASES[case]).resources["gpu"]
+            assert env.get("PETS_GPUS") == (str(gpus) if gpus else None), (case, env)
         assert got.metadata.name == manifest["metadata"]["name"]
         kinds.append(manifest["kind"])
     output = api.output_of(api.resolve_spec(BUILD_CASES[case]))

@@ -17,7 +17,7 @@ from prometheus_client import generate_latest
 
 from pets_contract import gauges
 from pets_contract import summary as summary_keys
-from pets_contract.env import CONTROLLER_ENV, OPERATOR_ENV, OUTPUT_DIR
+from pets_contract.env import CONTROLLER_ENV, GPUS, OPERATOR_ENV, OUTPUT_DIR
 from pets_training import contract, data, launch, progress
 from pets_training.config import resolve
 
@@ -60,6 +60,15 @@ def test_the_operator_sets_exactly_the_contract_env(overrides: dict[str, Any]) -
     extras = {var["name"] for var in spec.env or []}
     names = {var["name"] for var in _trainer(spec)["env"]} - extras
     assert names == set(OPERATOR_ENV)
+
+
+def test_a_pod_given_gpus_also_says_how_many_and_the_trainer_reads_it() -> None:
+    spec = api.resolve_spec({**CUSTOM, "resources": {"gpu": 2}})
+    container = _trainer(spec)
+    names = {var["name"] for var in container["env"]} - {var["name"] for var in spec.env or []}
+    assert names == {*OPERATOR_ENV, GPUS}
+    assert contract.PodContract.from_env(_pod_env(container)).gpus == 2
+    assert contract.PodContract.from_env(_pod_env(_trainer(api.resolve_spec(CUSTOM)))).gpus == 0
 
 
 def test_the_controllers_variables_are_reserved_from_user_env() -> None:

@@ -91,6 +91,7 @@ def test_pod_contract_env_and_args() -> None:
     assert env["PETS_MAIN_PORT"] == "29500"
     # The recipe travels as flags only (one channel each), not also as environment variables.
     assert not {"PETS_MIXED_PRECISION", "PETS_OUTPUT_DIR", "PETS_CHECKPOINT_DIR"} & set(env)
+    assert "PETS_GPUS" not in env  # a CPU pod: the trainer takes CUDA where it works, as before
     assert env["PETS_CPU_LIMIT"] == {
         "resourceFieldRef": {"containerName": "trainer", "resource": "limits.cpu", "divisor": "1"}}
     args = c["args"]
@@ -135,6 +136,7 @@ def test_gpu_pvc_and_scheduling_fields() -> None:
     pod = job["spec"]["template"]["spec"]
     (c,) = pod["containers"]
     assert c["resources"]["limits"] == {"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": "2"}
+    assert env_of(c)["PETS_GPUS"] == "2"  # the trainer fails, saying why, when it finds fewer
     assert c["image"] == "registry.example/trainer:1"
     assert "--pretrained" in c["args"] and "--unfreeze" in c["args"]
     assert c["args"][c["args"].index("--data") + 1] == "/data/images"
