@@ -146,9 +146,12 @@ SPEC_SCHEMA: dict[str, Any] = _obj(
             "default": 0.03, "exclusiveMinimum": True, "minimum": 0, "maximum": 10,
         },
         "mixedPrecision": _str(
-            "Mixed precision: no, fp16 or bf16 (on CPU fp16 becomes bf16, or no where the CPU lacks bf16 "
-            "instructions). Immutable while running.",
-            default="fp16", enum=["no", "fp16", "bf16"]),
+            "Mixed precision: auto, no, fp16 or bf16. auto (the default) picks bf16 on a GPU of compute "
+            "capability 8.0 or more (A100, H100: no GradScaler, so no read-back each step), fp16 on an "
+            "older GPU (with a fused Adam), and on CPU bf16 where the CPU has bf16 instructions, else no. "
+            "fp16 on CPU becomes bf16, or no where the CPU lacks bf16 instructions. The trainer logs what "
+            "it picked. Immutable while running.",
+            default="auto", enum=["auto", "no", "fp16", "bf16"]),
         "seed": _int("Random seed (split, init, augmentation). Immutable while running.",
                      default=42, minimum=0, maximum=2**31 - 1),
         "model": _str("timm model name. Immutable while running.", default="resnet50d",

@@ -19,7 +19,7 @@ import yaml
 from . import __version__
 from .contract import PermanentError
 
-MIXED_PRECISION_CHOICES = ("no", "fp16", "bf16")
+MIXED_PRECISION_CHOICES = ("auto", "no", "fp16", "bf16")
 
 
 class ConfigError(PermanentError):
@@ -81,8 +81,10 @@ class TrainConfig:
     seed: int = _f(42, "seed for the split, the shuffling and the augmentation")
     mixed_precision: str | None = _f(
         None,
-        "no, fp16 or bf16 (on CPU fp16 becomes bf16, or no without bf16 instructions); "
-        "default: what accelerate launch says, else fp16",
+        "auto, no, fp16 or bf16. auto picks bf16 on a GPU of compute capability 8.0 or more (no "
+        "GradScaler: nothing read back per step), fp16 on an older GPU (with a fused Adam), and on a CPU "
+        "bf16 where it has bf16 instructions (AVX-512 BF16, AMX), else no. fp16 on a CPU becomes bf16, or "
+        "no without bf16 instructions. Default: what accelerate launch says, else auto",
         choices=MIXED_PRECISION_CHOICES,
     )
     # speed (none of these change what is computed, only how fast)

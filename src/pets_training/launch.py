@@ -58,14 +58,14 @@ MIXED_PRECISION_FLAG = "--mixed-precision"
 class LaunchPlan(PodContract):
     """The pod contract plus what the launcher takes from the trainer flags."""
 
-    mixed_precision: str = "fp16"
+    mixed_precision: str = "auto"
 
 
 def mixed_precision_flag(args: Sequence[str]) -> str:
-    """The trainer's ``--mixed-precision X`` (or ``=X``; the last one wins, as in argparse), default fp16.
+    """The trainer's ``--mixed-precision X`` (or ``=X``; the last one wins, as in argparse), default auto.
 
     ``accelerate launch`` needs it too: its ``--mixed_precision`` is the precision of every process."""
-    value = "fp16"
+    value = "auto"
     for i, arg in enumerate(args):
         if arg == MIXED_PRECISION_FLAG:
             value = args[i + 1] if i + 1 < len(args) else ""
@@ -90,6 +90,18 @@ def plan_from_env(env: Mapping[str, str], args: Sequence[str] = ()) -> LaunchPla
     return LaunchPlan(**dataclasses.asdict(pod), mixed_precision=mixed_precision_flag(args))
 
 
+def accelerate_precision(precision: str) -> str:
+    """What ``accelerate launch --mixed_precision`` (and ``ACCELERATE_MIXED_PRECISION``) gets: it knows no
+    auto, which the trainer resolves itself from its own flag (:func:`with_precision_flag`)."""
+    return "no" if precision == "auto" else precision
+
+
+def with_precision_flag(args: Sequence[str], precision: str) -> list[str]:
+    """``args`` with ``--mixed-precision``, added when absent: the trainer's flag wins over accelerate's."""
+    given = any(arg == MIXED_PRECISION_FLAG or arg.startswith(MIXED_PRECISION_FLAG + "=") for arg in args)
+    return [*args] if given else [*args, MIXED_PRECISION_FLAG, precision]
+
+
 def trainer_args(args: Sequence[str]) -> list[str]:
     """The container args, plus ``--resume`` (a restarted gang continues from its newest checkpoint)."""
     return [*args] if "--resume" in args or "--no-resume" in args else [*args, "--resume"]
@@ -109,12 +121,12 @@ def accelerate_command(plan: LaunchPlan, args: Sequence[str], threads: int) -> l
         "--main_process_ip", plan.main_addr,
         "--main_process_port", str(plan.main_port),
         "--num_processes", str(plan.total_processes),
-        "--mixed_precision", plan.mixed_precision,
+        "--mixed_precision", accelerate_precision(plan.mixed_precision),
         "--dynamo_backend", "no",
         "--num_cpu_threads_per_process", str(threads),
         "--max_restarts", "0",
         "-m", "pets_training",
-        *args,
+        *with_precision_flag(args, plan.mixed_precision),
     ]  # fmt: skip
 
 
@@ -248,12 +260,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except LaunchError as err:
         log.error("%s", err)
         return exits.LAUNCH
-    os.environ[ACCELERATE_MIXED_PRECISION] = plan.mixed_precision  # as `accelerate launch` does
+    # as `accelerate launch` does
+    os.environ[ACCELERATE_MIXED_PRECISION] = accelerate_precision(plan.mixed_precision)
     if plan.total_processes == 1:
         log.info("one process in total: training in this process")
         from .cli import main as train_main
 
-        return train_main(args, pod=plan)
+        return train_main(with_precision_flag(args, plan.mixed_precision), pod=plan)
 
     from .resources import cpu_limit, plan_cpu
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import timm
 import torch
@@ -171,6 +173,21 @@ def inner_model(module: nn.Module) -> nn.Module:
     return module.model if isinstance(module, FrozenBackboneClassifier) else module
 
 
+def adam(params: Iterable[nn.Parameter], lr: float) -> torch.optim.Adam:
+    """Adam, fused (torch has it for CPU and CUDA): one kernel for every parameter, its step counts kept
+    on the parameters' device, so no step reads a count back, and fp16's GradScaler hands it the inf check
+    instead of reading that back from the GPU every step. A checkpoint's own choice (from before) does not
+    replace this one."""
+    optimizer = torch.optim.Adam(params, lr=lr, fused=True)
+    optimizer.register_load_state_dict_pre_hook(_keep_implementation)
+    return optimizer
+
+
+def _keep_implementation(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> dict[str, Any]:
+    keep = {key: optimizer.param_groups[0][key] for key in ("fused", "foreach")}
+    return {**state, "param_groups": [{**group, **keep} for group in state["param_groups"]]}
+
+
 @dataclass(frozen=True)
 class Precision:
     mixed_precision: str  # what Accelerator gets: no, fp16, bf16
@@ -193,11 +210,23 @@ def cpu_runs_bf16_natively() -> bool:
     return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
 
 
-def resolve_precision(requested: str, on_gpu: bool, cpu_bf16: bool = True) -> Precision:
-    """fp16 is a GPU mode; on CPU it becomes bf16 where the CPU runs bf16 natively (``cpu_bf16``), else
-    no mixed precision, which is then the faster one. An explicit bf16 is kept, with a note when slow."""
-    if requested not in ("no", "fp16", "bf16"):
-        raise ModelError(f"mixed_precision must be no, fp16 or bf16, got {requested!r}")
+GPU_BF16 = (8, 0)  # the compute capability from which a GPU has bf16 tensor cores (Ampere)
+
+
+def resolve_precision(
+    requested: str, on_gpu: bool, cpu_bf16: bool = True, capability: tuple[int, int] | None = None
+) -> Precision:
+    """What Accelerator gets for ``requested`` on this device (``capability``: the GPU's compute capability).
+
+    auto, the default: on a GPU bf16 where it has bf16 (capability 8.0 or more), since bf16 needs no
+    GradScaler, which otherwise reads a flag back from the GPU every step; fp16 on an older GPU (where the
+    fused Adam, :func:`adam`, takes the GradScaler's check without a read-back); on a CPU what fp16 becomes.
+    fp16 is a GPU mode; on CPU it becomes bf16 where the CPU runs bf16 natively (``cpu_bf16``), else no
+    mixed precision, which is then the faster one. An explicit bf16 is kept, with a note when slow."""
+    if requested not in ("auto", "no", "fp16", "bf16"):
+        raise ModelError(f"mixed_precision must be auto, no, fp16 or bf16, got {requested!r}")
+    if requested == "auto":
+        return _auto(on_gpu, cpu_bf16, capability)
     if on_gpu or requested == "no":
         return Precision(requested, None)
     if requested == "fp16":
@@ -215,3 +244,18 @@ def resolve_precision(requested: str, on_gpu: bool, cpu_bf16: bool = True) -> Pr
             "emulates it, and mixedPrecision: no trains faster here"
         )
     return Precision(requested, None)
+
+
+def _auto(on_gpu: bool, cpu_bf16: bool, capability: tuple[int, int] | None) -> Precision:
+    if not on_gpu:
+        if cpu_bf16:
+            return Precision("bf16", "mixed precision auto on CPU: bf16 (this CPU has bf16 instructions)")
+        return Precision("no", "mixed precision auto on CPU: none (this CPU has no bf16 instructions, "
+                               "AVX-512 BF16 or AMX, so fp32 is faster than bf16 here)")
+    if capability is None:
+        return Precision("fp16", "mixed precision auto: fp16 (the GPU's compute capability is not known)")
+    sm = f"{capability[0]}.{capability[1]}"
+    if capability >= GPU_BF16:
+        return Precision("bf16", f"mixed precision auto: bf16 (GPU compute capability {sm}; no GradScaler)")
+    return Precision("fp16", f"mixed precision auto: fp16 (GPU compute capability {sm}, below 8.0, has no "
+                             "bf16 tensor cores; a fused Adam takes the GradScaler's inf check)")

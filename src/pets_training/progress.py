@@ -194,7 +194,8 @@ class StepProgress:
             self.bar = tqdm(total=total, desc=self.label, unit="step", leave=False)
 
     def update(self, loss: Any, images: int) -> None:
-        """``loss`` may be a tensor: it is only read (a device sync) when shown."""
+        """``loss`` may be a tensor: it is only read (a device sync) when shown, every ``every`` seconds
+        (the bar moves every step, its loss with the log's)."""
         self.step += 1
         self.images += images
         if not self.enabled:
@@ -202,7 +203,9 @@ class StepProgress:
         now = time.monotonic()
         rate = self.images / max(now - self.start, 1e-9)
         if self.bar is not None:
-            self.bar.set_postfix(loss=f"{float(loss):.3f}", img_s=f"{rate:.1f}")
+            if now - self.last >= self.every:
+                self.last = now
+                self.bar.set_postfix(loss=f"{float(loss):.3f}", img_s=f"{rate:.1f}")
             self.bar.update(1)
         elif now - self.last >= self.every:
             self.last = now

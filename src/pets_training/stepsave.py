@@ -4,7 +4,9 @@ Every rank must call ``save_state`` at the same step (it holds barriers: a rank 
 forever), so no rank decides from its own clock. After each step every rank contributes two flags,
 (the save is due, a stop was requested), and they are combined with one all-reduce (MAX) of a two-element
 tensor: the save flag is only ever set by rank 0, whose clock decides, and a stop asked of any rank stops
-them all (:func:`agree` is the same rule as a pure function). One process: no collective.
+them all (:func:`agree` is the same rule as a pure function). One process: no collective. The flags are
+the host's, so they travel on the host (gloo), never through the GPU: reading them back would wait for
+the step the GPU is running.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import signal
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -65,16 +68,31 @@ class StopRequest:
         self.set(f"{signal.Signals(signum).name} received")
 
 
-def decide(
-    save_due: bool, stop: bool, is_main: bool, num_processes: int, device: torch.device
-) -> tuple[bool, bool]:
+def decide(save_due: bool, stop: bool, is_main: bool, num_processes: int) -> tuple[bool, bool]:
     """What every rank does after this step, the same on all: ``(save, stop)`` by :func:`agree`'s rule.
-    ``save_due`` counts on rank 0 only. Several processes: one all-reduce (MAX) of two small ints."""
+    ``save_due`` counts on rank 0 only. Several processes: one all-reduce (MAX) of two small ints, on the
+    host. Every rank calls it at the same points (its first call makes the host group, a collective)."""
     if num_processes == 1:
         return save_due, stop
     import torch.distributed as dist
 
-    flags = torch.tensor([int(save_due and is_main), int(stop)], dtype=torch.int32, device=device)
-    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    flags = torch.tensor([int(save_due and is_main), int(stop)], dtype=torch.int32)
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=_host_group())
     save, stopping = flags.tolist()
     return bool(save), bool(stopping)
+
+
+_HOST_GROUPS: dict[object, Any] = {}  # the default group -> a gloo group of every rank
+
+
+def _host_group() -> Any:
+    """None (the default group) where it is gloo already (CPU), else one gloo group of every rank, made
+    once per default group."""
+    import torch.distributed as dist
+
+    if dist.get_backend() == dist.Backend.GLOO:
+        return None
+    world = dist.group.WORLD
+    if world not in _HOST_GROUPS:
+        _HOST_GROUPS[world] = dist.new_group(backend=dist.Backend.GLOO)
+    return _HOST_GROUPS[world]

@@ -33,7 +33,7 @@ from .data import build_data, check_fits_world, write_report
 from .finish import end_run, finish_run
 from .gpus import use_gpu
 from .inputs import Batch, EvalStoreBuild, evaluate, start_worker_server, train_loader
-from .model import cpu_runs_bf16_natively, create_model, resolve_precision, trainable_module
+from .model import adam, cpu_runs_bf16_natively, create_model, resolve_precision, trainable_module
 from .position import loss_weight, rank_plan, samples_done, schedule_position, schedule_total, step_samples
 from .progress import MetricsServer, StepProgress, TimeSplit, append_progress, epoch_record
 from .resources import CpuLimit, CpuPlan, cpu_limit, plan_cpu
@@ -121,8 +121,8 @@ def training_function(
             run_epoch(t, cfg, state, epoch, metrics, step_hook, stop)
             if not state.stopped and epoch + 1 < cfg.epochs:
                 # a stop asked during the eval or the epoch's save: stop here, at the epoch checkpoint
-                if decide(False, stop.requested, t.accelerator.is_main_process, t.accelerator.num_processes,
-                          t.accelerator.device)[1]:
+                if decide(False, stop.requested, t.accelerator.is_main_process,
+                          t.accelerator.num_processes)[1]:
                     state.stopped = stop.reason or "asked to stop"
             if state.stopped:
                 _end_of_loop(split, metrics)
@@ -216,7 +216,7 @@ def setup(cfg: TrainConfig, pod: PodContract, process: ProcessContext) -> Traini
     eval_build = EvalStoreBuild(data.eval, cfg.eval_batch_size, accelerator.process_index,
                                 accelerator.num_processes, cpu.workers, accelerator.device)
     lay = start_layout(cfg, len(data.train), accelerator.num_processes)
-    optimizer = torch.optim.Adam([p for p in module.parameters() if p.requires_grad], lr=cfg.lr / 25)
+    optimizer = adam([p for p in module.parameters() if p.requires_grad], lr=cfg.lr / 25)
     # counted in chunks of batch_size samples (position.py): the same at any world size
     scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=cfg.lr,
                                                     total_steps=schedule_total(lay, cfg.epochs))
@@ -239,8 +239,9 @@ def _make_accelerator(
     cfg: TrainConfig, process: ProcessContext, on_gpu: bool, output_dir: Path, limit: CpuLimit, cpu: CpuPlan
 ) -> Accelerator:
     """The Accelerator, the seed, and this process's threads (``cpu``, planned from ``limit``)."""
-    requested = cfg.mixed_precision or process.mixed_precision or "fp16"
-    precision = resolve_precision(requested, on_gpu, on_gpu or cpu_runs_bf16_natively())
+    requested = cfg.mixed_precision or process.mixed_precision or "auto"
+    capability = torch.cuda.get_device_capability(process.local_rank) if on_gpu else None
+    precision = resolve_precision(requested, on_gpu, on_gpu or cpu_runs_bf16_natively(), capability)
     accelerator = Accelerator(
         cpu=not on_gpu,
         mixed_precision=precision.mixed_precision,
@@ -439,7 +440,7 @@ def train_epoch(
             step_hook(state.global_step, images_in_step)
         step_loss = torch.zeros((), device=accelerator.device)
         save, stopping = decide(state.clock.due(), stop.requested, accelerator.is_main_process,
-                                lay.world_size, accelerator.device)
+                                lay.world_size)
         if cfg.checkpoints and (save or stopping):
             save_step_checkpoint(t, cfg, state, epoch, done, (loss_sum, seen), counts, epoch_start, metrics)
             state.clock.start()

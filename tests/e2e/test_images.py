@@ -28,7 +28,7 @@ TRAINER = f"pets-training/trainer:{VERSION}"
 OPERATOR = f"pets-training/operator:{VERSION}"
 OPERATOR_MAX_BYTES = 300_000_000
 # Small and fast, but the real recipe code path: a small timm model, three synthetic classes, one epoch,
-# the default mixed precision (fp16, which the trainer turns into bf16 on a CPU).
+# the default mixed precision (auto: on a CPU bf16 where it has bf16 instructions, else none).
 RECIPE_FLAGS = [
     "--no-pretrained",  # no internet here: random init (the default, pretrained, needs the hub or a cache)
     "--model", "resnet18",

@@ -150,7 +150,7 @@ def test_trainer_accepts_the_generated_flags() -> None:
     assert parsed["pretrained"] is True and parsed["unfreeze"] is True
     assert parsed["synthetic_images_per_class"] == 3 and parsed["synthetic_classes"] == 4
     assert parsed["summary_path"] == "/dev/termination-log" and parsed["metrics_port"] == 9090
-    assert parsed["lr"] == 0.03 and parsed["epochs"] == 5 and parsed["mixed_precision"] == "fp16"
+    assert parsed["lr"] == 0.03 and parsed["epochs"] == 5 and parsed["mixed_precision"] == "auto"
     weights = api.resolve_spec({"weights": "/data/w.safetensors",
                                 "dataset": {"hostPath": {"path": "/srv"}}})
     parsed = vars(build_parser().parse_args(builders.trainer_args(weights)))

@@ -25,7 +25,7 @@ def test_defaults_are_one_machine_one_process() -> None:
     assert (plan.main_addr, plan.main_port, plan.mixed_precision, plan.resolve_timeout) == (
         "127.0.0.1",
         29500,
-        "fp16",
+        "auto",
         300.0,
     )
 
@@ -80,7 +80,7 @@ def test_bad_environment_names_the_variable(env: dict[str, str], message: str) -
 @pytest.mark.parametrize(
     ("args", "precision"),
     [
-        ([], "fp16"),
+        ([], "auto"),
         (["--mixed-precision", "bf16"], "bf16"),
         (["--mixed-precision=no", "--epochs", "1"], "no"),
         (["--mixed-precision", "no", "--mixed-precision", "bf16"], "bf16"),  # the last wins, as in argparse
@@ -94,9 +94,9 @@ def test_mixed_precision_comes_from_the_trainer_flag(args: list[str], precision:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--mixed-precision", "fp8"], "--mixed-precision must be one of no, fp16, bf16, got 'fp8'"),
-        (["--mixed-precision=FP16"], "--mixed-precision must be one of no, fp16, bf16, got 'FP16'"),
-        (["--mixed-precision"], "--mixed-precision must be one of no, fp16, bf16, got ''"),
+        (["--mixed-precision", "fp8"], "--mixed-precision must be one of auto, no, fp16, bf16, got 'fp8'"),
+        (["--mixed-precision=FP16"], "--mixed-precision must be one of auto, no, fp16, bf16, got 'FP16'"),
+        (["--mixed-precision"], "--mixed-precision must be one of auto, no, fp16, bf16, got ''"),
     ],
 )
 def test_bad_mixed_precision_flag_names_the_flag(args: list[str], message: str) -> None:
@@ -127,11 +127,14 @@ def test_accelerate_command_carries_the_plan() -> None:
         "--main_process_ip main",
         "--main_process_port 1234",
         "--num_processes 4",
-        "--mixed_precision fp16",
+        "--mixed_precision no",  # accelerate knows no auto: the trainer's flag, added, decides
         "--num_cpu_threads_per_process 3",
-        "-m pets_training --epochs 1 --resume",
+        "-m pets_training --epochs 1 --resume --mixed-precision auto",
     ):
         assert part in joined
+    fp16 = ["--mixed-precision=fp16"]
+    given = " ".join(accelerate_command(plan_from_env({}, fp16), fp16, threads=1))
+    assert "--mixed_precision fp16" in given and given.endswith("-m pets_training --mixed-precision=fp16")
 
 
 def test_the_child_imports_before_it_waits_then_runs_the_same_accelerate_launch() -> None:

@@ -70,8 +70,7 @@ def test_rank_0_decides_the_save_and_anyone_the_stop() -> None:
     assert agree([(True, True)]) == (True, True)
     with pytest.raises(ValueError):
         agree([])
-    cpu = torch.device("cpu")
-    assert decide(True, False, True, 1, cpu) == (True, False)  # one process: no collective
+    assert decide(True, False, True, 1) == (True, False)  # one process: no collective
 
 
 def test_the_save_clock() -> None:
