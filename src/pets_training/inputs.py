@@ -1,7 +1,8 @@
 """The input pipeline: where the DataLoader workers come from, the training loader, and the eval store.
 
-Workers fork from a forkserver that has imported torch, torchvision and the datasets' module once
-(``start_worker_server``), started before the process has any thread of gloo or the metrics server: a
+Workers fork from a forkserver that has imported torch, torchvision and the datasets' modules once
+(``start_worker_server``, in workers.py with all else a worker unpickles: this module imports accelerate,
+and no worker imports it), started before the process has any thread of gloo or the metrics server: a
 fork of the training process itself could copy a lock one of those threads holds (a rank's worker once
 hung that way for good, 2026-11-24), and a forkserver without the preload makes every worker import
 torch again (about 3 s of CPU each).
@@ -18,13 +19,8 @@ from __future__ import annotations
 import functools
 import logging
 import math
-import multiprocessing
-import os
-import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -33,6 +29,8 @@ from torch.utils.data import DataLoader, Subset
 
 from .data import EpochShuffleSampler, PetsData, PetsImages
 from .device_input import choose_input_path, device_train_loader
+from .workers import start_worker_server as start_worker_server  # re-exported: train.py imports it here
+from .workers import worker_options as worker_options
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
@@ -41,60 +39,6 @@ if TYPE_CHECKING:
     from .config import TrainConfig
 
 log = logging.getLogger(__name__)
-
-WORKER_CONTEXT = "forkserver"
-# imported once by the forkserver; every worker forks with them (the datasets unpickle from .data)
-WORKER_PRELOAD = ("torch", "torch.utils.data", "pets_training.data")
-
-
-def start_worker_server() -> None:
-    """Start the forkserver the DataLoader workers fork from, with WORKER_PRELOAD imported in it. It is a
-    new process (fork + exec), so no lock of this one reaches it; its imports overlap this one's setup."""
-    context = multiprocessing.get_context(WORKER_CONTEXT)
-    context.set_forkserver_preload(list(WORKER_PRELOAD))  # type: ignore[attr-defined]
-    from multiprocessing import forkserver
-
-    forkserver.ensure_running()
-
-
-def worker_options(workers: int, pin: bool) -> dict[str, Any]:
-    options: dict[str, Any] = {"num_workers": workers, "pin_memory": pin}
-    if workers > 0:
-        options["multiprocessing_context"] = WORKER_CONTEXT
-        options["worker_init_fn"] = functools.partial(exit_with, os.getpid())
-    return options
-
-
-def exit_with(trainer: int, _worker_id: int) -> None:
-    """In each worker: exit once the training process is gone, and not before. A worker is the forkserver's
-    child, so torch's own watchdog (is my parent alive?) keeps it, and it the forkserver, alive after a
-    SIGKILL. It leaves the rank's process group: torchrun sends SIGTERM to that group (os.killpg), and the
-    rank, finishing its step and saving, still reads batches whose tensors the worker hands over. (Ignoring
-    SIGTERM instead would hang the rank's exit: multiprocessing terminates daemonic workers, then joins.)"""
-    os.setpgid(0, 0)
-
-    def watch() -> None:
-        while _running(trainer):
-            time.sleep(1.0)
-        os._exit(0)
-
-    threading.Thread(target=watch, name="pets-exit-with-trainer", daemon=True).start()
-
-
-def _running(pid: int) -> bool:
-    """Whether ``pid`` runs: a zombie does not (a killed trainer stays one while its launcher, which may be
-    reading our inherited stdout, has not reaped it)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except FileNotFoundError:
-        return False
-    except OSError:  # no /proc: a zombie counts as running
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        return True
-
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
