@@ -1,10 +1,12 @@
 """Data: labels from file names, the seeded split, the synthetic pets set, datasets and transforms.
 
-Corrupt-image policy: every image file is checked once at start (a cheap reduced-size decode with PIL).
-Unreadable or corrupt files are skipped and counted, with one warning that names them; every rank
-reaches the same verdict because the check is deterministic. If no readable image remains, or fewer
-than two classes, the run fails with an error naming the directory. A file that passes the check but
-still fails to decode later (changed on disk mid-run) stops the run with an error naming the file.
+Corrupt-image policy: every image file is checked (a cheap reduced-size decode with PIL) once, and again
+only when it changes: an index of the checks, in a directory the caller gives, spares a run the files it
+holds unchanged (image_checks.py). Unreadable or corrupt files are skipped and counted, with one warning
+that names them; every rank reaches the same verdict because the check is deterministic. If no readable
+image remains, or fewer than two classes, the run fails with an error naming the directory. A file that
+passes the check but still fails to decode later (changed on disk mid-run) stops the run with an error
+naming the file.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from pets_contract.gauges import DATASET_COUNTS
 from pets_contract.names import DATASET_REPORT_FILE
 
 from .contract import PermanentError
+from .image_checks import check_images
 from .position import MicroStep
 from .synthetic import synthetic_class_names, synthetic_image, synthetic_samples
 
@@ -146,23 +149,6 @@ def list_samples(directory: Path, layout: str = "auto") -> Listing:
 def list_image_files(directory: Path) -> list[Path]:
     """The ``<label>_<n>.jpg`` files of a flat directory, sorted so every rank and machine sees one order."""
     return [path for path, _label in list_samples(directory, "flat").samples]
-
-
-def check_image(path: Path) -> str | None:
-    """None when the image decodes, else the reason. Decodes JPEGs at reduced size (cheap, whole stream)."""
-    try:
-        with Image.open(path) as img:
-            img.draft("RGB", (64, 64))
-            img.load()
-    except Exception as err:  # PIL raises many kinds for bad files
-        return f"{type(err).__name__}: {err}"
-    return None
-
-
-def scan_images(paths: Sequence[Path]) -> tuple[list[Path], list[tuple[Path, str]]]:
-    """(the images that decode, (each other one, why)), in the order given."""
-    checked = [(path, check_image(path)) for path in paths]
-    return [p for p, why in checked if why is None], [(p, f"unreadable ({why})") for p, why in checked if why]
 
 
 def label_ids(labels: Sequence[str], where: str) -> dict[str, int]:
@@ -433,7 +419,12 @@ def build_data(
     synthetic_images_per_class: int,
     fast_decode: bool = True,
     layout: str = "auto",
+    check_index_dir: Path | None = None,
+    write_check_index: bool = True,
 ) -> PetsData:
+    """The data set and its split. A directory's images are checked first, each once per change when
+    ``check_index_dir`` keeps the index of the checks (written only where ``write_check_index``: the local
+    main process; the others read it)."""
     if data == SYNTHETIC:
         samples = synthetic_samples(synthetic_classes, synthetic_images_per_class)
         classes = synthetic_class_names(synthetic_classes)
@@ -447,7 +438,10 @@ def build_data(
         return PetsData(train, evals, classes, [], source, report)
 
     listing = list_samples(Path(data), layout)
-    files, unreadable = scan_images([path for path, _label in listing.samples])
+    checked = check_images(listing.root, [path for path, _label in listing.samples], check_index_dir,
+                           write_check_index)
+    log.info("image checks: %s", checked.line)
+    files, unreadable = checked.ok, checked.unreadable
     skipped = sorted(listing.skipped + unreadable)
     where = repr(str(listing.root))
     if unreadable:

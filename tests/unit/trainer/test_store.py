@@ -11,8 +11,9 @@ import pytest
 import torch
 from accelerate.data_loader import skip_first_batches
 
+from pets_training import store
 from pets_training.config import resolve
-from pets_training.data import build_data
+from pets_training.data import PetsData, build_data, load_file_fast
 from pets_training.device_input import StoreCrops, device_train_loader
 from pets_training.inputs import worker_options
 from pets_training.store import StoreError, use_store, why_stale
@@ -59,18 +60,65 @@ def test_the_store_gives_the_files_crops_and_is_reused(tmp_path: Path) -> None:
     assert "reusing it" in use_store(again, str(tmp_path / "store"))
 
 
-def test_a_changed_file_rebuilds_the_store(tmp_path: Path) -> None:
+@pytest.fixture
+def decoded(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the files the store's build decodes."""
+    names: list[str] = []
+
+    def counting(path: Path) -> torch.Tensor:
+        names.append(path.name)
+        return load_file_fast(path)
+
+    monkeypatch.setattr(store, "load_file_fast", counting)
+    return names
+
+
+def _same_images(data: PetsData, plain: PetsData) -> bool:
+    return all(torch.equal(data.train[k][0], plain.train[k][0]) for k in range(len(plain.train))) and \
+        all(torch.equal(data.eval[i][0], plain.eval[i][0]) for i in range(len(plain.eval)))
+
+
+def test_a_changed_or_new_file_updates_the_store_for_it_alone(tmp_path: Path, decoded: list[str]) -> None:
     images = _set(tmp_path)
     use_store(build_data(str(images), 32, 42, 0.8, 0, 0), str(tmp_path / "store"))
+    assert len(decoded) == 18
+    [directory] = (tmp_path / "store").iterdir()  # one store for the data directory, whatever its files
+    write_synthetic(tmp_path / "other", 3, 6, 52, seed=9)  # other pixels, another size
     changed = sorted(images.iterdir())[4]
-    write_synthetic(tmp_path / "other", 3, 6, 40, seed=9)
-    changed.write_bytes((tmp_path / "other" / changed.name).read_bytes())
-    os.utime(changed, ns=(1, 1))
-    data = build_data(str(images), 32, 42, 0.8, 0, 0)
-    line = use_store(data, str(tmp_path / "store"))
-    assert f"{changed} changed since it was built" in line
-    plain = build_data(str(images), 32, 42, 0.8, 0, 0)
-    assert all(torch.equal(data.train[k][0], plain.train[k][0]) for k in range(len(plain.train)))
+    new = images / "Abyssinian_99.jpg"
+    whys = [(changed, f"{changed} changed since it was built"),
+            (new, "the set's files are not the ones it was built from")]
+    for step, (path, why) in enumerate(whys):
+        path.write_bytes((tmp_path / "other" / changed.name).read_bytes())
+        os.utime(path, ns=(1, 1))
+        decoded.clear()
+        data = build_data(str(images), 32, 42, 0.8, 0, 0)
+        line = use_store(data, str(tmp_path / "store"))
+        assert decoded == [path.name]
+        assert f"updating it ({why}): 1 of {18 + step} images decoded, the others kept" in line
+        assert _same_images(data, build_data(str(images), 32, 42, 0.8, 0, 0))
+        index = json.loads((directory / "store.json").read_text())
+        assert sorted(p.name for p in directory.glob("images-*.u8")) == sorted(index["data"])
+        assert len(index["data"]) == 2 + step and index["bytes"][-1] == 3 * 52 * 52  # the one decoded
+    decoded.clear()
+    assert "reusing it" in use_store(build_data(str(images), 32, 42, 0.8, 0, 0), str(tmp_path / "store"))
+    assert decoded == []
+
+
+def test_an_update_past_the_data_files_limit_copies_the_store_into_one(tmp_path: Path,
+                                                                       decoded: list[str]) -> None:
+    images = _set(tmp_path)
+    use_store(build_data(str(images), 32, 42, 0.8, 0, 0), str(tmp_path / "store"))
+    [directory] = (tmp_path / "store").iterdir()
+    for step in range(store.MAX_DATA_FILES):
+        os.utime(sorted(images.iterdir())[step], ns=(1, 1))
+        decoded.clear()
+        data = build_data(str(images), 32, 42, 0.8, 0, 0)
+        line = use_store(data, str(tmp_path / "store"))
+        assert len(decoded) == 1
+        assert _same_images(data, build_data(str(images), 32, 42, 0.8, 0, 0))
+    assert "1 of 18 images decoded, the others copied into one data file (17)" in line
+    assert len(list(directory.glob("images-*.u8"))) == 1
 
 
 def test_a_corrupt_store_is_refused_with_a_clear_error(tmp_path: Path) -> None:
@@ -80,7 +128,7 @@ def test_a_corrupt_store_is_refused_with_a_clear_error(tmp_path: Path) -> None:
     use_store(data, str(store))
     [directory] = store.iterdir()
     index = json.loads((directory / "store.json").read_text())
-    blob = directory / index["data"]
+    blob = directory / index["data"][0]
     raw = bytearray(blob.read_bytes())
     raw[index["offsets"][2] + 7] ^= 0xFF  # one byte of image 2
     blob.write_bytes(bytes(raw))
