@@ -14,8 +14,12 @@ succeeding once the policy is deleted proves the refusal was the policy's.
   its progress read by the operator all along.
 - While it trains, a pod in another namespace and a pod of the same namespace that is not its trainer
   cannot open a TCP connection to rank 0's rendezvous port; once the policy is deleted, the same
-  connection from the same pod succeeds, which proves the refusals came from the policy. A pod made by
-  hand with the training's own labels is refused at admission (the chart's trainer-pod policy).
+  connection from the same pod succeeds, which proves the refusals came from the policy.
+- Every route by which a person could get a pod with the training's labels (a Pod, a Deployment, a Job,
+  a Job with manualSelector copying the operator Job's selector and labels, a CronJob; a PyTorchJob where
+  the training-operator's CRD is installed) is refused at admission (the chart's trainer-pod and
+  trainer-workload policies), or, if admitted, its pod reaches neither rank 0's rendezvous nor its
+  progress port (docs/threat-model.md, "The network").
 - Progress the operator cannot read, because a NetworkPolicy denies it, is said in a condition.
 """
 
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -49,6 +54,9 @@ IMAGE = DEFAULT_IMAGE  # the trainer image make e2e loaded
 RENDEZVOUS_PORT = 29500  # spec.masterPort's default
 PROGRESS_PORT = 9090
 REFUSED_WITHIN_S = 3  # a dropped SYN: the connect attempt times out
+ROUTE_LABEL = "e2e.pets.dev/route"  # on each route's pod template, to find the pods of one admitted
+ROUTE_POD_S = 90  # an admitted route's pod to run: a CronJob's first Job starts on the next minute
+REFUSAL = "create a PetsTraining instead"  # in both policies' messages: a refusal of ours, not a typo's
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +106,68 @@ def probe_pod(name: str, labels: dict[str, str] | None = None) -> dict[str, Any]
                                                         "readOnlyRootFilesystem": True}}]}}
 
 
+def trainer_labels(name: str) -> dict[str, str]:
+    return {"training.pets.dev/training": name, "app.kubernetes.io/component": "trainer"}
+
+
+def routes(name: str, job: Any) -> dict[str, dict[str, Any]]:
+    """Each way a person might get a pod labelled as `name`'s trainer, keyed by route: the object to apply.
+    Every pod template is the prober's, labelled as the training's trainer (and with the route).
+    `job`: the operator's Job of the training, whose selector and labels the manualSelector Job copies."""
+    def template(route: str, labels: dict[str, str] | None = None, restart: str = "Never") -> dict[str, Any]:
+        pod = probe_pod(f"{route}-pod", {**(labels or trainer_labels(name)), ROUTE_LABEL: route})
+        return {"metadata": {"labels": pod["metadata"]["labels"]},
+                "spec": {**pod["spec"], "restartPolicy": restart}}
+
+    def workload(kind: str, route: str, spec: dict[str, Any], labels: dict[str, str] | None = None
+                 ) -> dict[str, Any]:
+        return {"apiVersion": "apps/v1" if kind == "Deployment" else "batch/v1", "kind": kind,
+                "metadata": {"name": route, **({"labels": labels} if labels else {})}, "spec": spec}
+
+    copied = {**job.spec.template.metadata.labels}  # controller-uid, job-name and the training's
+    # The Jobs first: on a cluster where a route is open, they fail at once; the Deployment's pods, if it
+    # is admitted, are refused (its ReplicaSet controller makes no trainer pods), which takes ROUTE_POD_S.
+    return {
+        "job": workload("Job", "route-job", {"backoffLimit": 0, "template": template("job")}),
+        "job-manual-selector": workload("Job", "route-job-manual-selector", {
+            "manualSelector": True, "selector": {"matchLabels": {**job.spec.selector.match_labels}},
+            "backoffLimit": 0, "template": template("job-manual-selector", copied)},
+            labels={**(job.metadata.labels or {})}),
+        "cronjob": workload("CronJob", "route-cronjob", {
+            "schedule": "* * * * *", "concurrencyPolicy": "Forbid",
+            "jobTemplate": {"spec": {"backoffLimit": 0, "template": template("cronjob")}}}),
+        "pod": probe_pod("route-pod", {**trainer_labels(name), ROUTE_LABEL: "pod"}),
+        "deployment": workload("Deployment", "route-deployment", {
+            "replicas": 1, "selector": {"matchLabels": {ROUTE_LABEL: "deployment"}},
+            "template": template("deployment", restart="Always")}),
+    }
+
+
+def route_closed(namespace: str, route: str, manifest: dict[str, Any], ip: str) -> str:
+    """How `route` is closed: refused at admission, or admitted and its pod reaching neither rank 0's
+    rendezvous nor its progress port at `ip` (no pod within ROUTE_POD_S counts as reaching nothing).
+    Fails the test when the pod reaches either."""
+    made = kubectl("-n", namespace, "apply", "-f", "-", input_text=yaml.safe_dump(manifest), check=False)
+    if made.returncode != 0:
+        assert REFUSAL in made.stderr and "training.pets.dev/training" in made.stderr, (route, made.stderr)
+        return "refused at admission"
+
+    def running() -> str | None:
+        pods = kubectl("-n", namespace, "get", "pods", "-l", f"{ROUTE_LABEL}={route}",
+                       "--field-selector=status.phase=Running", "-o", "name", check=False).stdout.split()
+        return pods[0].removeprefix("pod/") if pods else None
+
+    deadline = time.monotonic() + ROUTE_POD_S
+    while (pod := running()) is None:
+        if time.monotonic() > deadline:
+            return f"admitted; no pod running within {ROUTE_POD_S} s"
+        time.sleep(POLL_S)
+    for port in (RENDEZVOUS_PORT, PROGRESS_PORT):
+        assert not connects(namespace, pod, ip, port), \
+            f"route {route}: admitted, and its pod {pod} reached rank 0's {ip}:{port}"
+    return "admitted; its pod reached neither port"
+
+
 def connects(namespace: str, pod: str, ip: str, port: int) -> bool:
     """Whether `pod` can open a TCP connection to ip:port (and close it at once, sending nothing)."""
     code = (f"import socket; socket.create_connection(({ip!r}, {port}), timeout={REFUSED_WITHIN_S}).close()")
@@ -123,18 +193,12 @@ def test_only_the_trainings_own_pods_reach_its_rendezvous_and_it_trains(
 
     workers = [n for n in client.CoreV1Api(kube_api).list_node().items if not dedicated_control_plane(n)]
     name = "guarded"
-    # Long enough to be running after three refused connects (3 s each) and the policy's deletion.
-    spec = {**LONGER_SPEC, "epochs": 10}
+    # Long enough to be running after three refused connects (3 s each), the routes' refusals and the
+    # policy's deletion.
+    spec = {**LONGER_SPEC, "epochs": 12}
     if len(workers) >= 2:
         spec["placement"] = {"spreadAcrossNodes": True}
     trainings.create(name, spec)
-    # A pod made by hand with the training's own labels is refused at admission (the chart's trainer-pod
-    # policy): it never becomes a peer that the NetworkPolicy admits.
-    impostor = probe_pod("impostor", {"training.pets.dev/training": name,
-                                      "app.kubernetes.io/component": "trainer"})
-    made = kubectl("-n", trainings.namespace, "apply", "-f", "-", input_text=yaml.safe_dump(impostor),
-                   check=False)
-    assert made.returncode != 0 and "trainingNetworkPolicy.peerAdmission.creators" in made.stderr, made
     # Probes started while the training starts: another tenant's pod, and a pod of the same namespace
     # that is no trainer of this training.
     outsider = prober(other_tenant.namespace, "outsider")
@@ -156,6 +220,18 @@ def test_only_the_trainings_own_pods_reach_its_rendezvous_and_it_trains(
         "the progress port is the operator's (and the chart's metricsFrom), not any pod's"
     assert progress_condition(trainings, name, "True")(), trainings.status(name).get("conditions")
 
+    # No route gets a person a peer of the training: a pod with its labels, or a workload whose pods the
+    # Job controller (a trusted creator of trainer pods) would make with them.
+    (job,) = trainings.jobs(name)
+    tried = routes(name, job)
+    try:
+        closed = {route: route_closed(trainings.namespace, route, manifest, ip)
+                  for route, manifest in tried.items()}
+    finally:
+        kubectl("-n", trainings.namespace, "delete", "--ignore-not-found", "--wait=false", "-f", "-",
+                input_text=yaml.safe_dump_all(list(tried.values())), check=False)
+    print(f"routes to {name}'s peers, each closed: {closed}")
+
     # The same connection with the policy gone succeeds: the refusals above were the policy's.
     kubectl("-n", trainings.namespace, "delete", "networkpolicy", name)
     wait_for(f"{outsider} to reach {ip}:{RENDEZVOUS_PORT} once the policy is gone",
@@ -165,6 +241,27 @@ def test_only_the_trainings_own_pods_reach_its_rendezvous_and_it_trains(
     assert status["restarts"] == 0, status
     assert progress_condition(trainings, name, "True")(), status.get("conditions")
     assert unreadable_events(trainings, name) == [], "progress was unreadable at some point"
+
+
+def test_a_pytorchjob_made_by_hand_is_refused_at_admission(trainings: Trainings) -> None:
+    """Kubeflow's training-operator, a trusted creator of trainer pods, would make this PyTorchJob's pods
+    with the training's labels: it is refused at admission (the chart's trainer-workload policy), naming the
+    replica type's template label. No training is needed for that, nor an enforcer."""
+    if kubectl("get", "crd", "pytorchjobs.kubeflow.org", check=False).returncode != 0:
+        pytest.skip("no PyTorchJob CRD on this cluster (`tests/cluster/cluster.sh addon-up kubeflow`)")
+    template = {"metadata": {"labels": trainer_labels("guarded")},
+                "spec": {**probe_pod("x")["spec"], "restartPolicy": "Never"}}
+    template["spec"]["containers"][0]["name"] = "pytorch"
+    pytorchjob = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": "route-pj"},
+                  "spec": {"pytorchReplicaSpecs": {"Master": {"replicas": 1, "restartPolicy": "Never",
+                                                              "template": template}}}}
+    made = kubectl("-n", trainings.namespace, "apply", "-f", "-", input_text=yaml.safe_dump(pytorchjob),
+                   check=False)
+    if made.returncode == 0:
+        kubectl("-n", trainings.namespace, "delete", "pytorchjob", "route-pj", "--wait=false", check=False)
+    assert made.returncode != 0 and REFUSAL in made.stderr, made
+    assert ('spec.pytorchReplicaSpecs[Master].template.metadata.labels[training.pets.dev/training]: "guarded"'
+            in made.stderr), made.stderr
 
 
 def test_progress_a_network_policy_denies_is_said_in_a_condition(enforcer: list[str],
