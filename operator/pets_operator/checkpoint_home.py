@@ -6,31 +6,31 @@ The directory is `<output>/checkpoints/<digest of the fields that shape a checkp
 old checkpoints, and one that keeps it resumes. The world size left the shape in 0.2.0 (a step
 checkpoint holds the global position, so a run resumes from it at any size). A training made by an
 operator up to 0.1.0 keeps the directory that operator gave it (its shape with the world size) for as
-long as its shape stays: its checkpoints are there. Pure: (spec, old status) -> (directory, shape).
+long as its shape stays: its checkpoints are there.
 """
 
 from __future__ import annotations
 
 from pets_operator import builders
-from pets_operator.plan_types import Event, Plan
+from pets_operator.plan_types import Event, Plan, Round
 from pets_operator.spec import Spec
 from pets_operator.status_types import Status
 
 
-def made_by_0_1(status: Status) -> bool:
+def _made_by_0_1(status: Status) -> bool:
     """The training had a workload before this operator recorded a checkpoint directory for it."""
     return status.checkpoint_shape is None and bool(status.attempt is not None
                                                     or (status.children or {}).get("job")
                                                     or (status.children or {}).get("pytorchJob"))
 
 
-def global_batch(spec: Spec) -> int:
+def _global_batch(spec: Spec) -> int:
     """Samples of one optimizer step at the largest size the training may take."""
     most = int((spec.elastic or {}).get("maxReplicas") or spec.replicas)
     return spec.batch_size * spec.processes_per_replica * most
 
 
-def shape_changed(old: Status, directory: str, shape: str) -> str | None:
+def _shape_changed(old: Status, directory: str, shape: str) -> str | None:
     """What to tell the user when an edit changed the shape: the next attempt starts from step 0, and the
     old checkpoints stay where they were (None: the shape is the one recorded, or none was)."""
     before = old.checkpoint_shape
@@ -43,22 +43,22 @@ def shape_changed(old: Status, directory: str, shape: str) -> str | None:
             "epochs, so no step of the old one is a step of the new")
 
 
-def record(result: Plan, spec: Spec, old: Status) -> None:
+def record(r: Round, plan: Plan) -> None:
     """status.checkpointDir, checkpointShape and globalBatch, and a CheckpointReset Event when an edit
     changed the shape."""
-    status = result.status
-    directory, shape, batch = choose(spec, old)
+    status, old = plan.status, r.old
+    directory, shape, batch = _choose(r.spec, old)
     status.checkpoint_dir, status.checkpoint_shape, status.global_batch = directory, shape, batch or None
-    if reset := shape_changed(old, directory, shape):
-        result.events.append(Event("Warning", "CheckpointReset", reset))
+    if reset := _shape_changed(old, directory, shape):
+        plan.events.append(Event("Warning", "CheckpointReset", reset))
 
 
-def choose(spec: Spec, status: Status) -> tuple[str, str, int | None]:
+def _choose(spec: Spec, status: Status) -> tuple[str, str, int | None]:
     """The directory the training's workloads use, the shape it was chosen for and the global batch (to
     be kept in the status): the recorded ones while the shape stays, else those of this shape."""
     shape = builders.checkpoint_shape(spec)
     if status.checkpoint_dir and status.checkpoint_shape == shape:
         return str(status.checkpoint_dir), shape, status.global_batch
-    if made_by_0_1(status):
+    if _made_by_0_1(status):
         return builders.checkpoint_dir(spec, builders.CHECKPOINT_SHAPE_0_1), shape, None
-    return builders.checkpoint_dir(spec), shape, global_batch(spec)
+    return builders.checkpoint_dir(spec), shape, _global_batch(spec)

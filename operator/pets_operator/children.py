@@ -1,16 +1,58 @@
 """The children of a training besides its pods: the claims the operator makes (the output's, the
-dataset's cache), the headless Service, the NetworkPolicy and the Indexed Job around the pod template
-(`builders`)."""
+dataset's cache), the output where spec.output is unset, the headless Service, the NetworkPolicy and the
+Indexed Job around the pod template (`builders`)."""
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from pets_contract import exits
 from pets_operator import api, builders, pods
 from pets_operator.spec import Spec
+from pets_operator.status_types import Status
+
+# status.outputReason: why the operator chose the output of a training without spec.output.
+OPERATOR_DEFAULT = "OperatorDefault"  # `pets-operator run --default-output` (the chart's defaultOutput)
+
+
+NO_DEFAULT_STORAGE_CLASS = "NoDefaultStorageClass"  # a default claim could not be made: an emptyDir
+
+
+OUTPUT_REASONS = (OPERATOR_DEFAULT, NO_DEFAULT_STORAGE_CLASS)
+
+
+def keep_or_choose_output(old_status: Status, default: dict[str, Any],
+                          has_default_class: Callable[[], bool | None]) -> tuple[dict[str, Any], str]:
+    """The output where spec.output is unset, and why (OUTPUT_REASONS): the operator's default, chosen
+    once and then kept in status.output, so a changed default never moves a training's work. A default
+    claim with no StorageClass named falls back to an emptyDir where the cluster has no default
+    StorageClass (`has_default_class` says False; None: not allowed to look): the claim would wait for
+    ever, and the training with it."""
+    if isinstance(old_status.output, dict):
+        return old_status.output, str(old_status.output_reason or OPERATOR_DEFAULT)
+    if "managedClaim" in default and not default["managedClaim"].get("storageClassName") \
+            and has_default_class() is False:
+        return {"emptyDir": {}}, NO_DEFAULT_STORAGE_CLASS
+    return default, OPERATOR_DEFAULT
+
+
+def binding_modes(classes: Iterable[Mapping[str, Any]]) -> tuple[dict[str, str], str | None]:
+    """Each StorageClass's volumeBindingMode (the API server's default: Immediate) by name, and the
+    cluster's default class (None: none)."""
+    modes, default = {}, None
+    for sc in classes:
+        meta = sc.get("metadata") or {}
+        modes[meta["name"]] = sc.get("volumeBindingMode") or "Immediate"
+        if (meta.get("annotations") or {}).get(api.DEFAULT_STORAGE_CLASS_ANNOTATION) == "true":
+            default = meta["name"]
+    return modes, default
+
+
+def bound(claim: Mapping[str, Any] | None) -> bool:
+    """Whether a claim the operator makes is bound (None: not made yet)."""
+    return claim is not None and (claim.get("status") or {}).get("phase") == "Bound"
 
 
 def build_dataset_cache_claim(spec: Spec, target: builders.Target) -> dict[str, Any] | None:
@@ -48,6 +90,12 @@ def build_output_claim(spec: Spec, target: builders.Target) -> dict[str, Any] | 
     metadata["labels"][api.LABEL_OUTPUT_RETENTION] = claim.get("retentionPolicy") or "Delete"
     access_modes = list(claim.get("accessModes") or builders.gang_access_modes(spec))  # unset: the gang's
     return _claim(metadata, access_modes, claim, api.DEFAULT_OUTPUT_CLAIM_SIZE)
+
+
+def owned_by(obj: Mapping[str, Any], uid: str) -> bool:
+    """Whether `obj` is controlled by the object of `uid` (its owner reference)."""
+    return any(ref.get("uid") == uid and ref.get("controller")
+               for ref in (obj.get("metadata") or {}).get("ownerReferences") or [])
 
 
 def owned(manifest: dict[str, Any]) -> bool:

@@ -17,7 +17,7 @@ from typing import Any, cast
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from pets_operator import api, backends, claim_binding, metrics, pods
+from pets_operator import api, backends, children, metrics, pods
 
 log = logging.getLogger(__name__)
 KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta2"
@@ -61,11 +61,6 @@ def child_refusal_permanent(exc: ApiException) -> bool:
     return False
 
 
-def owned_by(obj: dict[str, Any], uid: str) -> bool:
-    return any(ref.get("uid") == uid and ref.get("controller")
-               for ref in (obj.get("metadata") or {}).get("ownerReferences") or [])
-
-
 def served_backends(api_client: client.ApiClient) -> set[str]:
     """Names of the backends whose API the cluster serves now (API discovery)."""
     custom = client.CustomObjectsApi(api_client)
@@ -100,7 +95,7 @@ def has_default_storage_class(api_client: client.ApiClient) -> bool | None:
     """Whether a StorageClass carries the default-class annotation; None where the operator may not
     list StorageClasses, so it cannot tell."""
     classes = storage_classes(api_client)
-    return None if classes is None else claim_binding.binding_modes(classes)[1] is not None
+    return None if classes is None else children.binding_modes(classes)[1] is not None
 
 
 class Cluster:
@@ -239,7 +234,7 @@ class Cluster:
             listed = cast(dict[str, Any], self.custom.list_namespaced_custom_object(
                 KUEUE_GROUP, KUEUE_VERSION, self.namespace, "workloads",
                 label_selector=f"{KUEUE_GROUP}/job-uid={uid}"))
-            return True, next((w for w in listed["items"] if owned_by(w, uid)), None)
+            return True, next((w for w in listed["items"] if children.owned_by(w, uid)), None)
         return False, None
 
     def set_queue_active(self, name: str, value: bool) -> None:

@@ -10,8 +10,7 @@ from typing import Any
 
 from pets_operator import api
 from pets_operator.backends import parse_timestamp, timestamp
-from pets_operator.plan_types import Event, Observed, Plan, ref
-from pets_operator.spec import Spec
+from pets_operator.plan_types import Event, Plan, Round, ref
 from pets_operator.status_types import Status
 
 # Phases whose time does not count against spec.activeDeadlineSeconds.
@@ -44,60 +43,60 @@ class Paused:
                 if value is not None}
 
 
-def deadline_left(spec: Spec, status: Status, now: datetime) -> float | None:
+def deadline_left(r: Round, plan: Plan) -> float | None:
     """Seconds left of spec.activeDeadlineSeconds, counted from status.startTime without the time paused
     (status.deadline); None without a deadline. Before the training has started, all of it."""
-    if not (limit := spec.active_deadline_seconds):
+    status = plan.status
+    if not (limit := r.spec.active_deadline_seconds):
         return None
     if not (start := status.start_time):
         return float(limit)
-    return float(limit) - ((now - parse_timestamp(start)).total_seconds() - Paused.of(status).total(now))
+    return float(limit) - ((r.now - parse_timestamp(start)).total_seconds() - Paused.of(status).total(r.now))
 
 
-def watch_deadline(result: Plan, spec: Spec, observed: Observed, decided: tuple[str, str, str],
-                    now: datetime) -> tuple[str, str, str]:
+def watch_deadline(r: Round, plan: Plan) -> None:
     """Book this round's pause (Suspended, Queued, Preempted) and end the training once its deadline has
-    run out while it was not paused; else wake it when the deadline comes."""
-    status, phase = result.status, decided[0]
+    run out while it was not paused (its workload goes); else wake it when the deadline comes."""
+    assert plan.verdict is not None
+    status, phase, now = plan.status, plan.verdict[0], r.now
     paused = Paused.of(status)
     if phase in PAUSED_PHASES:
         status.deadline = Paused(paused.seconds, paused.since or timestamp(now)).to_dict()
-        return decided
+        return
     if paused.since:
         paused = Paused(round(paused.total(now), 3))
     status.deadline = paused.to_dict()
-    left = deadline_left(spec, status, now)
+    left = deadline_left(r, plan)
     if left is None:
-        return decided
+        return
     if left <= 0 and status.start_time:
-        return deadline_exceeded(result, spec, observed.workload, now)
-    result.requeue_after = left if result.requeue_after is None else min(result.requeue_after, left)
-    return decided
+        if r.observed.workload is not None:
+            plan.delete.append(ref(r.observed.workload))
+        exceeded(r, plan)
+        return
+    plan.requeue_after = left if plan.requeue_after is None else min(plan.requeue_after, left)
 
 
-def deadline_exceeded(result: Plan, spec: Spec, workload: dict[str, Any] | None,
-                       now: datetime) -> tuple[str, str, str]:
-    """The training's deadline ran out: Failed, no restart, no new workload; the running one goes."""
-    status = result.status
+def exceeded(r: Round, plan: Plan) -> None:
+    """The training's deadline ran out: Failed, no restart, no new workload."""
+    status, now = plan.status, r.now
     status.pending_since = None
     status.completion_time = timestamp(now)
-    if workload is not None:
-        result.delete.append(ref(workload))
     paused = float(Paused.of(status).seconds or 0.0)
-    message = (f"spec.activeDeadlineSeconds={spec.active_deadline_seconds} ran out (counted from "
+    message = (f"spec.activeDeadlineSeconds={r.spec.active_deadline_seconds} ran out (counted from "
                f"{status.start_time}, {paused:.0f} s Suspended, Queued or Preempted not counted); "
                "not restarted")
-    result.events.append(Event("Warning", "DeadlineExceeded", message))
-    return api.FAILED, "DeadlineExceeded", message
+    plan.events.append(Event("Warning", "DeadlineExceeded", message))
+    plan.verdict = (api.FAILED, "DeadlineExceeded", message)
 
 
-def pending_timed_out(result: Plan, spec: Spec, now: datetime) -> str | None:
+def pending_timed_out(r: Round, plan: Plan) -> str | None:
     """Waiting for the pods to start: status.pendingSince (kept from the first such round). Once
     spec.scheduling.pendingTimeoutSeconds has passed, why the training fails (and its end is set);
     before, the next round comes by then at the latest."""
-    status = result.status
+    status, now = plan.status, r.now
     status.pending_since = status.pending_since or timestamp(now)
-    timeout = (spec.scheduling or {}).get("pendingTimeoutSeconds")
+    timeout = (r.spec.scheduling or {}).get("pendingTimeoutSeconds")
     if timeout is None:
         return None
     waited = (now - parse_timestamp(status.pending_since)).total_seconds()
@@ -106,5 +105,5 @@ def pending_timed_out(result: Plan, spec: Spec, now: datetime) -> str | None:
         status.pending_since = None
         return f"did not start within spec.scheduling.pendingTimeoutSeconds={timeout}"
     left = max(0.0, timeout - waited)
-    result.requeue_after = left if result.requeue_after is None else min(result.requeue_after, left)
+    plan.requeue_after = left if plan.requeue_after is None else min(plan.requeue_after, left)
     return None

@@ -5,7 +5,7 @@ stops on SIGTERM and writes its final summary as its termination message; then i
 kopf's index drops it, often before the next round: that round would not see the run's split. So the pod
 watch keeps it (`of_pod`, into Context.ended), every round books what is kept (`book`) before it reads
 the current pods, and a kept run is forgotten once the stored status holds it (`settled`): a status
-write held back (act.status_write_wait) or refused leaves it kept, and the next round books it again.
+write held back (pacing.py) or refused leaves it kept, and the next round books it again.
 Pure functions; time is not needed.
 """
 

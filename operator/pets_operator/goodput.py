@@ -37,7 +37,7 @@ from pets_contract import gauges
 from pets_contract import summary as summary_keys
 from pets_operator import api
 from pets_operator.backends import parse_timestamp, timestamp
-from pets_operator.mirror import in_range, summary_step
+from pets_operator.progress import in_range, summary_step
 from pets_operator.status_types import Status
 
 WAITING_PHASES = (api.PENDING, api.QUEUED, api.SUSPENDED, api.PREEMPTED, api.RESTARTING)

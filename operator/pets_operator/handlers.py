@@ -27,10 +27,10 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from pets_operator import api, backends, ended_runs, metrics, observe, standby, workqueue
-from pets_operator.act import POLL_IDLE
 from pets_operator.cluster import api_message
 from pets_operator.context import JOBS_INDEX, PODS_INDEX, SERVICES_INDEX, TRAININGS_INDEX, Context
 from pets_operator.observe import Key
+from pets_operator.pacing import POLL_IDLE
 from pets_operator.reconcile import reconcile_once
 from pets_operator.scraper import Scraper
 

@@ -1,5 +1,6 @@
-"""Rank 0's progress and final summary mirrored into the status. Which gauge becomes which field, within
-which range, and what a finished run's summary overrides, are the contract's tables (pets_contract)."""
+"""Rank 0's progress and final summary mirrored into the status, with what they say once (checkpoints a
+run could not resume from, the work a restart lost). Which gauge becomes which field, within which range,
+and what a finished run's summary overrides, are the contract's tables (pets_contract)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ from typing import Any
 
 from pets_contract import gauges
 from pets_contract import summary as summary_keys
+from pets_operator import goodput
 from pets_operator.backends import parse_timestamp, timestamp
-from pets_operator.plan_types import Event, Plan
+from pets_operator.plan_types import Event, Plan, Round
+from pets_operator.progress import in_range, is_count
 from pets_operator.spec import snake
 from pets_operator.status_types import Status
 
@@ -18,7 +21,30 @@ DATASET_GAUGES = gauges.group(gauges.DATASET)  # each feeds status.dataset.<fiel
 DATASET_LAYOUTS = ("synthetic", "flat", "oxford", "imagefolder")
 
 
-def mirror_dataset(status: Status, counts: dict[str, int], layout: Any = None) -> None:
+def progress(r: Round, plan: Plan) -> None:
+    """Rank 0's gauges as last read into the status and its run's goodput entry, unless the status shows
+    newer progress already (another replica's); a run listed before its first read gets its entry."""
+    observed, status = r.observed, plan.status
+    if observed.progress and not _older_than_status(observed.progress_read_at, r.old):
+        _mirror_progress(status, observed.progress, r.now)
+        goodput.read_attempt(status, r.target.attempt, observed.rank0_running_since, observed.progress)
+        _checkpoints_skipped(plan, r.old)
+        _work_lost(plan, observed.progress.get(gauges.BY_KEY["resume_step"].name))
+    elif observed.rank0_running_since:  # listed before its first read: a resize may stop it before then
+        goodput.read_attempt(status, r.target.attempt, observed.rank0_running_since, {})
+
+
+def summary(r: Round, plan: Plan) -> None:
+    """A run that finished before a progress read says it all in its summary: its figures win."""
+    if not (said := r.observed.summary):
+        return
+    _mirror_summary(plan.status, said, r.spec.epochs)
+    goodput.read_summary(plan.status, r.target.attempt, r.observed.rank0_running_since, said)
+    _work_lost(plan, said.get("resume_step"))
+    _checkpoints_skipped(plan, r.old)
+
+
+def _mirror_dataset(status: Status, counts: dict[str, int], layout: Any = None) -> None:
     """status.dataset: the counts of the trainer's dataset report (and its layout, from the summary)."""
     dataset = {**(status.dataset or {}), **counts}
     if layout in DATASET_LAYOUTS:
@@ -27,7 +53,7 @@ def mirror_dataset(status: Status, counts: dict[str, int], layout: Any = None) -
         status.dataset = dataset
 
 
-def older_than_status(read_at: datetime | None, status: Status) -> bool:
+def _older_than_status(read_at: datetime | None, status: Status) -> bool:
     """Whether a reading was taken before the progress the status already shows: another replica, acting
     until it was lost, may have written a newer one, and writing ours would take status.step back (make
     chaos saw 22 go back to 16 right after the acting replica's pod was deleted)."""
@@ -35,7 +61,7 @@ def older_than_status(read_at: datetime | None, status: Status) -> bool:
     return read_at is not None and bool(shown) and read_at < parse_timestamp(str(shown))
 
 
-def mirror_progress(status: Status, progress: dict[str, float], now: datetime) -> None:
+def _mirror_progress(status: Status, progress: dict[str, float], now: datetime) -> None:
     changed = False
     for gauge in PROGRESS_GAUGES:
         if gauge.name not in progress:
@@ -54,13 +80,13 @@ def mirror_progress(status: Status, progress: dict[str, float], now: datetime) -
         setattr(status, snake(key), value)
     if status.epoch is not None and status.total_epochs is not None:
         status.progress = f"{status.epoch}/{status.total_epochs}"
-    mirror_dataset(status, {str(gauge.field): int(progress[gauge.name])
+    _mirror_dataset(status, {str(gauge.field): int(progress[gauge.name])
                              for gauge in DATASET_GAUGES if gauge.name in progress})
     if changed:  # an unchanged scrape writes nothing, so an idle poll costs no API write
         status.last_progress_time = timestamp(now)
 
 
-def work_lost(result: Plan, resume_step: Any) -> None:
+def _work_lost(result: Plan, resume_step: Any) -> None:
     """Once the attempt after a restart says where it resumed (its progress, or its final summary): the
     steps the last one had done past that point, done again. At least: the last attempt's step is its
     summary's where it wrote one, else as last read (every progress interval), so it may have gone further."""
@@ -75,7 +101,7 @@ def work_lost(result: Plan, resume_step: Any) -> None:
         f"{int(resume_step)}")))
 
 
-def checkpoints_skipped(result: Plan, old: Status) -> None:
+def _checkpoints_skipped(result: Plan, old: Status) -> None:
     """A run that could not resume from the newest step checkpoint(s) says so once: they count steps of
     another world size or steps per epoch (an edit while suspended), so it resumed further back."""
     skipped = result.status.resume_skipped_checkpoints
@@ -87,24 +113,7 @@ def checkpoints_skipped(result: Plan, old: Status) -> None:
         f"further back, at step {result.status.resume_step or 0} (0: from the start)")))
 
 
-def in_range(value: Any, top: float = gauges.TOP) -> bool:
-    """A number (not a bool) in 0..top: a figure from rank 0 that a status can hold."""
-    return isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value <= top
-
-
-def is_count(value: Any) -> bool:
-    """An integer in 0..gauges.TOP: a count from the summary a status can hold."""
-    return isinstance(value, int) and in_range(value)
-
-
-def summary_step(summary: dict[str, Any] | None) -> int | None:
-    """The global step a run's final summary says it reached: exact, where a progress read may be behind
-    (None: no summary, a trainer older than the key, or a failure before its training loop)."""
-    step = (summary or {}).get(summary_keys.GLOBAL_STEP)
-    return step if is_count(step) else None
-
-
-def mirror_summary(status: Status, summary: dict[str, Any], total_epochs: int) -> None:
+def _mirror_summary(status: Status, summary: dict[str, Any], total_epochs: int) -> None:
     status.summary = summary  # pods.parse_summary let only numbers a status can hold through
 
     # The last progress read may be an epoch old: the run's own final figures win.
@@ -117,7 +126,7 @@ def mirror_summary(status: Status, summary: dict[str, Any], total_epochs: int) -
     if isinstance(report := summary.get(summary_keys.DATASET), dict):
         counts = {str(gauge.field): report[gauge.summary_key] for gauge in DATASET_GAUGES
                   if gauge.summary_key and is_count(report.get(gauge.summary_key))}
-        mirror_dataset(status, counts, report.get("layout"))
+        _mirror_dataset(status, counts, report.get("layout"))
     if is_count(epochs := summary.get(summary_keys.EPOCHS)):
         status.epoch = epochs
         status.total_epochs = total_epochs

@@ -3,33 +3,18 @@ when that place does not outlive the pods."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from datetime import datetime
-from typing import Any
-
 from pets_operator import api, builders
-from pets_operator.plan_types import Observed, set_condition
-from pets_operator.spec import Spec
-from pets_operator.status_types import Status
-
-# status.outputReason: why the operator chose the output of a training without spec.output.
-OPERATOR_DEFAULT = "OperatorDefault"  # `pets-operator run --default-output` (the chart's defaultOutput)
-
-
-NO_DEFAULT_STORAGE_CLASS = "NoDefaultStorageClass"  # a default claim could not be made: an emptyDir
-
-
-OUTPUT_REASONS = (OPERATOR_DEFAULT, NO_DEFAULT_STORAGE_CLASS)
-
+from pets_operator.children import NO_DEFAULT_STORAGE_CLASS
+from pets_operator.plan_types import Plan, Round, set_condition
 
 _EMPTYDIR_FIX = ("set spec.output.managedClaim.storageClassName (the operator makes a claim of that "
                  "class), spec.output.persistentVolumeClaim, or give the cluster a default StorageClass")
 
 
-def output_durable(status: Status, spec: Spec, observed: Observed, name: str,
-                    now: datetime, generation: int | None) -> None:
+def output_durable(r: Round, plan: Plan) -> None:
     """OutputDurable: whether the work outlives the pods (a restart resumes, `fetch` has files), and how
     to get there when it does not. Unknown while the claim is Pending and a pod waits for it."""
+    spec, observed, name = r.spec, r.observed, r.target.name
     output = api.output_of(spec)
     claim = observed.output_claim
     durable: bool | None
@@ -67,19 +52,4 @@ def output_durable(status: Status, spec: Spec, observed: Observed, name: str,
         message = (f"{where}, which goes with the pods: a restart or an eviction starts from epoch 0 and "
                    "`kubectl pets fetch` finds nothing; set spec.output.managedClaim: {} (the operator makes "
                    "a claim) or spec.output.persistentVolumeClaim")
-    set_condition(status, "OutputDurable", durable, reason, message, now, generation)
-
-
-def keep_or_choose_output(old_status: Status, default: dict[str, Any],
-                          has_default_class: Callable[[], bool | None]) -> tuple[dict[str, Any], str]:
-    """The output where spec.output is unset, and why (OUTPUT_REASONS): the operator's default, chosen
-    once and then kept in status.output, so a changed default never moves a training's work. A default
-    claim with no StorageClass named falls back to an emptyDir where the cluster has no default
-    StorageClass (`has_default_class` says False; None: not allowed to look): the claim would wait for
-    ever, and the training with it."""
-    if isinstance(old_status.output, dict):
-        return old_status.output, str(old_status.output_reason or OPERATOR_DEFAULT)
-    if "managedClaim" in default and not default["managedClaim"].get("storageClassName") \
-            and has_default_class() is False:
-        return {"emptyDir": {}}, NO_DEFAULT_STORAGE_CLASS
-    return default, OPERATOR_DEFAULT
+    set_condition(plan.status, "OutputDurable", durable, reason, message, r.now, r.generation)

@@ -10,10 +10,12 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
+from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from pets_contract.gauges import READ
+from pets_contract import summary as summary_keys
+from pets_contract.gauges import READ, TOP
 
 # Only `pets_*` samples and their HELP/TYPE lines reach the Prometheus parser: it is pure Python, and a
 # scrape is parsed on the event loop, so other samples must cost a regex scan, not a parse.
@@ -66,3 +68,20 @@ def check_progress(raw: Mapping[str, object]) -> dict[str, float]:
             raise ProgressError(f"value not an integer: {key}")
         out[metric] = number
     return out
+
+
+def in_range(value: Any, top: float = TOP) -> bool:
+    """A number (not a bool) in 0..top: a figure from rank 0 that a status can hold."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value <= top
+
+
+def is_count(value: Any) -> bool:
+    """An integer in 0..gauges.TOP: a count from the summary a status can hold."""
+    return isinstance(value, int) and in_range(value)
+
+
+def summary_step(summary: Mapping[str, Any] | None) -> int | None:
+    """The global step a run's final summary says it reached: exact, where a progress read may be behind
+    (None: no summary, a trainer older than the key, or a failure before its training loop)."""
+    step = (summary or {}).get(summary_keys.GLOBAL_STEP)
+    return step if is_count(step) else None

@@ -3,33 +3,25 @@ through Kueue's Workload (spec.active), and Kueue's reasons (quota, preemption) 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from datetime import datetime
 from typing import Any
 
-from pets_operator import api, builders
-from pets_operator.backends import WorkloadState
-from pets_operator.plan_types import Event, Observed, Plan
-from pets_operator.spec import Spec
-
-# The phase, reason and message of a workload that runs (status._while_active), for an admitted one.
-WhileActive = Callable[[Plan, Spec, Observed, WorkloadState, int, datetime], tuple[str, str, str]]
+from pets_operator import api
+from pets_operator.plan_types import Event, Plan, Round, Verdict
 
 
-def queue_name(target: builders.Target) -> str:
-    return target.queue_labels.get(api.KUEUE_QUEUE_LABEL, "")
+def queue_name(r: Round) -> str:
+    return r.target.queue_labels.get(api.KUEUE_QUEUE_LABEL, "")
 
 
-def while_queued(result: Plan, spec: Spec, observed: Observed, ws: WorkloadState,
-                 target: builders.Target, restarts: int, now: datetime, while_active: WhileActive
-                 ) -> tuple[str, str, str]:
+def while_queued(r: Round, plan: Plan) -> Verdict | None:
     """A workload in a Kueue queue: Kueue alone flips its suspend (admission, preemption). The user's
     spec.suspend goes through Kueue's own switch, the Workload's spec.active; Kueue's reasons are
-    mirrored into status in its own words."""
-    status = result.status
+    mirrored into status in its own words. None: admitted, and from here on its pods tell."""
+    spec, observed = r.spec, r.observed
+    status = plan.status
     assert observed.workload is not None
-    queue = queue_name(target)
+    queue = queue_name(r)
     if not observed.queue_served:
         status.queue = QueueStatus(
             queue, False, "Kueue is not installed (workloads.kueue.x-k8s.io is not served)").to_dict()
@@ -42,8 +34,8 @@ def while_queued(result: Plan, spec: Spec, observed: Observed, ws: WorkloadState
     if qw is not None:
         wanted = not spec.suspend
         if bool((qw.get("spec") or {}).get("active", True)) != wanted:
-            result.queue_active, result.queue_workload = wanted, qw["metadata"]["name"]
-            result.events.append(Event("Normal", "Resumed" if wanted else "Suspended",
+            plan.queue_active, plan.queue_workload = wanted, qw["metadata"]["name"]
+            plan.events.append(Event("Normal", "Resumed" if wanted else "Suspended",
                                        f"{'activating' if wanted else 'deactivating'} Kueue Workload "
                                        f"{qw['metadata']['name']}"))
     suspended = observed.backend.is_suspended(observed.workload)
@@ -56,11 +48,11 @@ def while_queued(result: Plan, spec: Spec, observed: Observed, ws: WorkloadState
         return api.SUSPENDED, "Deactivated", message
     if not suspended:  # admitted: Kueue unsuspended it; from here on the pods tell
         status.queue = QueueStatus.of(queue, qw, True, "").to_dict()
-        return while_active(result, spec, observed, ws, restarts, now)
+        return None
     status.pending_since = None
     evicted = next((c for t in ("Evicted", "Preempted") if (c := conds.get(t, {})).get("status") == "True"
                     and c.get("reason") not in KUEUE_NOT_PREEMPTION), None)
-    old_phase = result.status.phase
+    old_phase = plan.status.phase
     if evicted or old_phase in (api.RUNNING, api.PREEMPTED):
         why = evicted or {}
         message = (f"preempted by Kueue ({why.get('reason') or 'Evicted'}: "
@@ -68,7 +60,7 @@ def while_queued(result: Plan, spec: Spec, observed: Observed, ws: WorkloadState
                    "from its newest checkpoint (not a failure)")
         status.queue = QueueStatus.of(queue, qw, False, why.get("message") or "").to_dict()
         if old_phase != api.PREEMPTED:
-            result.events.append(Event("Warning", "Preempted", message))
+            plan.events.append(Event("Warning", "Preempted", message))
         return api.PREEMPTED, why.get("reason") or "Preempted", message
     waiting = conds.get("QuotaReserved") or {}
     backend = observed.backend
@@ -78,8 +70,15 @@ def while_queued(result: Plan, spec: Spec, observed: Observed, ws: WorkloadState
     message = f"queued in {queue}: {kueue_says}"
     status.queue = QueueStatus.of(queue, qw, False, kueue_says).to_dict()
     if old_phase != api.QUEUED:
-        result.events.append(Event("Normal", "Queued", message))
+        plan.events.append(Event("Normal", "Queued", message))
     return api.QUEUED, waiting.get("reason") or "WaitingForAdmission", message
+
+
+def ran(r: Round, plan: Plan) -> None:
+    """A queued training that succeeded ran, so Kueue admitted it (perhaps between two polls)."""
+    if r.target.queued:
+        workload = (plan.status.queue or {}).get("workload")
+        plan.status.queue = QueueStatus(queue_name(r), True, "", workload).to_dict()
 
 
 # Kueue's eviction reasons that are the user's doing, not a preemption: the Workload was deactivated

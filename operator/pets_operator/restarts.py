@@ -9,16 +9,14 @@ from typing import Any
 
 from pets_contract import summary as summary_keys
 from pets_operator import api, goodput, pods
-from pets_operator.backends import WorkloadState, parse_timestamp, timestamp
-from pets_operator.mirror import summary_step
-from pets_operator.plan_types import Event, Observed, Plan, ref
-from pets_operator.spec import Spec
-from pets_operator.status_types import Status
+from pets_operator.backends import parse_timestamp, timestamp
+from pets_operator.plan_types import Event, Plan, Round, Verdict, ref
+from pets_operator.progress import summary_step
 
 BACKOFF_LIMIT = "BackoffLimitExceeded"  # the Job's reason once a pod's failure counted against it
 
 
-def failure_record(failure: pods.Failure, now: datetime) -> dict[str, Any]:
+def _failure_record(failure: pods.Failure, now: datetime) -> dict[str, Any]:
     record: dict[str, Any] = {
         "cause": failure.cause, "message": failure.message,
         "time": timestamp(parse_timestamp(failure.finished_at)) if failure.finished_at else timestamp(now),
@@ -30,21 +28,23 @@ def failure_record(failure: pods.Failure, now: datetime) -> dict[str, Any]:
     return record
 
 
-def force_delete_lost(result: Plan, observed: Observed) -> None:
+def force_delete_lost(r: Round, plan: Plan) -> None:
     """Every pod stuck on a lost node is force-deleted (after the status write, see act.carry_out):
     no kubelet will confirm its end, and until it is gone its workload's deletion, and so the next
     attempt, waits for it."""
+    observed = r.observed
     for pod in observed.lost_pods:
         meta = pod.get("metadata") or {}
         node = pods.node_of(pod)
-        result.force_delete.append({"name": str(meta.get("name")), "uid": str(meta.get("uid") or "")})
-        result.events.append(Event("Warning", "NodeLost", (
+        plan.force_delete.append({"name": str(meta.get("name")), "uid": str(meta.get("uid") or "")})
+        plan.events.append(Event("Warning", "NodeLost", (
             f"node {node} stopped responding ({observed.lost_nodes.get(node, 'lost')}): force-deleting "
             f"pod {meta.get('name')}, which no kubelet will ever finish")))
 
 
-def lost_current(observed: Observed) -> pods.Failure | None:
+def lost_current(r: Round) -> pods.Failure | None:
     """The current attempt's first pod on a lost node, as its failure (None: none is)."""
+    observed = r.observed
     current = {(p.get("metadata") or {}).get("name") for p in observed.pods or []}
     lost = [p for p in observed.lost_pods if (p.get("metadata") or {}).get("name") in current]
     if not lost:
@@ -54,15 +54,14 @@ def lost_current(observed: Observed) -> pods.Failure | None:
                                   observed.backend.rank_of)
 
 
-def after_failure(result: Plan, spec: Spec, observed: Observed, ws: WorkloadState,
-                   restarts: int, now: datetime) -> tuple[str, str, str]:
+def after_failure(r: Round, plan: Plan) -> Verdict:
     """The one restart rule: the cluster's failures restart the gang for free, the training's count,
     and an error the trainer calls permanent (or the workload's own failure policy) ends it at once.
     A pod on a lost node is the cluster's failure, and explains its peers' (they lost it)."""
-    status = result.status
-    assert observed.workload is not None
+    status, spec, observed, ws, restarts, now = plan.status, r.spec, r.observed, r.state, r.restarts, r.now
+    assert observed.workload is not None and ws is not None
     trainer_error = (observed.summary or {}).get("error")
-    failure = lost_current(observed) or pods.first_failure(observed.pods or [], observed.backend.rank_of)
+    failure = lost_current(r) or pods.first_failure(observed.pods or [], observed.backend.rank_of)
     disrupted = bool(observed.backend.disrupted_reason) and ws.reason == observed.backend.disrupted_reason
     if disrupted and failure is not None and (not failure.caused_by_cluster or failure.cause == "Stopped"):
         # The disrupted pod is gone (an eviction deletes it); its peers' exits only say they lost it, or
@@ -78,7 +77,7 @@ def after_failure(result: Plan, spec: Spec, observed: Observed, ws: WorkloadStat
     if trainer_error and failure is None:
         detail = f"{ws.message}; trainer: {trainer_error}"
     if failure is not None:
-        status.last_failure = failure_record(failure, now)
+        status.last_failure = _failure_record(failure, now)
     disruptions = int(status.disruptions or 0)
     counted = restarts - disruptions
     permanent = (failure is not None and failure.permanent) or ws.reason == observed.backend.permanent_reason
@@ -98,13 +97,13 @@ def after_failure(result: Plan, spec: Spec, observed: Observed, ws: WorkloadStat
         status.attempt = int(status.attempt or 0) + 1
         if by_cluster:
             status.disruptions = disruptions + 1
-        result.delete.append(ref(observed.workload))
-        resume = resume_point(spec, status, observed.summary)
+        plan.delete.append(ref(observed.workload))
+        resume = resume_point(r, plan)
         cost = ("not counted: the cluster ended the pod" if by_cluster
                 else f"{counted + 1}/{spec.max_restarts}")
         message = f"attempt {restarts} failed ({detail}); restarting the gang ({cost}), {resume}"
-        result.events.append(Event("Warning", "Restarting", message))
-        result.requeue_after = 0.0
+        plan.events.append(Event("Warning", "Restarting", message))
+        plan.requeue_after = 0.0
         return api.RESTARTING, "GangRestart", message
     status.completion_time = ws.completion_time or timestamp(now)
     if permanent:
@@ -114,8 +113,9 @@ def after_failure(result: Plan, spec: Spec, observed: Observed, ws: WorkloadStat
     return api.FAILED, ws.reason, f"failed: {detail}"
 
 
-def resume_point(spec: Spec, status: Status, summary: dict[str, Any] | None = None) -> str:
-    summary = summary or {}
+def resume_point(r: Round, plan: Plan) -> str:
+    """Where the next attempt resumes, as a restart's message says it."""
+    spec, status, summary = r.spec, plan.status, r.observed.summary or {}
     if "emptyDir" in api.output_of(spec):
         return "starting from epoch 0 (the output is an emptyDir, which goes with the pods)"
     step = summary_step(summary)

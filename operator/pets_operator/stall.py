@@ -3,19 +3,15 @@ ProgressReported condition (rank 0's endpoint answers, or why not)."""
 
 from __future__ import annotations
 
-from datetime import datetime
-
 from pets_operator import api
 from pets_operator.backends import parse_timestamp
-from pets_operator.plan_types import Event, Observed, Plan, set_condition
-from pets_operator.spec import Spec
-from pets_operator.status_types import Status
+from pets_operator.plan_types import Event, Plan, Round, set_condition
 
 
-def stalled(result: Plan, spec: Spec, now: datetime, generation: int | None) -> None:
+def stalled(r: Round, plan: Plan) -> None:
     """Stalled: a Running training whose progress has not moved for longer than its own pace allows."""
-    status = result.status
-    bound = stall_bound(spec, status)
+    status, now, generation = plan.status, r.now, r.generation
+    bound = stall_bound(r, plan)
     last = status.last_progress_time or status.start_time
     if status.phase != api.RUNNING or bound is None or not last:
         if any(c["type"] == "Stalled" for c in status.conditions or []):
@@ -28,10 +24,10 @@ def stalled(result: Plan, spec: Spec, now: datetime, generation: int | None) -> 
     set_condition(status, "Stalled", stalled, "NoProgress" if stalled else "Progressing",
                    message, now, generation)
     if stalled and not was:
-        result.events.append(Event("Warning", "Stalled", message))
+        plan.events.append(Event("Warning", "Stalled", message))
     if not stalled:
         left = bound - quiet
-        result.requeue_after = left if result.requeue_after is None else min(result.requeue_after, left)
+        plan.requeue_after = left if plan.requeue_after is None else min(plan.requeue_after, left)
 
 
 PROGRESS_GRACE_SECONDS = 30.0  # the trainer serves its gauges a few seconds after it starts
@@ -46,16 +42,16 @@ PROGRESS_CONFIRM_SECONDS = 15.0
 UNREACHABLE_ERRORS = ("timed out", "cannot connect", "server disconnected", "connection error")
 
 
-def unreachable(progress_error: str) -> bool:
+def _unreachable(progress_error: str) -> bool:
     """Whether a scrape's error says rank 0 could not be reached (the error is "<url>: <kind>")."""
     kind = progress_error.rsplit("/metrics: ", 1)[-1]
     return kind.startswith(UNREACHABLE_ERRORS)
 
 
-def progress_reported(result: Plan, observed: Observed, now: datetime, generation: int | None) -> None:
+def progress_reported(r: Round, plan: Plan) -> None:
     """ProgressReported: False, with the reason, when a running rank 0's gauges cannot be read (a
     NetworkPolicy, a crashed metrics server, a wrong port); one Warning Event when that starts."""
-    status = result.status
+    status, observed, now, generation = plan.status, r.observed, r.now, r.generation
     if status.phase != api.RUNNING:
         return
     if observed.progress is not None:
@@ -70,9 +66,9 @@ def progress_reported(result: Plan, observed: Observed, now: datetime, generatio
         # endpoint a few seconds before the pod ends, and that is no reason to say anything.
         left = max(left, PROGRESS_CONFIRM_SECONDS - (now - observed.progress_failing_since).total_seconds())
     if left > 0:  # too early to say; look again when the grace is over (no event may come by then)
-        result.requeue_after = left if result.requeue_after is None else min(result.requeue_after, left)
+        plan.requeue_after = left if plan.requeue_after is None else min(plan.requeue_after, left)
         return
-    if unreachable(observed.progress_error):
+    if _unreachable(observed.progress_error):
         reason = "EndpointUnreachable"
         message = (f"rank 0's progress cannot be read: {observed.progress_error}; the operator must reach "
                    f"the trainer's metrics port (NetworkPolicy: the training's own admits the operator's "
@@ -85,7 +81,7 @@ def progress_reported(result: Plan, observed: Observed, now: datetime, generatio
     was = next((c for c in status.conditions or [] if c["type"] == "ProgressReported"), None)
     set_condition(status, "ProgressReported", False, reason, message, now, generation)
     if not was or was.get("status") != "False":
-        result.events.append(Event("Warning", "ProgressUnreadable", message))
+        plan.events.append(Event("Warning", "ProgressUnreadable", message))
 
 
 STALL_MIN_SECONDS = 120.0
@@ -94,10 +90,11 @@ STALL_MIN_SECONDS = 120.0
 STALL_STEPS = 20  # this many steps' time without progress
 
 
-def stall_bound(spec: Spec, status: Status) -> float | None:
+def stall_bound(r: Round, plan: Plan) -> float | None:
     """Seconds without progress after which a Running training is Stalled: spec.stallTimeoutSeconds,
     else 20 of its own steps (at least 2 minutes), once it has taken a step to measure."""
-    if explicit := (spec.scheduling or {}).get("stallTimeoutSeconds"):
+    status = plan.status
+    if explicit := (r.spec.scheduling or {}).get("stallTimeoutSeconds"):
         return float(explicit)
     steps, elapsed = status.step, status.elapsed_seconds
     if not steps or not elapsed:

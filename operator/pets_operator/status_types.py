@@ -85,5 +85,11 @@ class Status:
     def copy(self) -> Status:
         return Status.from_dict(self.to_dict())
 
+    @property
+    def current_attempt(self) -> int:
+        """The attempt the training is at: status.attempt, or one per restart where it was stored before
+        that field existed."""
+        return int((self.restarts or 0) if self.attempt is None else self.attempt)
+
 
 _FIELDS = {camel(f.name): f.name for f in fields(Status) if f.name != "extra"}

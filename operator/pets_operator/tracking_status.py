@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from datetime import datetime
 from typing import Any
 
 from pets_contract import gauges
 from pets_contract import summary as summary_keys
 from pets_contract import tracking as keys
 from pets_contract.redact import has_userinfo, redact_urls
-from pets_operator.plan_types import set_condition
-from pets_operator.status_types import Status
+from pets_operator.plan_types import Plan, Round, set_condition
 
 CONDITION = "TrackingDegraded"
 FAILURES = gauges.BY_KEY["tracking_failures"].name  # rank 0's gauge: 1 once a tracking server failed
@@ -27,7 +25,7 @@ def _text(value: Any, pattern: re.Pattern[str]) -> str | None:
     return value if isinstance(value, str) and pattern.match(value) else None
 
 
-def from_summary(summary: Mapping[str, Any] | None) -> dict[str, Any] | None:
+def _from_summary(summary: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """The summary's ``tracking`` object as status.tracking's fields (None: the summary has none)."""
     report = (summary or {}).get(summary_keys.TRACKING)
     if not isinstance(report, Mapping):
@@ -45,13 +43,14 @@ def from_summary(summary: Mapping[str, Any] | None) -> dict[str, Any] | None:
     return out
 
 
-def mirror(status: Status, progress: Mapping[str, float] | None, summary: Mapping[str, Any] | None,
-           now: datetime, generation: int | None) -> None:
+def mirror(r: Round, plan: Plan) -> None:
     """status.tracking and TrackingDegraded from what rank 0 said last: its summary (an attempt's end:
     the run's id and URL, and whether the server took everything) or, while it runs, its gauge. A run
     continued by the next attempt keeps its id; nothing said keeps the status as it was."""
+    status, progress, summary = plan.status, r.observed.progress, r.observed.summary
+    now, generation = r.now, r.generation
     tracking = dict(status.tracking or {})
-    report = from_summary(summary)
+    report = _from_summary(summary)
     failing = (progress or {}).get(FAILURES)
     if report is not None:
         tracking = {k: v for k, v in tracking.items() if k not in ("ok", "warning")} | report

@@ -133,7 +133,7 @@ def test_the_operator_never_writes_suspend_on_a_queued_workload(admin: client.Ap
     assert job.metadata.labels[api.KUEUE_PRIORITY_LABEL] == "high"
     wait_phase(admin, namespace, "queued", api.QUEUED)
     # This control plane has no Kueue: the next round says so (a message within the phase: it may come
-    # up to act.STATUS_WRITE_INTERVAL after the "created" one).
+    # up to pacing.STATUS_WRITE_INTERVAL after the "created" one).
     wait_for("the message that Kueue is not installed", lambda: "Kueue is not installed" in (
         (get_training(admin, namespace, "queued") or {}).get("status") or {}).get("message", ""), 30)
 

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pets_operator import api, builders, goodput, mirror, tracking_status
+from pets_operator import api, backends, builders, mirror, tracking_status
+from pets_operator.plan_types import Observed, Plan, Round
 from pets_operator.progress import parse_progress
 from pets_operator.spec import Spec
 from pets_operator.status_types import Status
@@ -125,9 +126,10 @@ def test_every_gauge_the_trainer_serves_is_read_checked_and_mirrored() -> None:
     read = parse_progress(_served_page())
     assert set(read) == set(gauges.READ)  # all but the ones served for people (field None)
     typed = Status()
-    mirror.mirror_progress(typed, read, NOW)
-    goodput.read_attempt(typed, 0, None, read)
-    tracking_status.mirror(typed, read, None, NOW, None)
+    r = Round(Status(), Observed(backends.JOB, None, progress=read), builders.Target("pets", "ns"), NOW,
+              resolved=api.resolve_spec({}))
+    mirror.progress(r, Plan(status=typed))  # with the run's goodput entry
+    tracking_status.mirror(r, Plan(status=typed))
     status = typed.to_dict()
     (attempt,) = status["goodput"]["attempts"]
     places = {gauges.PROGRESS: status, gauges.DATASET: status["dataset"], gauges.TIME: attempt}
@@ -150,7 +152,9 @@ def test_the_summary_s_final_figures_win_and_its_dataset_report_is_mirrored() ->
                "dataset": data.report_counts(report)}
     assert set(summary_keys.FINAL_FIGURES) <= set(summary)
     typed = Status(eval_accuracy=0.1, steps_total=40, step=39)
-    mirror.mirror_summary(typed, summary, 5)
+    r = Round(Status(), Observed(backends.JOB, None, summary=summary), builders.Target("pets", "ns"), NOW,
+              resolved=api.resolve_spec({"epochs": 5}))
+    mirror.summary(r, Plan(status=typed))
     status = typed.to_dict()
     assert (status["evalAccuracy"], status["trainLoss"], status["imagesPerSecond"]) == (0.5, 0.25, 12.5)
     assert (status["elapsedSeconds"], status["resumeSkippedCheckpoints"], status["step"]) == (99.0, 2, 40)

@@ -6,8 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from operator_specs import training  # tests/unit/operator/operator_specs.py
+from operator_specs import round_of, training  # tests/unit/operator/operator_specs.py
 from pets_operator import api, backends, builders, checkpoint_home, plan_types, status
+from pets_operator.plan_types import Round
 from pets_operator.status_types import Status
 from test_operator_status import NOW
 
@@ -36,7 +37,14 @@ def new_attempt(st: dict[str, Any], spec: dict[str, Any]) -> plan_types.Plan:
     resolved = api.resolve_spec(spec)
     target = builders.Target("pets", "ns", int(st.get("attempt") or 0))
     obs = plan_types.Observed(backend=backends.JOB, workload=None, service={})
-    return status.plan(training(st, **spec), resolved, obs, target, NOW)
+    return status.plan(Round.of(training(st, **spec), resolved, obs, target, NOW))
+
+
+def chosen(spec: dict[str, Any], old: Status) -> str:
+    """The directory checkpoint_home records for a training of `spec` whose stored status is `old`."""
+    p = plan_types.Plan(status=old.copy())
+    checkpoint_home.record(round_of(old, api.resolve_spec(spec)), p)
+    return str(p.status.checkpoint_dir)
 
 
 def test_a_new_trainings_directory_is_the_same_at_every_size() -> None:
@@ -49,7 +57,7 @@ def test_a_new_trainings_directory_is_the_same_at_every_size() -> None:
 @pytest.mark.parametrize(("spec", "directory"), MADE_BY_0_1)
 def test_a_training_made_by_0_1_keeps_its_directory_across_the_upgrade_and_a_resize(
         spec: dict[str, Any], directory: str) -> None:
-    assert checkpoint_home.choose(api.resolve_spec(spec), Status.from_dict(STARTED_BY_0_1))[0] == directory
+    assert chosen(spec, Status.from_dict(STARTED_BY_0_1)) == directory
     rebuilt = new_attempt({**STARTED_BY_0_1, "attempt": 1}, spec)
     assert rebuilt.status.checkpoint_dir == directory
     assert flag(args_of(rebuilt), "--checkpoint-dir") == directory
@@ -76,5 +84,5 @@ def test_a_new_shape_starts_afresh_beside_the_old_directory() -> None:
     shape = builders.checkpoint_shape(api.resolve_spec({"replicas": 2}))
     recorded = Status.from_dict({**STARTED_BY_0_1, "checkpointDir": MADE_BY_0_1[0][1],
                                  "checkpointShape": shape})
-    assert checkpoint_home.choose(api.resolve_spec({"replicas": 2, "epochs": 9}), recorded)[0] == \
+    assert chosen({"replicas": 2, "epochs": 9}, recorded) == \
         builders.checkpoint_dir(api.resolve_spec({"epochs": 9}))

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from operator_specs import condition, training  # tests/unit/operator/operator_specs.py
 from pets_operator import api, backends, builders, children, claim_binding, plan_types, status
+from pets_operator.plan_types import Round
 
 pytestmark = pytest.mark.unit
 
@@ -35,11 +36,11 @@ def output_claim(class_name: str | None = None, phase: str | None = None) -> dic
 
 def test_a_claim_not_bound_on_an_immediate_class_is_waited_for() -> None:
     made = output_claim()
-    assert claim_binding.unbound_immediate([made], {"pets-output": None}, CLASSES) == {"pets-output": "now"}
+    assert claim_binding._unbound_immediate([made], {"pets-output": None}, CLASSES) == {"pets-output": "now"}
     pending = made | {"status": {"phase": "Pending"},
                       "spec": {**made["spec"], "storageClassName": "also-now"}}
     # A made claim's class is the one the API server gave it, not the cluster's default of now.
-    assert claim_binding.unbound_immediate([made], {"pets-output": pending}, CLASSES) == \
+    assert claim_binding._unbound_immediate([made], {"pets-output": pending}, CLASSES) == \
         {"pets-output": "also-now"}
 
 
@@ -53,21 +54,25 @@ def test_a_claim_not_bound_on_an_immediate_class_is_waited_for() -> None:
 ])
 def test_nothing_waits_where_the_scheduler_would_not_turn_the_pods_away(
         claim: dict[str, Any], found: dict[str, Any] | None, classes: list[dict[str, Any]] | None) -> None:
-    assert claim_binding.unbound_immediate([claim], {"pets-output": found}, classes) == {}
+    assert claim_binding._unbound_immediate([claim], {"pets-output": found}, classes) == {}
 
 
 def test_a_claim_asking_for_no_class_binds_to_a_volume_made_for_it_and_is_not_waited_for() -> None:
     made = output_claim()
     made["spec"]["storageClassName"] = ""
-    assert claim_binding.unbound_immediate([made], {"pets-output": None}, CLASSES) == {}
+    assert claim_binding._unbound_immediate([made], {"pets-output": None}, CLASSES) == {}
 
 
 def plan(unbound: dict[str, str], old: dict[str, Any] | None = None, now_after: float = 0.0,
          target: builders.Target = TARGET, **spec: Any) -> plan_types.Plan:
+    """A round that finds the claims `unbound` (by name, with their class) not made yet: the class binds
+    Immediate."""
     spec = {"output": {"managedClaim": {}}} | spec
-    observed = plan_types.Observed(backend=backends.JOB, workload=None, unbound_claims=unbound)
-    return status.plan(training(old, **spec), api.resolve_spec(spec), observed, target,
-                       NOW + timedelta(seconds=now_after))
+    classes = [storage_class(name, "Immediate", default=True) for name in set(unbound.values())]
+    observed = plan_types.Observed(backend=backends.JOB, workload=None, claims=dict.fromkeys(unbound),
+                                   storage_classes=classes or None)
+    return status.plan(Round.of(training(old, **spec), api.resolve_spec(spec), observed, target,
+                       NOW + timedelta(seconds=now_after)))
 
 
 def test_the_round_makes_the_claims_and_waits_to_make_the_job() -> None:
@@ -117,6 +122,6 @@ def test_the_wait_counts_against_the_pending_timeout() -> None:
 
 
 def test_a_claim_that_does_not_bind_is_looked_at_less_and_less_often() -> None:
-    assert [claim_binding.poll_after(w) for w in (0, 5, 10, 60, 300, 3600)] == [1, 1, 1, 6, 30, 30]
+    assert [claim_binding._poll_after(w) for w in (0, 5, 10, 60, 300, 3600)] == [1, 1, 1, 6, 30, 30]
     first = plan({"pets-output": "now"})
     assert plan({"pets-output": "now"}, first.status.to_dict(), 120).requeue_after == 12

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 from pets_operator import api, backends, builders, children, plan_types, status
-from pets_operator.plan_types import Observed
+from pets_operator.plan_types import Observed, Round
 from pets_operator.pods import SEVERITY, create_refused
 
 pytestmark = pytest.mark.unit
@@ -87,7 +87,7 @@ def _plan(pods_now: list[dict[str, object]], refusals: list[dict[str, object]],
             "spec": {"replicas": 2}, "status": old or {}}
     observed = Observed(backend=backends.JOB, workload=job, pods=pods_now, workload_refusals=refusals,
                         service=backends.JOB.build_service(spec, target))
-    return status.plan(body, spec, observed, target, NOW)
+    return status.plan(Round.of(body, spec, observed, target, NOW))
 
 
 def test_status_says_pod_create_refused_with_the_server_message_and_one_event_per_new_reason() -> None:

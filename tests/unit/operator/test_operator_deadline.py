@@ -8,7 +8,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from operator_specs import round_of  # tests/unit/operator/operator_specs.py
 from pets_operator import api, backends, builders, children, deadlines, plan_types, status
+from pets_operator.plan_types import Round
 from pets_operator.status_types import Status
 
 pytestmark = pytest.mark.unit
@@ -42,18 +44,22 @@ def plan(b: dict[str, Any], workload: dict[str, Any] | None, **observed: Any) ->
         workload["metadata"]["annotations"][api.ANNOTATION_SPEC_DIGEST] = builders.spec_digest(spec)
     obs = plan_types.Observed(backend=backends.JOB, workload=workload,
                           service=backends.JOB.build_service(spec, target), **observed)
-    return status.plan(b, spec, obs, target, NOW)
+    return status.plan(Round.of(b, spec, obs, target, NOW))
+
+
+def left(spec: Any, st: Status, now: datetime) -> float | None:
+    return deadlines.deadline_left(round_of(spec=spec, now=now), plan_types.Plan(status=st))
 
 
 def test_the_time_left_counts_from_the_start_without_pauses() -> None:
     spec = api.resolve_spec({"activeDeadlineSeconds": 60})
-    assert deadlines.deadline_left(api.resolve_spec({}), Status(start_time=ts(100)), NOW) is None
-    assert deadlines.deadline_left(spec, Status(), NOW) == 60.0  # not started: all of it
-    assert deadlines.deadline_left(spec, Status(start_time=ts(20)), NOW) == 40.0
+    assert left(api.resolve_spec({}), Status(start_time=ts(100)), NOW) is None
+    assert left(spec, Status(), NOW) == 60.0  # not started: all of it
+    assert left(spec, Status(start_time=ts(20)), NOW) == 40.0
     closed = Status(start_time=ts(50), deadline={"pausedSeconds": 15.0})
-    assert deadlines.deadline_left(spec, closed, NOW) == 25.0
+    assert left(spec, closed, NOW) == 25.0
     open_pause = Status(start_time=ts(50), deadline={"pausedSeconds": 15.0, "pausedSince": ts(10)})
-    assert deadlines.deadline_left(spec, open_pause, NOW) == 35.0
+    assert left(spec, open_pause, NOW) == 35.0
 
 
 def test_a_running_training_past_its_deadline_fails_without_a_restart_and_its_job_goes() -> None:
@@ -111,8 +117,7 @@ def test_time_suspended_does_not_count() -> None:
     resumed = plan(body(st_then), job(active=2, ready=2, startTime=ts(0)))
     assert resumed.status.phase != api.FAILED, resumed.status.message
     assert resumed.status.deadline == {"pausedSeconds": 50.0}
-    left = deadlines.deadline_left(api.resolve_spec({"activeDeadlineSeconds": 60}), resumed.status, NOW)
-    assert left == 10.0
+    assert left(api.resolve_spec({"activeDeadlineSeconds": 60}), resumed.status, NOW) == 10.0
 
 
 def test_without_a_deadline_no_bookkeeping_is_written() -> None:
@@ -123,6 +128,6 @@ def test_without_a_deadline_no_bookkeeping_is_written() -> None:
     running = children.build_job(spec, target)
     running["metadata"]["annotations"][api.ANNOTATION_SPEC_DIGEST] = builders.spec_digest(spec)
     running["status"] = {"active": 2, "ready": 2}
-    p = status.plan(b, spec, plan_types.Observed(backend=backends.JOB, workload=running,
-                                             service=backends.JOB.build_service(spec, target)), target, NOW)
+    p = status.plan(Round.of(b, spec, plan_types.Observed(backend=backends.JOB, workload=running,
+                                             service=backends.JOB.build_service(spec, target)), target, NOW))
     assert p.status.deadline is None and "activeDeadlineSeconds" not in running["spec"]

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 from operator_specs import TARGET, env_of, spec  # tests/unit/operator/operator_specs.py
-from pets_operator import act, api, backends, builders, children, cluster, observe, plan_types, pods, status
+from pets_operator import api, backends, builders, children, cluster, observe, plan_types, pods, status
+from pets_operator.plan_types import Round
 
 pytestmark = pytest.mark.unit
 
@@ -185,7 +186,7 @@ def plan(b: dict[str, Any], workload: dict[str, Any] | None, pod_list: list[dict
     target = builders.Target("pets", "ns", int(b["status"].get("attempt", 0)))
     obs = plan_types.Observed(backend=backends.JOB, workload=workload, pods=pod_list,
                           service=backends.JOB.build_service(s, target), **observed)
-    return status.plan(b, s, obs, target, NOW)
+    return status.plan(Round.of(b, s, obs, target, NOW))
 
 
 RUNNING = {"phase": api.RUNNING, "restarts": 3, "attempt": 3, "disruptions": 1,
@@ -215,7 +216,7 @@ def test_a_lost_pod_of_the_current_attempt_restarts_the_gang_uncounted_and_is_fo
     assert [r["name"] for r in p.delete] == ["pets-r3"]
     assert [(e.type, e.reason) for e in p.events] == [("Warning", "NodeLost"), ("Warning", "Restarting")]
     assert "node node-b" in p.events[0].message and "pets-r3-1-x" in p.events[0].message
-    assert act.next_delay(p, 10.0) == 0.5
+    assert p.next_round == 0.5
 
 
 def test_a_lost_pod_of_a_failed_attempt_is_the_cause_not_its_peers_exit() -> None:

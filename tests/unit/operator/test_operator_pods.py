@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from pets_operator import act, api, backends, builders, plan_types, pods, stall, status
+from operator_specs import round_of  # tests/unit/operator/operator_specs.py
+from pets_operator import api, backends, builders, pacing, plan_types, pods, stall, status
+from pets_operator.plan_types import Round
 from pets_operator.status_types import Status
 
 from pets_contract import exits
@@ -320,7 +323,7 @@ def plan(
         pods=pod_list,
         **observed,
     )
-    return status.plan(b, spec, obs, target, now)
+    return status.plan(Round.of(b, spec, obs, target, now))
 
 
 def test_active_job_with_unschedulable_pods_is_pending_with_the_schedulers_words() -> None:
@@ -540,11 +543,15 @@ def test_the_dataset_report_is_mirrored_from_progress_then_the_summary() -> None
     assert other.status.dataset is None
 
 
+def stall_bound(spec: Any, st: Status) -> float | None:
+    return stall.stall_bound(round_of(spec=spec), plan_types.Plan(status=st))
+
+
 def test_stalled_is_set_and_cleared() -> None:
     running = [pod(0, phase="Running"), pod(1, phase="Running")]
     progress = {"pets_step": 10.0, "pets_elapsed_seconds": 100.0}  # 10 s a step -> bound 200 s
     start = plan(body({"phase": api.RUNNING}), job(active=2), running, progress=progress)
-    assert stall.stall_bound(api.resolve_spec({}), start.status) == 200
+    assert stall_bound(api.resolve_spec({}), start.status) == 200
     stalled_cond = next(c for c in start.status.conditions if c["type"] == "Stalled")
     assert stalled_cond["status"] == "False"
     quiet = plan(
@@ -565,8 +572,8 @@ def test_stalled_is_set_and_cleared() -> None:
 
 def test_explicit_stall_timeout() -> None:
     explicit = api.resolve_spec({"scheduling": {"stallTimeoutSeconds": 30}})
-    assert stall.stall_bound(explicit, Status()) == 30
-    assert stall.stall_bound(api.resolve_spec({}), Status()) is None  # no step yet: nothing to measure
+    assert stall_bound(explicit, Status()) == 30
+    assert stall_bound(api.resolve_spec({}), Status()) is None  # no step yet: nothing to measure
 
 
 def test_unreadable_progress_is_said_once_after_the_grace() -> None:
@@ -609,23 +616,28 @@ def test_unreadable_progress_is_said_once_after_the_grace() -> None:
     )
 
 
-def test_a_plans_deadline_only_ever_shortens_the_wait() -> None:
+def next_round(p: plan_types.Plan, poll_active: float = 10.0, watched: bool = True) -> float | None:
+    """When pacing says the next round is due after `p` (a Job is watched, a PyTorchJob is not)."""
+    backend = backends.JOB if watched else backends.PYTORCHJOB
+    pacing.pace(dataclasses.replace(round_of(backend=backend), progress_interval=poll_active), p)
+    return p.next_round
 
-    running = plan_types.Plan(status=Status(phase=api.RUNNING), requeue_after=180.0)  # a stall bound far off
-    assert act.next_delay(running, poll_active=10.0) == 180.0  # a watched Job: no poll, the bound
-    assert act.next_delay(plan_types.Plan(status=Status(phase=api.RUNNING)), 10.0) == act.RESYNC
-    assert act.next_delay(running, poll_active=10.0, watched=False) == 10.0  # a PyTorchJob is polled
-    soon = plan_types.Plan(status=Status(phase=api.RUNNING), requeue_after=3.0)
-    assert act.next_delay(soon, poll_active=10.0) == 3.0
-    restart = plan_types.Plan(status=Status(phase=api.RESTARTING), requeue_after=0.0)
-    assert act.next_delay(restart, poll_active=10.0) == 0.5
-    ttl = plan_types.Plan(status=Status(phase=api.SUCCEEDED), requeue_after=60.0)
-    assert act.next_delay(ttl, poll_active=10.0) == 60.0
-    assert act.next_delay(plan_types.Plan(status=Status(phase=api.SUCCEEDED)), 10.0) is None
+
+def test_a_plans_deadline_only_ever_shortens_the_wait() -> None:
+    def running() -> plan_types.Plan:
+        return plan_types.Plan(status=Status(phase=api.RUNNING), requeue_after=180.0)  # a stall bound far off
+
+    assert next_round(running()) == 180.0  # a watched Job: no poll, the bound
+    assert next_round(plan_types.Plan(status=Status(phase=api.RUNNING))) == pacing.RESYNC
+    assert next_round(running(), watched=False) == 10.0  # a PyTorchJob is polled
+    assert next_round(plan_types.Plan(status=Status(phase=api.RUNNING), requeue_after=3.0)) == 3.0
+    assert next_round(plan_types.Plan(status=Status(phase=api.RESTARTING), requeue_after=0.0)) == 0.5
+    assert next_round(plan_types.Plan(status=Status(phase=api.SUCCEEDED), requeue_after=60.0)) == 60.0
+    assert next_round(plan_types.Plan(status=Status(phase=api.SUCCEEDED))) is None
     waiting = plan_types.Plan(status=Status(phase=api.PENDING, pending_since="2026-01-02T03:04:05Z"))
-    assert act.next_delay(waiting, poll_active=10.0) == 10.0  # mount failures: only in Events
-    assert act.next_delay(plan_types.Plan(status=Status(phase=api.PENDING)), 10.0) == act.RESYNC
-    assert act.next_delay(plan_types.Plan(status=Status(phase=api.QUEUED)), 10.0) == act.POLL_IDLE
+    assert next_round(waiting) == 10.0  # mount failures: only in Events
+    assert next_round(plan_types.Plan(status=Status(phase=api.PENDING))) == pacing.RESYNC
+    assert next_round(plan_types.Plan(status=Status(phase=api.QUEUED))) == pacing.POLL_IDLE
 
 
 def test_a_rank_that_finished_first_is_not_waiting() -> None:

@@ -1,6 +1,6 @@
 """Property tests (issue 28): what the operator reads from a training's pods, fed inputs hypothesis
 generates. Rank 0's metrics page (`progress.parse_progress`, `check_progress`) and its termination
-message (`pods.parse_summary`, then `mirror.mirror_summary`) are the pod's text, which the operator does
+message (`pods.parse_summary`, then `mirror.summary`) are the pod's text, which the operator does
 not trust: whatever it holds, they give numbers a status can hold (finite, within their field's range,
 of the field's type) or the operator's own refusal (`ProgressError`, a None summary), and a refusal
 never quotes the text (it goes into status conditions and Events).
@@ -24,7 +24,8 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
-from pets_operator import goodput, mirror, pods
+from operator_specs import mirror_into  # tests/unit/operator/operator_specs.py
+from pets_operator import pods
 from pets_operator.progress import PETS_TEXT_CAP, ProgressError, check_progress, parse_progress
 from pets_operator.status_types import Status
 from prometheus_client.utils import floatToGoString
@@ -54,10 +55,7 @@ def assert_checked(values: object) -> None:
         kind, top = gauges.READ[metric].kind, gauges.READ[metric].top
         assert type(value) is float and math.isfinite(value) and 0 <= value <= top, (metric, value)
         assert kind is float or value.is_integer(), (metric, value)
-    typed = Status()
-    mirror.mirror_progress(typed, values, NOW)
-    goodput.read_attempt(typed, 0, None, values)
-    mirrored = typed.to_dict()
+    mirrored = mirror_into(Status(), progress=values, now=NOW).to_dict()
     json.dumps(mirrored, allow_nan=False)
     for gauge in gauges.group(gauges.PROGRESS):
         key = str(gauge.field)
@@ -249,9 +247,7 @@ def assert_summary_fits_a_status(summary: object, total_epochs: int) -> None:
     assert _depth(summary) <= pods.SUMMARY_MAX_DEPTH
     json.dumps(summary, allow_nan=False)
     copy.deepcopy(summary)
-    typed = Status()
-    mirror.mirror_summary(typed, summary, total_epochs)
-    mirrored = typed.to_dict()
+    mirrored = mirror_into(Status(), summary=summary, epochs=total_epochs).to_dict()
     json.dumps(mirrored, allow_nan=False)
     for key, top in (("evalAccuracy", 1.0), ("trainLoss", TOP), ("imagesPerSecond", TOP)):
         if key in mirrored:
@@ -312,10 +308,8 @@ def test_a_deeply_nested_summary_is_unreadable_not_a_crash(depth: int, opener: s
                        st.one_of(RAW_VALUES, JSON_VALUES)), st.integers(0, 2**60))
 def test_mirroring_any_summary_puts_only_in_range_fields_in_status(summary: dict[str, Any],
                                                                    total_epochs: int) -> None:
-    """_mirror_summary on its own, whatever dict it is handed: the fields it sets are within range."""
-    typed = Status()
-    mirror.mirror_summary(typed, summary, total_epochs)
-    mirrored = typed.to_dict()
+    """mirror.summary, whatever dict it is handed: the fields it sets are within range."""
+    mirrored = mirror_into(Status(), summary=summary, epochs=total_epochs).to_dict()
     for key, top in (("evalAccuracy", 1.0), ("trainLoss", TOP), ("imagesPerSecond", TOP)):
         if key in mirrored:
             assert type(mirrored[key]) is float and math.isfinite(mirrored[key]) and 0 <= mirrored[key] <= top

@@ -1,19 +1,34 @@
 """Children the API server refuses: permanent or not (cluster.child_refusal_permanent), what the
-training then shows (refusals.plan_child_refused), and what the adapter does (act.carry_out)."""
+training then shows (refusals.child_refused), and what a round does with it (reconcile.plan_and_act)."""
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from kubernetes.client.exceptions import ApiException
-from operator_specs import condition, training  # tests/unit/operator/operator_specs.py
-from pets_operator import act, api, builders, children, context, handlers, plan_types, refusals, status
+from operator_specs import condition, round_of, training  # tests/unit/operator/operator_specs.py
+from pets_operator import (
+    act,
+    api,
+    backends,
+    builders,
+    children,
+    context,
+    handlers,
+    pacing,
+    plan_types,
+    reconcile,
+    refusals,
+    status,
+)
 from pets_operator.cluster import child_refusal_permanent
+from pets_operator.plan_types import Round
 from pets_operator.status_types import Status
 
 pytestmark = pytest.mark.unit
@@ -67,10 +82,21 @@ def service_manifest() -> dict[str, Any]:
     return children.build_service(api.resolve_spec({}), builders.Target("pets", "ns"))
 
 
+def child_refused(body: dict[str, Any], error: str, now: datetime, permanent: bool, child: str = "a child",
+                  made: list[dict[str, Any]] | None = None, delete: list[dict[str, Any]] | None = None
+                  ) -> plan_types.Plan:
+    """refusals.child_refused, for a round of `body` in which the API server refused `child` after the
+    round made `made`; `delete`: what the round's Plan meant to delete."""
+    refused = plan_types.Refused(child, error, permanent, tuple(made or ()))
+    r = Round.of(body, api.resolve_spec(body.get("spec") or {}), plan_types.Observed(backends.JOB, None),
+                 builders.Target("pets", "ns"), now, refused=refused)
+    return refusals.child_refused(r, plan_types.Plan(status=Status(), delete=delete or []))
+
+
 def test_permanent_refusal_fails_with_the_servers_words_and_cleans_up() -> None:
     svc = service_manifest()
     pending = training({"phase": api.PENDING, "pendingSince": "2026-01-02T03:00:00Z"})
-    p = refusals.plan_child_refused(pending, VAP, NOW, True, child="Job pets-r0", cleanup=[svc])
+    p = child_refused(pending, VAP, NOW, True, child="Job pets-r0", made=[svc])
     assert p.status.phase == api.FAILED
     assert VAP in p.status.message and "Job pets-r0" in p.status.message
     assert condition(p, "Failed")["reason"] == "ChildRejected" and condition(p, "Failed")["status"] == "True"
@@ -80,8 +106,8 @@ def test_permanent_refusal_fails_with_the_servers_words_and_cleans_up() -> None:
     assert p.create == [] and p.requeue_after is None
     assert p.status.completion_time == "2026-01-02T03:04:05Z" and p.status.pending_since is None
     # Said once: the same refusal seen again emits no second Event.
-    again = refusals.plan_child_refused(training(p.status.to_dict()), VAP, NOW + timedelta(seconds=5), True,
-                                      child="Job pets-r0")
+    again = child_refused(training(p.status.to_dict()), VAP, NOW + timedelta(seconds=5), True,
+                          child="Job pets-r0")
     assert again.events == [] and again.status.phase == api.FAILED
 
 
@@ -90,8 +116,8 @@ QUOTA = ('jobs.batch "pets-r0" is forbidden: exceeded quota: jobs, requested: co
 
 
 def test_transient_refusal_waits_pending_with_the_reason_and_backs_off() -> None:
-    first = refusals.plan_child_refused(training({"phase": api.PENDING}), QUOTA, NOW, False,
-                                        child="Job pets-r0", cleanup=[service_manifest()])
+    first = child_refused(training({"phase": api.PENDING}), QUOTA, NOW, False, child="Job pets-r0",
+                          made=[service_manifest()])
     assert first.status.phase == api.PENDING and first.delete == []
     assert condition(first, "Progressing")["reason"] == "ChildCreateRetrying"
     assert QUOTA in first.status.message and "pets-r0" in first.status.message
@@ -100,8 +126,7 @@ def test_transient_refusal_waits_pending_with_the_reason_and_backs_off() -> None
     delays = [first.requeue_after]
     st = first.status.to_dict()
     for waited in (2, 4, 8, 16, 32, 64, 600):
-        p = refusals.plan_child_refused(training(st), QUOTA, NOW + timedelta(seconds=waited), False,
-                                      child="Job pets-r0")
+        p = child_refused(training(st), QUOTA, NOW + timedelta(seconds=waited), False, child="Job pets-r0")
         assert p.events == [] and p.status.pending_since == "2026-01-02T03:04:05Z"
         delays.append(p.requeue_after)
         st = p.status.to_dict()
@@ -110,20 +135,20 @@ def test_transient_refusal_waits_pending_with_the_reason_and_backs_off() -> None
 
 def test_transient_refusal_during_a_restart_stays_restarting_and_workload_is_not_active() -> None:
     restarting = training({"phase": api.RESTARTING, "restarts": 1, "workloadActive": True})
-    p = refusals.plan_child_refused(restarting, QUOTA, NOW, False)
+    p = child_refused(restarting, QUOTA, NOW, False)
     assert p.status.phase == api.RESTARTING and p.status.workload_active is False
 
 
 def test_pending_timeout_bounds_a_transient_refusal() -> None:
     spec = {"scheduling": {"pendingTimeoutSeconds": 60}}
     st = {"phase": api.PENDING, "pendingSince": "2026-01-02T03:03:35Z"}  # 30 s ago
-    waiting = refusals.plan_child_refused(training(st, **spec), QUOTA, NOW, False, child="Job pets-r0")
+    waiting = child_refused(training(st, **spec), QUOTA, NOW, False, child="Job pets-r0")
     assert waiting.status.phase == api.PENDING and waiting.requeue_after == 30.0
-    later = refusals.plan_child_refused(training(st, **spec), QUOTA, NOW + timedelta(seconds=25), False,
-                                      child="Job pets-r0")
+    later = child_refused(training(st, **spec), QUOTA, NOW + timedelta(seconds=25), False,
+                          child="Job pets-r0")
     assert later.requeue_after == 5.0  # never sleeps past the deadline
-    over = refusals.plan_child_refused(training(st, **spec), QUOTA, NOW + timedelta(seconds=31), False,
-                                     child="Job pets-r0", cleanup=[service_manifest()])
+    over = child_refused(training(st, **spec), QUOTA, NOW + timedelta(seconds=31), False, child="Job pets-r0",
+                         made=[service_manifest()])
     assert over.status.phase == api.FAILED and condition(over, "Failed")["reason"] == "PendingTimeout"
     assert "pendingTimeoutSeconds=60" in over.status.message and QUOTA in over.status.message
     assert [d["kind"] for d in over.delete] == ["Service"]
@@ -183,23 +208,26 @@ def events(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str, str]]:
     return posted
 
 
-def plan_creating_both() -> tuple[dict[str, Any], plan_types.Plan]:
-    from pets_operator import backends
+def round_creating_both(old: dict[str, Any] | None = None, **observed: Any) -> tuple[dict[str, Any], Round]:
+    """A new training's round: it makes the Service, the NetworkPolicy, the claim and the Job."""
+    b = training(old)
+    obs = plan_types.Observed(backend=backends.JOB, workload=None, **observed)
+    return b, Round.of(b, api.resolve_spec({}), obs, builders.Target("pets", "ns"), NOW)
 
-    b = training()
-    spec = api.resolve_spec({})
-    target = builders.Target("pets", "ns")
-    obs = plan_types.Observed(backend=backends.get("job"), workload=None)
-    return b, status.plan(b, spec, obs, target, NOW)
+
+def plan_and_act(cl: FakeCluster, b: dict[str, Any], r: Round) -> float | None:
+    """What reconcile does with the round: plan, carry out, and plan again for a refused child."""
+    return reconcile.plan_and_act(context.Context(api_client=None), cl, b, r,  # type: ignore[arg-type]
+                                  logging.getLogger("test"))
 
 
 def test_carry_out_fails_the_training_and_deletes_the_service_it_made(
         events: list[tuple[str, str, str]]) -> None:
-    b, plan = plan_creating_both()
-    assert [m["kind"] for m in plan.create] == ["Service", "NetworkPolicy", "PersistentVolumeClaim", "Job"]
+    b, r = round_creating_both()
+    assert [m["kind"] for m in status.plan(r).create] == ["Service", "NetworkPolicy", "PersistentVolumeClaim",
+                                                          "Job"]
     cl = FakeCluster({"Job": refusal(403, VAP)})
-    delay = act.carry_out(context.Context(api_client=None), cl, b, plan,  # type: ignore[arg-type]
-                                logging.getLogger("test"))
+    delay = plan_and_act(cl, b, r)
     assert cl.created == ["Service/pets", "NetworkPolicy/pets", "PersistentVolumeClaim/pets-output"]
     # the claim goes with the training (its owner reference); the policy is not named in status, so a
     # later attempt makes it again
@@ -211,10 +239,9 @@ def test_carry_out_fails_the_training_and_deletes_the_service_it_made(
 
 
 def test_carry_out_waits_on_a_quota_and_keeps_the_service(events: list[tuple[str, str, str]]) -> None:
-    b, plan = plan_creating_both()
+    b, r = round_creating_both()
     cl = FakeCluster({"Job": refusal(403, QUOTA)})
-    delay = act.carry_out(context.Context(api_client=None), cl, b, plan,  # type: ignore[arg-type]
-                                logging.getLogger("test"))
+    delay = plan_and_act(cl, b, r)
     assert cl.created == ["Service/pets", "NetworkPolicy/pets", "PersistentVolumeClaim/pets-output"]
     assert cl.deleted == [] and cl.statuses[-1]["phase"] == api.PENDING
     assert next(c for c in cl.statuses[-1]["conditions"] if c["type"] == "Progressing")["reason"] == \
@@ -227,12 +254,11 @@ def test_a_quota_that_refuses_the_output_claim_says_the_work_is_not_durable(
         events: list[tuple[str, str, str]]) -> None:
     """The claim is refused (a storage quota): the training waits and retries, and OutputDurable says why
     within that round; no workload is made that would mount a claim that is not there."""
-    b, plan = plan_creating_both()
+    b, r = round_creating_both()
     quota = ('persistentvolumeclaims "pets-output" is forbidden: exceeded quota: storage, requested: '
              'requests.storage=5Gi, used: requests.storage=8Gi, limited: requests.storage=10Gi')
     cl = FakeCluster({"PersistentVolumeClaim": refusal(403, quota)})
-    delay = act.carry_out(context.Context(api_client=None), cl, b, plan,  # type: ignore[arg-type]
-                                logging.getLogger("test"))
+    delay = plan_and_act(cl, b, r)
     assert cl.created == ["Service/pets", "NetworkPolicy/pets"] and cl.deleted == []
     written = cl.statuses[-1]
     assert written["phase"] == api.PENDING and "waiting to create PersistentVolumeClaim pets-output" in \
@@ -244,60 +270,53 @@ def test_a_quota_that_refuses_the_output_claim_says_the_work_is_not_durable(
 
 
 def test_carry_out_cleans_up_a_service_made_by_an_earlier_round(events: list[tuple[str, str, str]]) -> None:
-    """Round 1 made the Service and waited on a quota; round 2's Job is refused for good."""
-    b, plan = plan_creating_both()
-    plan.create = [m for m in plan.create if m["kind"] == "Job"]  # the Service exists already
+    """Round 1 made the Service and the NetworkPolicy and waited on a quota; round 2's Job is refused for
+    good."""
+    b, r = round_creating_both({"children": {"networkPolicy": "pets"}}, service=service_manifest())
     cl = FakeCluster({"Job": refusal(422, 'Job.batch "pets-r0" is invalid: spec.template: bad')})
-    act.carry_out(context.Context(api_client=None), cl, b, plan,  # type: ignore[arg-type]
-                        logging.getLogger("test"))
-    assert cl.created == [] and cl.deleted == ["Service/pets"]
+    plan_and_act(cl, b, r)
+    assert cl.created == ["PersistentVolumeClaim/pets-output"] and cl.deleted == ["Service/pets"]
     assert cl.statuses[-1]["phase"] == api.FAILED
 
 
 def test_carry_out_lets_other_errors_through(events: list[tuple[str, str, str]]) -> None:
-    b, plan = plan_creating_both()
+    b, r = round_creating_both()
 
     class Broken(FakeCluster):
         def create(self, manifest: dict[str, Any]) -> bool:
             raise ValueError("no API known")
 
     with pytest.raises(ValueError):
-        act.carry_out(context.Context(api_client=None), Broken({}), b, plan,  # type: ignore[arg-type]
-                            logging.getLogger("test"))
+        plan_and_act(Broken({}), b, r)
 
 
-def test_carry_out_still_deletes_what_the_plan_meant_to_delete(events: list[tuple[str, str, str]]) -> None:
-    b, plan = plan_creating_both()
-    plan.delete = [{"apiVersion": "batch/v1", "kind": "Job", "name": "pets-r0", "namespace": "ns"}]
-    cl = FakeCluster({"Job": refusal(422, "invalid")})
-    act.carry_out(context.Context(api_client=None), cl, b, plan,  # type: ignore[arg-type]
-                        logging.getLogger("test"))
-    assert sorted(cl.deleted) == ["Job/pets-r0", "NetworkPolicy/pets", "Service/pets"]
+def test_a_permanent_refusal_still_deletes_what_the_plan_meant_to_delete() -> None:
+    meant = {"apiVersion": "batch/v1", "kind": "Job", "name": "pets-r0", "namespace": "ns"}
+    p = child_refused(training(), "invalid", NOW, True, child="Job pets-r1", made=[service_manifest()],
+                      delete=[meant])
+    assert [(d["kind"], d["name"]) for d in p.delete] == [("Service", "pets"), ("Job", "pets-r0")]
 
 
 def test_status_writes_within_a_phase_are_at_most_one_per_interval(
         events: list[tuple[str, str, str]]) -> None:
     """A burst of pod changes is one status write per STATUS_WRITE_INTERVAL; a phase change, or a Plan
-    that acts on a child, is never held back."""
-    ctx = context.Context(api_client=None)  # type: ignore[arg-type]
-    b = training()
-    b["status"] = {"phase": api.PENDING, "message": "2/2 pod(s) waiting: waiting to be scheduled"}
-    cl = FakeCluster({})
-    cl.stored = dict(b["status"])
-    log = logging.getLogger("test")
+    that acts on a child, is never held back; and a Plan held back does nothing."""
+    stored = {"phase": api.PENDING, "message": "2/2 pod(s) waiting: waiting to be scheduled"}
+    st = Status.from_dict(stored)
     creating = "containers are being created"
-    stored = Status.from_dict(b["status"])
-    scheduled = plan_types.Plan(status=replace(stored, message=f"2/2 pod(s) waiting: {creating}"))
-    act.carry_out(ctx, cl, b, scheduled, log)
-    assert len(cl.statuses) == 1  # the first write goes at once
-    one_up = plan_types.Plan(status=replace(stored, message=f"1/2 pod(s) waiting: {creating}"))
-    wait = act.carry_out(ctx, cl, b, one_up, log)
-    assert len(cl.statuses) == 1 and wait is not None and 0 < wait <= act.STATUS_WRITE_INTERVAL
-    running = plan_types.Plan(status=replace(stored, phase=api.RUNNING, message="2/2 pods running"))
-    act.carry_out(ctx, cl, b, running, log)
-    assert [s["phase"] for s in cl.statuses] == [api.PENDING, api.RUNNING]  # a phase change: at once
-    b2, both = plan_creating_both()
-    both.status.phase = (b2.get("status") or {}).get("phase")  # same phase, but children to make
-    act.carry_out(ctx, cl, b2, both, log)
-    assert cl.created == ["Service/pets", "NetworkPolicy/pets", "PersistentVolumeClaim/pets-output",
-                          "Job/pets"]
+
+    def paced(p: plan_types.Plan, written_ago: float) -> plan_types.Plan:
+        pacing.pace(replace(round_of(st), stored=stored, written_ago=written_ago), p)
+        return p
+
+    assert not paced(plan_types.Plan(status=replace(st, message=f"2/2 pod(s) waiting: {creating}")),
+                     math.inf).hold  # the first write goes at once
+    one_up = paced(plan_types.Plan(status=replace(st, message=f"1/2 pod(s) waiting: {creating}")), 1.0)
+    assert one_up.hold and one_up.next_round == pacing.STATUS_WRITE_INTERVAL - 1.0
+    running = plan_types.Plan(status=replace(st, phase=api.RUNNING, message="2/2 pods running"))
+    assert not paced(running, 1.0).hold  # a phase change: at once
+    assert not paced(plan_types.Plan(status=replace(st, message="x"), create=[service_manifest()]), 1.0).hold
+    cl = FakeCluster({})
+    act.carry_out(context.Context(api_client=None), cl, training(stored), one_up,  # type: ignore[arg-type]
+                  logging.getLogger("test"))
+    assert cl.statuses == [] and cl.created == [] and events == []

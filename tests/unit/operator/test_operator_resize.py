@@ -8,8 +8,9 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from operator_specs import training  # tests/unit/operator/operator_specs.py
+from operator_specs import round_of, training  # tests/unit/operator/operator_specs.py
 from pets_operator import api, backends, builders, children, goodput, plan_types, resize, status
+from pets_operator.plan_types import Round
 from pets_operator.status_types import Status
 from test_operator_status import NOW
 
@@ -39,7 +40,7 @@ def plan(st: dict[str, Any], spec: dict[str, Any], workload: dict[str, Any] | No
     target = builders.Target("pets", "ns", int(st.get("attempt") or 0))
     obs = plan_types.Observed(backend=backends.JOB, workload=workload,
                               service=backends.JOB.build_service(resolved, target), **observed)
-    return status.plan(training(st, **spec), resolved, obs, target, now)
+    return status.plan(Round.of(training(st, **spec), resolved, obs, target, now))
 
 
 RUNNING = {"phase": api.RUNNING, "backend": "job", "attempt": 0, "workloadActive": True,
@@ -81,7 +82,7 @@ def test_status_names_the_size_it_runs_at_and_the_pods_selector() -> None:
     p = plan({}, {"replicas": 3}, None)
     assert p.status.replicas == 3
     assert p.status.selector == "training.pets.dev/training=pets,app.kubernetes.io/component=trainer"
-    assert resize.selector("pets") == p.status.selector
+    assert resize.selector(round_of()) == p.status.selector
 
 
 def test_a_workload_built_smaller_than_asked_is_not_taken_for_an_edit() -> None:
@@ -119,11 +120,12 @@ def test_after_a_node_loss_a_gang_that_does_not_fit_goes_on_at_the_size_placed()
     (event,) = [e for e in p.events if e.reason == "Resized"]
     assert event.message.startswith("2 -> 1 (NodeLost): ") and "nodeLostSeconds=30" in event.message
     assert p.status.restarts == 1  # not a failure
-    assert resize.next_size(api.resolve_spec({"replicas": 2, "elastic": {"minReplicas": 1}}), p.status) == 1
+    elastic = {"elastic": {"minReplicas": 1}}
+    assert resize.next_size(round_of(p.status, api.resolve_spec({"replicas": 2, **elastic}))) == 1
     # Scaled by its user during the drain: the next attempt is built at what was asked since.
-    assert resize.next_size(api.resolve_spec({"replicas": 1, "elastic": {"minReplicas": 1}}), p.status) == 1
+    assert resize.next_size(round_of(p.status, api.resolve_spec({"replicas": 1, **elastic}))) == 1
     grown = api.resolve_spec({"replicas": 4, "elastic": {"minReplicas": 1, "maxReplicas": 4}})
-    assert resize.next_size(grown, p.status) == 4
+    assert resize.next_size(round_of(p.status, grown)) == 4
 
 
 @pytest.mark.parametrize(("elastic", "placed", "waited"), [
@@ -225,6 +227,6 @@ def test_a_size_that_cannot_keep_the_global_batch_is_refused_and_the_gang_runs_o
 def test_a_node_loss_shrinks_to_the_largest_size_that_keeps_the_global_batch() -> None:
     spec = api.resolve_spec({"replicas": 4, "elastic": {"minReplicas": 1, "maxReplicas": 4}})
     status_ = Status(global_batch=4 * 64)
-    assert [resize.fitting(spec, status_, n) for n in (4, 3, 2, 1)] == [4, 2, 2, 1]
+    assert [resize._fitting(spec, status_, n) for n in (4, 3, 2, 1)] == [4, 2, 2, 1]
     at_least_3 = api.resolve_spec({"replicas": 4, "elastic": {"minReplicas": 3}})
-    assert resize.fitting(at_least_3, status_, 3) is None  # 3 cannot keep it, and 2 is below the bound
+    assert resize._fitting(at_least_3, status_, 3) is None  # 3 cannot keep it, and 2 is below the bound

@@ -18,7 +18,9 @@ from datetime import UTC, datetime, timedelta
 import aiohttp
 import pytest
 from aiohttp import web
-from pets_operator import api, backends, builders, children, mirror, plan_types, stall, status
+from operator_specs import mirror_into  # tests/unit/operator/operator_specs.py
+from pets_operator import api, backends, builders, children, plan_types, status
+from pets_operator.plan_types import Round
 from pets_operator.progress import PETS_TEXT_CAP, ProgressError, check_progress, parse_progress
 from pets_operator.scraper import (
     BODY_CAP,
@@ -304,8 +306,7 @@ def test_the_trainers_real_endpoint_reads_well_within_the_bounds() -> None:
         thread.join(5)
     assert reading.error is None and reading.progress is not None
     assert set(reading.progress) == set(gauges.READ) and reading.progress["pets_step"] == 1234567
-    mirrored = Status()
-    mirror.mirror_progress(mirrored, reading.progress, datetime(2026, 1, 2, tzinfo=UTC))
+    mirrored = mirror_into(Status(), progress=reading.progress, now=datetime(2026, 1, 2, tzinfo=UTC))
     assert mirrored.step == 1234567 and mirrored.eval_accuracy == 0.875
 
 
@@ -346,7 +347,7 @@ def _plan(progress: dict[str, float] | None, error: str | None,
                                progress_failing_since=failing_since)
     body = {"metadata": {"name": "pets", "namespace": "ns", "generation": 1, "uid": "u1"}, "spec": {},
             "status": {"phase": api.RUNNING}}
-    return status.plan(body, spec, observed, target, now)
+    return status.plan(Round.of(body, spec, observed, target, now))
 
 
 def test_a_bad_gauge_reaches_status_and_events_as_its_kind_only() -> None:
@@ -399,8 +400,7 @@ def test_fuzz_the_parser_and_checks_never_raise_else_and_never_pass_a_bad_value(
             kind, top = gauges.READ[metric].kind, gauges.READ[metric].top
             assert type(value) is float and math.isfinite(value) and 0 <= value <= top, (text, metric)
             assert kind is float or value.is_integer()
-        mirrored = Status()
-        mirror.mirror_progress(mirrored, values, datetime(2026, 1, 2, tzinfo=UTC))
+        mirrored = mirror_into(Status(), progress=values, now=datetime(2026, 1, 2, tzinfo=UTC))
         json.dumps(mirrored.to_dict(), allow_nan=False)
     assert outcomes["ok"] > 100 and outcomes["error"] > 100, outcomes  # both paths were exercised
 
@@ -420,7 +420,6 @@ def test_status_tells_an_unreachable_rank_0_from_a_refused_answer(exc: BaseExcep
     """EndpointUnreachable (with the NetworkPolicy hint) only when rank 0 could not be reached; a refused
     answer is ProgressRefused: a NetworkPolicy is not what to look at then."""
     error = f"http://10.0.0.5:9090/metrics: {_describe(exc)}"
-    assert stall.unreachable(error) is unreachable
     planned = _plan(None, error)
     reported = next(c for c in planned.status.conditions if c["type"] == "ProgressReported")
     assert reported["reason"] == ("EndpointUnreachable" if unreachable else "ProgressRefused")

@@ -8,19 +8,19 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from operator_specs import condition, training  # tests/unit/operator/operator_specs.py
+from operator_specs import condition, round_of, training  # tests/unit/operator/operator_specs.py
 from pets_operator import (
     api,
     backends,
     builders,
     children,
-    output_durability,
     plan_types,
     pods,
     refusals,
     restarts,
     status,
 )
+from pets_operator.plan_types import Round
 from pets_operator.progress import parse_progress
 from pets_operator.status_types import Status
 
@@ -50,13 +50,22 @@ def run(b: dict[str, Any], workload: dict[str, Any] | None, *, backend: str = "j
             api.resolve_spec(built_from) if built_from is not None else spec)
     obs = plan_types.Observed(backend=chosen, workload=workload, service=chosen.build_service(spec, target),
                           **observed)
-    return status.plan(b, spec, obs, target, now)
+    return status.plan(Round.of(b, spec, obs, target, now))
+
+
+def unplannable(b: dict[str, Any], now: datetime = NOW, **error: str) -> plan_types.Plan:
+    """The plan of a training whose spec (spec_error) or backend (backend_error) cannot run."""
+    return status.plan(Round.of(b, None, plan_types.Observed(backends.JOB, None), TARGET, now, **error))
+
+
+def resume_point(spec: Any, st: Status) -> str:
+    return restarts.resume_point(round_of(spec=spec), plan_types.Plan(status=st))
 
 
 def test_new_training_creates_service_and_job_once() -> None:
     spec = api.resolve_spec({"replicas": 2, "backend": "job"})
     observed = plan_types.Observed(backend=backends.JOB, workload=None, backend_reason="spec.backend is job")
-    p = status.plan(training(replicas=2, backend="job"), spec, observed, TARGET, NOW)
+    p = status.plan(Round.of(training(replicas=2, backend="job"), spec, observed, TARGET, NOW))
     assert [m["kind"] for m in p.create] == ["Service", "NetworkPolicy", "PersistentVolumeClaim", "Job"]
     assert p.status.phase == api.PENDING
     assert p.status.observed_generation == 3
@@ -76,7 +85,7 @@ def test_a_managed_output_claim_is_created_before_the_first_workload_only() -> N
     spec = api.resolve_spec({"replicas": 2, "backend": "job", "output": {"managedClaim": {}}})
     observed = plan_types.Observed(backend=backends.JOB, workload=None)
     stored = training(replicas=2, backend="job", output={"managedClaim": {}})
-    p = status.plan(stored, spec, observed, TARGET, NOW)
+    p = status.plan(Round.of(stored, spec, observed, TARGET, NOW))
     assert [m["kind"] for m in p.create] == ["Service", "NetworkPolicy", "PersistentVolumeClaim", "Job"]
     assert p.create[2]["metadata"]["name"] == "pets-output"
     p2 = run(training(p.status, replicas=2, output={"managedClaim": {}}), job())
@@ -88,7 +97,8 @@ def test_a_url_datasets_cache_claim_is_created_before_the_workload() -> None:
     dataset = {"url": "https://example.com/pets.tar.gz"}
     spec = api.resolve_spec({"replicas": 2, "backend": "job", "dataset": dataset})
     observed = plan_types.Observed(backend=backends.JOB, workload=None)
-    p = status.plan(training(replicas=2, backend="job", dataset=dataset), spec, observed, TARGET, NOW)
+    p = status.plan(Round.of(training(replicas=2, backend="job", dataset=dataset), spec, observed, TARGET,
+                             NOW))
     kinds = ["Service", "NetworkPolicy", "PersistentVolumeClaim", "PersistentVolumeClaim", "Job"]
     assert [m["kind"] for m in p.create] == kinds
     assert p.create[3]["metadata"]["name"] == builders.dataset_cache_name(spec)
@@ -99,12 +109,12 @@ def test_a_retained_claim_is_named_in_an_event_once() -> None:
     output = {"managedClaim": {"retentionPolicy": "Retain"}}
     spec = api.resolve_spec({"output": output})
     observed = plan_types.Observed(backend=backends.JOB, workload=None)
-    p = status.plan(training(output=output), spec, observed, TARGET, NOW)
+    p = status.plan(Round.of(training(output=output), spec, observed, TARGET, NOW))
     (retained,) = [e for e in p.events if e.reason == "OutputClaimRetained"]
     assert "pets-output has retentionPolicy Retain" in retained.message
     assert "kubectl delete pvc -n ns pets-output" in retained.message
-    restart = status.plan(training({"attempt": 1, "restarts": 1}, output=output), spec, observed,
-                          builders.Target("pets", "ns", 1), NOW)
+    restart = status.plan(Round.of(training({"attempt": 1, "restarts": 1}, output=output), spec, observed,
+                          builders.Target("pets", "ns", 1), NOW))
     assert "OutputClaimRetained" not in [e.reason for e in restart.events]
 
 
@@ -112,7 +122,7 @@ def test_auto_says_what_it_chose_once() -> None:
     spec = api.resolve_spec({"backend": "auto"})
     why = "spec.backend is auto: --auto-backend is job"
     observed = plan_types.Observed(backend=backends.JOB, workload=None, backend_reason=why)
-    p = status.plan(training(backend="auto"), spec, observed, TARGET, NOW)
+    p = status.plan(Round.of(training(backend="auto"), spec, observed, TARGET, NOW))
     assert [(e.reason, e.message) for e in p.events] == [
         ("BackendSelected", f"running as a Job: {why}"), ("Created", "created Job pets")]
 
@@ -232,7 +242,7 @@ def test_finished_is_terminal() -> None:
 def test_a_field_the_planner_does_not_model_is_kept_as_it_was() -> None:
     """A newer operator's field (a downgrade): every round writes it back as read, never removes it."""
     stored = {"phase": api.RUNNING, "attempt": 0, "fromANewerOperator": {"kept": [1, 2]}}
-    for p in (run(training(stored), job(active=2)), refusals.plan_invalid(training(stored), "bad", NOW)):
+    for p in (run(training(stored), job(active=2)), unplannable(training(stored), spec_error="bad")):
         assert p.status.to_dict()["fromANewerOperator"] == {"kept": [1, 2]}
         assert "fromANewerOperator" not in plan_types.merge_patch(stored, p.status.to_dict())
 
@@ -294,7 +304,7 @@ def test_child_timestamps_in_either_rfc3339_form() -> None:
 
 
 def test_invalid_spec_plan_fails_with_one_event() -> None:
-    p = refusals.plan_invalid(training({"phase": api.PENDING}), "spec.dataset: bad", NOW)
+    p = unplannable(training({"phase": api.PENDING}), spec_error="spec.dataset: bad")
     assert p.status.phase == api.FAILED and p.status.message == "spec.dataset: bad"
     assert condition(p, "Failed") == {"type": "Failed", "status": "True", "reason": "InvalidSpec",
                                  "message": "spec.dataset: bad", "lastTransitionTime": "2026-01-02T03:04:05Z",
@@ -302,17 +312,16 @@ def test_invalid_spec_plan_fails_with_one_event() -> None:
     assert [(e.type, e.reason) for e in p.events] == [("Warning", "InvalidSpec")]
     assert p.create == [] and p.delete == []
     # The same reason again (an operator restart) writes nothing new and emits no second Event.
-    again = refusals.plan_invalid(training(p.status), "spec.dataset: bad", NOW + timedelta(seconds=30))
+    again = unplannable(training(p.status), NOW + timedelta(seconds=30), spec_error="spec.dataset: bad")
     assert again.status.to_dict() == p.status.to_dict() and again.events == []
 
 
 def test_backend_unavailable_plan_waits_pending() -> None:
-    p = refusals.plan_backend_unavailable(training(), "spec.backend is 'pytorchjob' but ...", NOW)
+    p = unplannable(training(), backend_error="spec.backend is 'pytorchjob' but ...")
     assert p.status.phase == api.PENDING
     assert condition(p, "Progressing")["reason"] == "BackendUnavailable"
     assert [e.reason for e in p.events] == ["BackendUnavailable"]
-    assert refusals.plan_backend_unavailable(training(p.status), "spec.backend is 'pytorchjob' but ...",
-                                           NOW).events == []
+    assert unplannable(training(p.status), backend_error="spec.backend is 'pytorchjob' but ...").events == []
 
 
 def test_target_attempt_names_the_workload_after_a_restart() -> None:
@@ -329,15 +338,15 @@ def test_target_attempt_names_the_workload_after_a_restart() -> None:
 ])
 def test_a_restart_says_where_it_resumes_for_each_output(output: dict[str, Any], says: str) -> None:
     spec = api.resolve_spec({"output": output})
-    assert restarts.resume_point(spec, Status(last_checkpoint={"epoch": 2})) == says
+    assert resume_point(spec, Status(last_checkpoint={"epoch": 2})) == says
     # With the run's steps known (the trainer's gauges), the step too: epochs are of equal length.
     with_steps = Status(last_checkpoint={"epoch": 2}, total_epochs=5, steps_total=60)
-    assert restarts.resume_point(spec, with_steps) == says + (", step 24" if "epoch 2" in says else "")
+    assert resume_point(spec, with_steps) == says + (", step 24" if "epoch 2" in says else "")
     # A trainer that serves its newest checkpoint's step (a step checkpoint, mid-epoch): that step, read
     # up to a progress interval ago, so "or later".
     step_checkpoint = Status(last_checkpoint={"epoch": 2, "step": 31})
     if "epoch 2" in says:
-        assert restarts.resume_point(spec, step_checkpoint) == \
+        assert resume_point(spec, step_checkpoint) == \
             "resuming from the newest checkpoint, at step 31 or later"
 
 
@@ -351,20 +360,21 @@ def test_output_durable_says_whether_the_work_outlives_the_pods(output: dict[str
                                                                 reason: str, words: str) -> None:
     spec = api.resolve_spec({"output": output})
     observed = plan_types.Observed(backend=backends.JOB, workload=None)
-    p = status.plan(training(output=output), spec, observed, TARGET, NOW)
+    p = status.plan(Round.of(training(output=output), spec, observed, TARGET, NOW))
     c = condition(p, "OutputDurable")
     assert (c["status"], c["reason"]) == (durable, reason) and words in c["message"], c
     # Stable: the next round changes nothing about it (no status write for it).
-    again = status.plan(training(p.status, output=output), spec, observed, TARGET, NOW + timedelta(minutes=1))
+    again = status.plan(Round.of(training(p.status, output=output), spec, observed, TARGET,
+                                 NOW + timedelta(minutes=1)))
     assert condition(again, "OutputDurable") == c
 
 
 @pytest.mark.parametrize(("chosen", "why", "durable", "reason", "words"), [
-    (api.default_output(), output_durability.OPERATOR_DEFAULT, "True", "ManagedClaim",
+    (api.default_output(), children.OPERATOR_DEFAULT, "True", "ManagedClaim",
      "spec.output is unset, so checkpoints and results are on the claim pets-output"),
-    ({"emptyDir": {}}, output_durability.NO_DEFAULT_STORAGE_CLASS, "False", "NoDefaultStorageClass",
+    ({"emptyDir": {}}, children.NO_DEFAULT_STORAGE_CLASS, "False", "NoDefaultStorageClass",
      "the cluster has no default StorageClass, so the operator made no claim and fell back to an emptyDir"),
-    ({"emptyDir": {}}, output_durability.OPERATOR_DEFAULT, "False", "EmptyDir",
+    ({"emptyDir": {}}, children.OPERATOR_DEFAULT, "False", "EmptyDir",
      "the operator's default output is an emptyDir (the chart's defaultOutput.managedClaim.enabled=false)"),
 ])
 def test_an_unset_output_is_the_operators_choice_kept_in_status(
@@ -373,7 +383,7 @@ def test_an_unset_output_is_the_operators_choice_kept_in_status(
     round resolves from there), and OutputDurable says what it means."""
     spec = dataclasses.replace(api.resolve_spec({}), output=chosen)
     observed = plan_types.Observed(backend=backends.JOB, workload=None, output_reason=why)
-    p = status.plan(training(), spec, observed, TARGET, NOW)
+    p = status.plan(Round.of(training(), spec, observed, TARGET, NOW))
     assert (p.status.output, p.status.output_reason) == (chosen, why)
     c = condition(p, "OutputDurable")
     assert (c["status"], c["reason"]) == (durable, reason) and words in c["message"], c
@@ -386,9 +396,9 @@ def test_an_unset_output_is_the_operators_choice_kept_in_status(
 
 def test_an_output_the_spec_names_clears_an_old_choice() -> None:
     spec = api.resolve_spec({"output": {"emptyDir": {}}})
-    old = {"output": {"managedClaim": {}}, "outputReason": output_durability.OPERATOR_DEFAULT}
+    old = {"output": {"managedClaim": {}}, "outputReason": children.OPERATOR_DEFAULT}
     observed = plan_types.Observed(backend=backends.JOB, workload=None)
-    p = status.plan(training(old, output={"emptyDir": {}}), spec, observed, TARGET, NOW)
+    p = status.plan(Round.of(training(old, output={"emptyDir": {}}), spec, observed, TARGET, NOW))
     assert p.status.output is None and p.status.output_reason is None
 
 
@@ -399,7 +409,7 @@ def test_a_pending_claim_makes_output_durable_unknown_until_it_binds() -> None:
     pending = claim | {"status": {"phase": "Pending"}}
     running = {"phase": api.PENDING, "attempt": 0}
     p = run(training(running), job(active=2), output_claim=pending,
-            output_reason=output_durability.OPERATOR_DEFAULT)
+            output_reason=children.OPERATOR_DEFAULT)
     c = condition(p, "OutputDurable")
     assert (c["status"], c["reason"]) == ("Unknown", "ClaimPending")
     assert "pets-output (StorageClass slow, ReadWriteOnce) is Pending" in c["message"]
@@ -408,7 +418,7 @@ def test_a_pending_claim_makes_output_durable_unknown_until_it_binds() -> None:
     several = pending | {"spec": {**pending["spec"], "accessModes": ["ReadWriteMany"]}}
     rwx = condition(run(training(running), job(active=2), output_claim=several), "OutputDurable")
     assert "a class without ReadWriteMany never binds it" in rwx["message"], rwx
-    bound = run(training(p.status), job(active=2, ready=2), output_reason=output_durability.OPERATOR_DEFAULT)
+    bound = run(training(p.status), job(active=2, ready=2), output_reason=children.OPERATOR_DEFAULT)
     assert (condition(bound, "OutputDurable")["status"], condition(bound, "OutputDurable")["reason"]) == \
         ("True", "ManagedClaim")
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from pets_operator import mirror, pods
+from operator_specs import mirror_into  # tests/unit/operator/operator_specs.py
+from pets_operator import pods
 from pets_operator.status_types import Status
 
 pytestmark = pytest.mark.unit
@@ -30,8 +31,7 @@ def test_a_real_summary_still_reads_and_mirrors() -> None:
     summary = pods.parse_summary(json.dumps({"status": "succeeded", "final_accuracy": 0.99375, "epochs": 5,
                                              "final_train_loss": 0.0386, "images_per_second": 301.7}))
     assert summary is not None
-    st = Status()
-    mirror.mirror_summary(st, summary, 5)
+    st = mirror_into(Status(), summary=summary)
     assert (st.eval_accuracy, st.epoch, st.progress) == (0.99375, 5, "5/5")
     json.dumps(st.to_dict(), allow_nan=False)  # a patch the API server takes
 
@@ -40,6 +40,5 @@ def test_a_real_summary_still_reads_and_mirrors() -> None:
                                  {"final_accuracy": "0.9"}, {"epochs": -1}, {"epochs": 2.5},
                                  {"images_per_second": 2**60}])
 def test_values_out_of_their_fields_range_are_not_mirrored(bad: dict[str, object]) -> None:
-    st = Status()
-    mirror.mirror_summary(st, {"status": "succeeded", **bad}, 5)
+    st = mirror_into(Status(), summary={"status": "succeeded", **bad})
     assert not {"evalAccuracy", "epoch", "imagesPerSecond"} & st.to_dict().keys(), st

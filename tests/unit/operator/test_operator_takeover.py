@@ -3,7 +3,7 @@ go back within an attempt (22 to 16, 13 to 5) right after the acting replica's p
 replica that took over planned from indices frozen while it stood by, with a reading its scraper took
 before the lost replica's last write. Now it reads each training afresh once when it starts to act
 again (context.Context.reread), and a reading older than the status's lastProgressTime is not
-mirrored (mirror.older_than_status)."""
+mirrored (mirror.progress)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,14 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from pets_operator import api, backends, builders, context, plan_types, status
+from operator_specs import round_of  # tests/unit/operator/operator_specs.py
+from pets_operator import api, backends, builders, context, mirror, plan_types, status
 from pets_operator.backends import timestamp
-from pets_operator.mirror import older_than_status
+from pets_operator.plan_types import Round
 from pets_operator.progress import parse_progress
 from pets_operator.status_types import Status
+
+from pets_contract import gauges
 
 pytestmark = pytest.mark.unit
 
@@ -35,12 +38,19 @@ def ctx_over(indexed: dict[str, Any]) -> context.Context:
     return context.Context(api_client=None, indices=indices)  # type: ignore[arg-type]
 
 
+def mirrored(read_at: datetime | None, shown: Status) -> bool:
+    r = round_of(shown, progress={gauges.BY_KEY["step"].name: 7.0}, progress_read_at=read_at)
+    p = plan_types.Plan(status=shown.copy())
+    mirror.progress(r, p)
+    return p.status.step == 7
+
+
 def test_a_reading_older_than_the_status_shows_is_not_mirrored() -> None:
     shown = Status(last_progress_time=timestamp(NOW))
-    assert older_than_status(NOW - timedelta(seconds=3), shown)
-    assert not older_than_status(NOW + timedelta(seconds=3), shown)
-    assert not older_than_status(NOW, shown)  # the same second: ours may well be the newer
-    assert not older_than_status(None, shown) and not older_than_status(NOW, Status())
+    assert not mirrored(NOW - timedelta(seconds=3), shown)
+    assert mirrored(NOW + timedelta(seconds=3), shown)
+    assert mirrored(NOW, shown)  # the same second: ours may well be the newer
+    assert mirrored(None, shown) and mirrored(NOW, Status())
 
 
 def plan_with(old_status: dict[str, Any], read_at: datetime) -> dict[str, Any]:
@@ -54,7 +64,7 @@ def plan_with(old_status: dict[str, Any], read_at: datetime) -> dict[str, Any]:
     observed = plan_types.Observed(backend=backends.JOB, workload=workload,
                                    service=backends.JOB.build_service(spec, target), progress=progress,
                                    progress_read_at=read_at)
-    return status.plan(b, spec, observed, target, NOW).status.to_dict()
+    return status.plan(Round.of(b, spec, observed, target, NOW)).status.to_dict()
 
 
 def test_a_stale_reading_does_not_take_the_step_back_and_a_newer_one_moves_it() -> None:

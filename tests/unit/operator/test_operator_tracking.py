@@ -3,12 +3,14 @@ training from before the field, and status.tracking with the TrackingDegraded co
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from operator_specs import TARGET, env_of  # tests/unit/operator/operator_specs.py
+from operator_specs import TARGET, env_of, round_of  # tests/unit/operator/operator_specs.py
 from pets_operator import api, backends, builders, plan_types, status, tracking, tracking_status
+from pets_operator.plan_types import Round
 from pets_operator.status_types import Status
 
 pytestmark = pytest.mark.unit
@@ -115,7 +117,8 @@ def summary(**report: Any) -> dict[str, Any]:
 def mirrored(progress: dict[str, float] | None = None, summary_: dict[str, Any] | None = None,
              old: dict[str, Any] | None = None) -> dict[str, Any]:
     st = Status.from_dict({"conditions": [], **(old or {})})
-    tracking_status.mirror(st, progress, summary_, NOW, 2)
+    r = dataclasses.replace(round_of(progress=progress, summary=summary_, now=NOW), meta={"generation": 2})
+    tracking_status.mirror(r, plan_types.Plan(status=st))
     return st.to_dict()
 
 
@@ -169,6 +172,6 @@ def test_the_planner_mirrors_a_succeeded_run() -> None:
             "spec": spec.to_dict(), "status": {"phase": api.RUNNING}}
     observed = plan_types.Observed(backend=backends.JOB, workload=job,
                                    summary=summary(mlflow_run_id=RUN_ID, mlflow_url=RUN_URL, ok=True))
-    plan = status.plan(body, spec, observed, target, NOW)
+    plan = status.plan(Round.of(body, spec, observed, target, NOW))
     assert plan.status.phase == api.SUCCEEDED
     assert plan.status.tracking["mlflowRunId"] == RUN_ID
