@@ -1,6 +1,6 @@
 """The Kubernetes adapter: blocking API calls for one PetsTraining, run in a worker thread.
 
-It decides nothing: `reconcile.reconcile_once` asks it what is there, `status.plan` decides, and it
+It decides nothing: `reconcile.reconcile_once` asks it what is there, `plan.plan` decides, and it
 carries the Plan out. Workloads are reached through their backend's API coordinates, so a new
 backend needs no change here.
 """

@@ -1,5 +1,5 @@
 """One round for one training, run in a worker thread: snapshot (the watched objects, and the reads a
-round makes only when needed) into a Round -> status.plan() -> act. It decides nothing: the backend and
+round makes only when needed) into a Round -> plan.plan() -> act. It decides nothing: the backend and
 the output of a training are chosen by their own functions, once, and kept in its status."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from pets_operator import api, backends, builders, children, metrics, observe, pods, status
+from pets_operator import api, backends, builders, children, metrics, observe, plan, pods
 from pets_operator.act import Logger, carry_out
 from pets_operator.backends import Backend, parse_timestamp
 from pets_operator.cluster import Cluster, has_default_storage_class, served_backends, storage_classes
@@ -41,9 +41,9 @@ def reconcile_once(ctx: Context, snap: Snapshot, logger: Logger) -> float | None
 def plan_and_act(ctx: Context, cl: Cluster, body: dict[str, Any], r: Round, logger: Logger) -> float | None:
     """Plan the round and carry the Plan out; a child the API server refused is planned for (the round
     again, with the refusal), and that Plan carried out. Returns when the next round is due."""
-    result = status.plan(r)
+    result = plan.plan(r)
     if (refused := carry_out(ctx, cl, body, result, logger)) is not None:
-        result = status.plan(dataclasses.replace(r, refused=refused))
+        result = plan.plan(dataclasses.replace(r, refused=refused))
         carry_out(ctx, cl, body, result, logger)
     return result.next_round
 

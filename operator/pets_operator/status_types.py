@@ -1,4 +1,4 @@
-"""The PetsTraining's status, typed: what the planner reads and writes (status.plan and its policies). It
+"""The PetsTraining's status, typed: what the planner reads and writes (plan.plan and its policies). It
 is made from the stored dict where a round reads the object, and becomes the API's dict again only at the
 API edge (`to_dict`: the status patch, comparisons with the stored status).
 

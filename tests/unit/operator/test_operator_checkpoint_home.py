@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 from operator_specs import round_of, training  # tests/unit/operator/operator_specs.py
-from pets_operator import api, backends, builders, checkpoint_home, plan_types, status
+from pets_operator import api, backends, builders, checkpoint_home, plan_types
+from pets_operator import plan as planner
 from pets_operator.plan_types import Round
 from pets_operator.status_types import Status
 from test_operator_status import NOW
@@ -37,7 +38,7 @@ def new_attempt(st: dict[str, Any], spec: dict[str, Any]) -> plan_types.Plan:
     resolved = api.resolve_spec(spec)
     target = builders.Target("pets", "ns", int(st.get("attempt") or 0))
     obs = plan_types.Observed(backend=backends.JOB, workload=None, service={})
-    return status.plan(Round.of(training(st, **spec), resolved, obs, target, NOW))
+    return planner.plan(Round.of(training(st, **spec), resolved, obs, target, NOW))
 
 
 def chosen(spec: dict[str, Any], old: Status) -> str:

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 from operator_specs import condition, training  # tests/unit/operator/operator_specs.py
-from pets_operator import api, backends, builders, children, claim_binding, plan_types, status
+from pets_operator import api, backends, builders, children, claim_binding, plan_types
+from pets_operator import plan as planner
 from pets_operator.plan_types import Round
 
 pytestmark = pytest.mark.unit
@@ -71,7 +72,7 @@ def plan(unbound: dict[str, str], old: dict[str, Any] | None = None, now_after: 
     classes = [storage_class(name, "Immediate", default=True) for name in set(unbound.values())]
     observed = plan_types.Observed(backend=backends.JOB, workload=None, claims=dict.fromkeys(unbound),
                                    storage_classes=classes or None)
-    return status.plan(Round.of(training(old, **spec), api.resolve_spec(spec), observed, target,
+    return planner.plan(Round.of(training(old, **spec), api.resolve_spec(spec), observed, target,
                        NOW + timedelta(seconds=now_after)))
 
 

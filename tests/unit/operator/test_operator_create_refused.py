@@ -6,7 +6,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
-from pets_operator import api, backends, builders, children, plan_types, status
+from pets_operator import api, backends, builders, children, plan_types
+from pets_operator import plan as planner
 from pets_operator.plan_types import Observed, Round
 from pets_operator.pods import SEVERITY, create_refused
 
@@ -74,7 +75,7 @@ def test_no_failed_create_means_no_refusal_and_a_refusal_is_the_worst_wait() -> 
     assert SEVERITY[0] == "PodCreateRefused"
 
 
-# ----------------------------------------------------------------- through status.plan
+# ------------------------------------------------------------------- through plan.plan
 
 def _plan(pods_now: list[dict[str, object]], refusals: list[dict[str, object]],
           old: dict[str, object] | None = None) -> plan_types.Plan:
@@ -87,7 +88,7 @@ def _plan(pods_now: list[dict[str, object]], refusals: list[dict[str, object]],
             "spec": {"replicas": 2}, "status": old or {}}
     observed = Observed(backend=backends.JOB, workload=job, pods=pods_now, workload_refusals=refusals,
                         service=backends.JOB.build_service(spec, target))
-    return status.plan(Round.of(body, spec, observed, target, NOW))
+    return planner.plan(Round.of(body, spec, observed, target, NOW))
 
 
 def test_status_says_pod_create_refused_with_the_server_message_and_one_event_per_new_reason() -> None:

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 from operator_specs import round_of  # tests/unit/operator/operator_specs.py
-from pets_operator import api, backends, builders, children, deadlines, plan_types, status
+from pets_operator import api, backends, builders, children, deadlines, plan_types
+from pets_operator import plan as planner
 from pets_operator.plan_types import Round
 from pets_operator.status_types import Status
 
@@ -44,7 +45,7 @@ def plan(b: dict[str, Any], workload: dict[str, Any] | None, **observed: Any) ->
         workload["metadata"]["annotations"][api.ANNOTATION_SPEC_DIGEST] = builders.spec_digest(spec)
     obs = plan_types.Observed(backend=backends.JOB, workload=workload,
                           service=backends.JOB.build_service(spec, target), **observed)
-    return status.plan(Round.of(b, spec, obs, target, NOW))
+    return planner.plan(Round.of(b, spec, obs, target, NOW))
 
 
 def left(spec: Any, st: Status, now: datetime) -> float | None:
@@ -128,6 +129,6 @@ def test_without_a_deadline_no_bookkeeping_is_written() -> None:
     running = children.build_job(spec, target)
     running["metadata"]["annotations"][api.ANNOTATION_SPEC_DIGEST] = builders.spec_digest(spec)
     running["status"] = {"active": 2, "ready": 2}
-    p = status.plan(Round.of(b, spec, plan_types.Observed(backend=backends.JOB, workload=running,
+    p = planner.plan(Round.of(b, spec, plan_types.Observed(backend=backends.JOB, workload=running,
                                              service=backends.JOB.build_service(spec, target)), target, NOW))
     assert p.status.deadline is None and "activeDeadlineSeconds" not in running["spec"]

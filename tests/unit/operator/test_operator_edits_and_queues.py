@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 from operator_specs import condition, training  # tests/unit/operator/operator_specs.py
-from pets_operator import api, backends, builders, plan_types, status
+from pets_operator import api, backends, builders, plan_types
+from pets_operator import plan as planner
 from pets_operator.plan_types import Round
 from test_operator_status import NOW, job, run
 
@@ -60,11 +61,11 @@ def test_an_edit_while_suspended_rebuilds_the_workload_from_the_new_spec() -> No
     # The next round waits for the old one to go, then builds attempt 1 from the spec that is there now.
     stale = job(suspend=True)
     stale["metadata"]["deletionTimestamp"] = "2026-01-02T03:04:00Z"
-    waiting = status.plan(Round.of(training(p.status, **new_spec), api.resolve_spec(new_spec),
+    waiting = planner.plan(Round.of(training(p.status, **new_spec), api.resolve_spec(new_spec),
                           plan_types.Observed(backend=backends.JOB, workload=None, stale=[stale], service={}),
                           builders.Target("pets", "ns", 1), NOW))
     assert waiting.create == [] and waiting.status.phase == api.PENDING
-    created = status.plan(Round.of(training(waiting.status, **new_spec), api.resolve_spec(new_spec),
+    created = planner.plan(Round.of(training(waiting.status, **new_spec), api.resolve_spec(new_spec),
                           plan_types.Observed(backend=backends.JOB, workload=None, service={}),
                           builders.Target("pets", "ns", 1), NOW))
     (_, new_job) = created.create  # the output claim, then the Job
@@ -86,7 +87,7 @@ def test_a_workload_from_before_the_digest_is_taken_as_current() -> None:
     old["metadata"]["annotations"].pop(api.ANNOTATION_SPEC_DIGEST)
     observed = plan_types.Observed(backend=backends.JOB, workload=old, service={})
     target = builders.Target("pets", "ns")
-    p = status.plan(Round.of(training({"phase": api.SUSPENDED}, replicas=2), spec, observed, target, NOW))
+    p = planner.plan(Round.of(training({"phase": api.SUSPENDED}, replicas=2), spec, observed, target, NOW))
     assert p.delete == [] and p.suspend is False
 
 
@@ -114,7 +115,7 @@ def run_queued(st: dict[str, Any], workload: dict[str, Any] | None, qw: dict[str
         workload["metadata"]["annotations"][api.ANNOTATION_SPEC_DIGEST] = builders.spec_digest(resolved)
     obs = plan_types.Observed(backend=backends.JOB, workload=workload, service={}, queue_workload=qw,
                           queue_served=served)
-    return status.plan(Round.of(b, resolved, obs, target, NOW))
+    return planner.plan(Round.of(b, resolved, obs, target, NOW))
 
 
 def queued_job(**kw: Any) -> dict[str, Any]:

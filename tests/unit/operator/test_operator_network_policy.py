@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 from operator_specs import TARGET, spec  # tests/unit/operator/operator_specs.py
-from pets_operator import api, backends, builders, children, cli, plan_types, render, status
+from pets_operator import api, backends, builders, children, cli, plan_types, render
+from pets_operator import plan as planner
 from pets_operator.plan_types import Round
 
 pytestmark = pytest.mark.unit
@@ -109,7 +110,7 @@ def plan(b: dict[str, Any], workload: dict[str, Any] | None = None,
         workload["metadata"]["annotations"][api.ANNOTATION_SPEC_DIGEST] = builders.spec_digest(s)
     observed = plan_types.Observed(backend=backends.JOB, workload=workload,
                                service=backends.JOB.build_service(s, target) if workload else None)
-    return status.plan(Round.of(b, s, observed, target, NOW))
+    return planner.plan(Round.of(b, s, observed, target, NOW))
 
 
 def running_job(s: dict[str, Any]) -> dict[str, Any]:

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 from operator_specs import TARGET, env_of, spec  # tests/unit/operator/operator_specs.py
-from pets_operator import api, backends, builders, children, cluster, observe, plan_types, pods, status
+from pets_operator import api, backends, builders, children, cluster, observe, plan_types, pods
+from pets_operator import plan as planner
 from pets_operator.plan_types import Round
 
 pytestmark = pytest.mark.unit
@@ -186,7 +187,7 @@ def plan(b: dict[str, Any], workload: dict[str, Any] | None, pod_list: list[dict
     target = builders.Target("pets", "ns", int(b["status"].get("attempt", 0)))
     obs = plan_types.Observed(backend=backends.JOB, workload=workload, pods=pod_list,
                           service=backends.JOB.build_service(s, target), **observed)
-    return status.plan(Round.of(b, s, obs, target, NOW))
+    return planner.plan(Round.of(b, s, obs, target, NOW))
 
 
 RUNNING = {"phase": api.RUNNING, "restarts": 3, "attempt": 3, "disruptions": 1,

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 from operator_specs import round_of  # tests/unit/operator/operator_specs.py
-from pets_operator import api, backends, builders, pacing, plan_types, pods, stall, status
+from pets_operator import api, backends, builders, pacing, plan_types, pods, stall
+from pets_operator import plan as planner
 from pets_operator.plan_types import Round
 from pets_operator.status_types import Status
 
@@ -323,7 +324,7 @@ def plan(
         pods=pod_list,
         **observed,
     )
-    return status.plan(Round.of(b, spec, obs, target, now))
+    return planner.plan(Round.of(b, spec, obs, target, now))
 
 
 def test_active_job_with_unschedulable_pods_is_pending_with_the_schedulers_words() -> None:

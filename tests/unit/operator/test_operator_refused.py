@@ -25,8 +25,8 @@ from pets_operator import (
     plan_types,
     reconcile,
     refusals,
-    status,
 )
+from pets_operator import plan as planner
 from pets_operator.cluster import child_refusal_permanent
 from pets_operator.plan_types import Round
 from pets_operator.status_types import Status
@@ -224,8 +224,8 @@ def plan_and_act(cl: FakeCluster, b: dict[str, Any], r: Round) -> float | None:
 def test_carry_out_fails_the_training_and_deletes_the_service_it_made(
         events: list[tuple[str, str, str]]) -> None:
     b, r = round_creating_both()
-    assert [m["kind"] for m in status.plan(r).create] == ["Service", "NetworkPolicy", "PersistentVolumeClaim",
-                                                          "Job"]
+    made = ["Service", "NetworkPolicy", "PersistentVolumeClaim", "Job"]
+    assert [m["kind"] for m in planner.plan(r).create] == made
     cl = FakeCluster({"Job": refusal(403, VAP)})
     delay = plan_and_act(cl, b, r)
     assert cl.created == ["Service/pets", "NetworkPolicy/pets", "PersistentVolumeClaim/pets-output"]

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 from operator_specs import round_of, training  # tests/unit/operator/operator_specs.py
-from pets_operator import api, backends, builders, children, goodput, plan_types, resize, status
+from pets_operator import api, backends, builders, children, goodput, plan_types, resize
+from pets_operator import plan as planner
 from pets_operator.plan_types import Round
 from pets_operator.status_types import Status
 from test_operator_status import NOW
@@ -40,7 +41,7 @@ def plan(st: dict[str, Any], spec: dict[str, Any], workload: dict[str, Any] | No
     target = builders.Target("pets", "ns", int(st.get("attempt") or 0))
     obs = plan_types.Observed(backend=backends.JOB, workload=workload,
                               service=backends.JOB.build_service(resolved, target), **observed)
-    return status.plan(Round.of(training(st, **spec), resolved, obs, target, now))
+    return planner.plan(Round.of(training(st, **spec), resolved, obs, target, now))
 
 
 RUNNING = {"phase": api.RUNNING, "backend": "job", "attempt": 0, "workloadActive": True,

@@ -19,7 +19,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 from operator_specs import mirror_into  # tests/unit/operator/operator_specs.py
-from pets_operator import api, backends, builders, children, plan_types, status
+from pets_operator import api, backends, builders, children, plan_types
+from pets_operator import plan as planner
 from pets_operator.plan_types import Round
 from pets_operator.progress import PETS_TEXT_CAP, ProgressError, check_progress, parse_progress
 from pets_operator.scraper import (
@@ -347,7 +348,7 @@ def _plan(progress: dict[str, float] | None, error: str | None,
                                progress_failing_since=failing_since)
     body = {"metadata": {"name": "pets", "namespace": "ns", "generation": 1, "uid": "u1"}, "spec": {},
             "status": {"phase": api.RUNNING}}
-    return status.plan(Round.of(body, spec, observed, target, now))
+    return planner.plan(Round.of(body, spec, observed, target, now))
 
 
 def test_a_bad_gauge_reaches_status_and_events_as_its_kind_only() -> None:

@@ -18,8 +18,8 @@ from pets_operator import (
     pods,
     refusals,
     restarts,
-    status,
 )
+from pets_operator import plan as planner
 from pets_operator.plan_types import Round
 from pets_operator.progress import parse_progress
 from pets_operator.status_types import Status
@@ -50,12 +50,12 @@ def run(b: dict[str, Any], workload: dict[str, Any] | None, *, backend: str = "j
             api.resolve_spec(built_from) if built_from is not None else spec)
     obs = plan_types.Observed(backend=chosen, workload=workload, service=chosen.build_service(spec, target),
                           **observed)
-    return status.plan(Round.of(b, spec, obs, target, now))
+    return planner.plan(Round.of(b, spec, obs, target, now))
 
 
 def unplannable(b: dict[str, Any], now: datetime = NOW, **error: str) -> plan_types.Plan:
     """The plan of a training whose spec (spec_error) or backend (backend_error) cannot run."""
-    return status.plan(Round.of(b, None, plan_types.Observed(backends.JOB, None), TARGET, now, **error))
+    return planner.plan(Round.of(b, None, plan_types.Observed(backends.JOB, None), TARGET, now, **error))
 
 
 def resume_point(spec: Any, st: Status) -> str:
@@ -65,7 +65,7 @@ def resume_point(spec: Any, st: Status) -> str:
 def test_new_training_creates_service_and_job_once() -> None:
     spec = api.resolve_spec({"replicas": 2, "backend": "job"})
     observed = plan_types.Observed(backend=backends.JOB, workload=None, backend_reason="spec.backend is job")
-    p = status.plan(Round.of(training(replicas=2, backend="job"), spec, observed, TARGET, NOW))
+    p = planner.plan(Round.of(training(replicas=2, backend="job"), spec, observed, TARGET, NOW))
     assert [m["kind"] for m in p.create] == ["Service", "NetworkPolicy", "PersistentVolumeClaim", "Job"]
     assert p.status.phase == api.PENDING
     assert p.status.observed_generation == 3
@@ -85,7 +85,7 @@ def test_a_managed_output_claim_is_created_before_the_first_workload_only() -> N
     spec = api.resolve_spec({"replicas": 2, "backend": "job", "output": {"managedClaim": {}}})
     observed = plan_types.Observed(backend=backends.JOB, workload=None)
     stored = training(replicas=2, backend="job", output={"managedClaim": {}})
-    p = status.plan(Round.of(stored, spec, observed, TARGET, NOW))
+    p = planner.plan(Round.of(stored, spec, observed, TARGET, NOW))
     assert [m["kind"] for m in p.create] == ["Service", "NetworkPolicy", "PersistentVolumeClaim", "Job"]
     assert p.create[2]["metadata"]["name"] == "pets-output"
     p2 = run(training(p.status, replicas=2, output={"managedClaim": {}}), job())
@@ -97,7 +97,7 @@ def test_a_url_datasets_cache_claim_is_created_before_the_workload() -> None:
     dataset = {"url": "https://example.com/pets.tar.gz"}
     spec = api.resolve_spec({"replicas": 2, "backend": "job", "dataset": dataset})
     observed = plan_types.Observed(backend=backends.JOB, workload=None)
-    p = status.plan(Round.of(training(replicas=2, backend="job", dataset=dataset), spec, observed, TARGET,
+    p = planner.plan(Round.of(training(replicas=2, backend="job", dataset=dataset), spec, observed, TARGET,
                              NOW))
     kinds = ["Service", "NetworkPolicy", "PersistentVolumeClaim", "PersistentVolumeClaim", "Job"]
     assert [m["kind"] for m in p.create] == kinds
@@ -109,11 +109,11 @@ def test_a_retained_claim_is_named_in_an_event_once() -> None:
     output = {"managedClaim": {"retentionPolicy": "Retain"}}
     spec = api.resolve_spec({"output": output})
     observed = plan_types.Observed(backend=backends.JOB, workload=None)
-    p = status.plan(Round.of(training(output=output), spec, observed, TARGET, NOW))
+    p = planner.plan(Round.of(training(output=output), spec, observed, TARGET, NOW))
     (retained,) = [e for e in p.events if e.reason == "OutputClaimRetained"]
     assert "pets-output has retentionPolicy Retain" in retained.message
     assert "kubectl delete pvc -n ns pets-output" in retained.message
-    restart = status.plan(Round.of(training({"attempt": 1, "restarts": 1}, output=output), spec, observed,
+    restart = planner.plan(Round.of(training({"attempt": 1, "restarts": 1}, output=output), spec, observed,
                           builders.Target("pets", "ns", 1), NOW))
     assert "OutputClaimRetained" not in [e.reason for e in restart.events]
 
@@ -122,7 +122,7 @@ def test_auto_says_what_it_chose_once() -> None:
     spec = api.resolve_spec({"backend": "auto"})
     why = "spec.backend is auto: --auto-backend is job"
     observed = plan_types.Observed(backend=backends.JOB, workload=None, backend_reason=why)
-    p = status.plan(Round.of(training(backend="auto"), spec, observed, TARGET, NOW))
+    p = planner.plan(Round.of(training(backend="auto"), spec, observed, TARGET, NOW))
     assert [(e.reason, e.message) for e in p.events] == [
         ("BackendSelected", f"running as a Job: {why}"), ("Created", "created Job pets")]
 
@@ -360,11 +360,11 @@ def test_output_durable_says_whether_the_work_outlives_the_pods(output: dict[str
                                                                 reason: str, words: str) -> None:
     spec = api.resolve_spec({"output": output})
     observed = plan_types.Observed(backend=backends.JOB, workload=None)
-    p = status.plan(Round.of(training(output=output), spec, observed, TARGET, NOW))
+    p = planner.plan(Round.of(training(output=output), spec, observed, TARGET, NOW))
     c = condition(p, "OutputDurable")
     assert (c["status"], c["reason"]) == (durable, reason) and words in c["message"], c
     # Stable: the next round changes nothing about it (no status write for it).
-    again = status.plan(Round.of(training(p.status, output=output), spec, observed, TARGET,
+    again = planner.plan(Round.of(training(p.status, output=output), spec, observed, TARGET,
                                  NOW + timedelta(minutes=1)))
     assert condition(again, "OutputDurable") == c
 
@@ -383,7 +383,7 @@ def test_an_unset_output_is_the_operators_choice_kept_in_status(
     round resolves from there), and OutputDurable says what it means."""
     spec = dataclasses.replace(api.resolve_spec({}), output=chosen)
     observed = plan_types.Observed(backend=backends.JOB, workload=None, output_reason=why)
-    p = status.plan(Round.of(training(), spec, observed, TARGET, NOW))
+    p = planner.plan(Round.of(training(), spec, observed, TARGET, NOW))
     assert (p.status.output, p.status.output_reason) == (chosen, why)
     c = condition(p, "OutputDurable")
     assert (c["status"], c["reason"]) == (durable, reason) and words in c["message"], c
@@ -398,7 +398,7 @@ def test_an_output_the_spec_names_clears_an_old_choice() -> None:
     spec = api.resolve_spec({"output": {"emptyDir": {}}})
     old = {"output": {"managedClaim": {}}, "outputReason": children.OPERATOR_DEFAULT}
     observed = plan_types.Observed(backend=backends.JOB, workload=None)
-    p = status.plan(Round.of(training(old, output={"emptyDir": {}}), spec, observed, TARGET, NOW))
+    p = planner.plan(Round.of(training(old, output={"emptyDir": {}}), spec, observed, TARGET, NOW))
     assert p.status.output is None and p.status.output_reason is None
 
 

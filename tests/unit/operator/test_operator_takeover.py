@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 from operator_specs import round_of  # tests/unit/operator/operator_specs.py
-from pets_operator import api, backends, builders, context, mirror, plan_types, status
+from pets_operator import api, backends, builders, context, mirror, plan_types
+from pets_operator import plan as planner
 from pets_operator.backends import timestamp
 from pets_operator.plan_types import Round
 from pets_operator.progress import parse_progress
@@ -64,7 +65,7 @@ def plan_with(old_status: dict[str, Any], read_at: datetime) -> dict[str, Any]:
     observed = plan_types.Observed(backend=backends.JOB, workload=workload,
                                    service=backends.JOB.build_service(spec, target), progress=progress,
                                    progress_read_at=read_at)
-    return status.plan(Round.of(b, spec, observed, target, NOW)).status.to_dict()
+    return planner.plan(Round.of(b, spec, observed, target, NOW)).status.to_dict()
 
 
 def test_a_stale_reading_does_not_take_the_step_back_and_a_newer_one_moves_it() -> None:

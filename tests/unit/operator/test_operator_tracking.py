@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 from operator_specs import TARGET, env_of, round_of  # tests/unit/operator/operator_specs.py
-from pets_operator import api, backends, builders, plan_types, status, tracking, tracking_status
+from pets_operator import api, backends, builders, plan_types, tracking, tracking_status
+from pets_operator import plan as planner
 from pets_operator.plan_types import Round
 from pets_operator.status_types import Status
 
@@ -172,6 +173,6 @@ def test_the_planner_mirrors_a_succeeded_run() -> None:
             "spec": spec.to_dict(), "status": {"phase": api.RUNNING}}
     observed = plan_types.Observed(backend=backends.JOB, workload=job,
                                    summary=summary(mlflow_run_id=RUN_ID, mlflow_url=RUN_URL, ok=True))
-    plan = status.plan(Round.of(body, spec, observed, target, NOW))
+    plan = planner.plan(Round.of(body, spec, observed, target, NOW))
     assert plan.status.phase == api.SUCCEEDED
     assert plan.status.tracking["mlflowRunId"] == RUN_ID
