@@ -1,6 +1,8 @@
 """The layers of docs/operator.md's "Code layout": every module of the operator, the trainer and the client
 is in one layer and in the table, imports only from its own layer and those above it (the contract above
-all, no package another's), and no import, lazy ones included, makes a cycle."""
+all, no package another's), and no import, lazy ones included, makes a cycle. The operator's policies have
+one shape, `policy(r: Round)` or `policy(r: Round, plan: Plan)`, and only the planner calls them: the
+adapters that snapshot a round and carry its Plan out import none."""
 
 from __future__ import annotations
 
@@ -32,6 +34,13 @@ def _layers(package: str) -> list[list[str]]:
     """The numbered list under the package's heading: each item's modules, in backticks, in order."""
     block = _section().split(f"{HEADINGS[package]} (`")[1].split("\n\n")[0]
     return [re.findall(r"`([\w.]+)`", line) for line in block.splitlines() if re.match(r"\d+\. ", line)]
+
+
+def _layer(package: str, heading: str) -> list[str]:
+    """The modules of the package's layer whose item starts with `heading`."""
+    block = _section().split(f"{HEADINGS[package]} (`")[1].split("\n\n")[0]
+    (line,) = [line for line in block.splitlines() if re.match(rf"\d+\. {heading}", line)]
+    return re.findall(r"`([\w.]+)`", line)
 
 
 def _modules(package: str) -> list[str]:
@@ -112,3 +121,29 @@ def test_the_contract_imports_nothing_of_ours_and_no_import_makes_a_cycle() -> N
 def _imports_of_package(package: str, graph: dict[tuple[str, str], set[tuple[str, str]]]
                         ) -> set[tuple[str, str]]:
     return {target for (pkg, _), targets in graph.items() if pkg == package for target in targets}
+
+
+POLICY_SHAPES = (["Round"], ["Round", "Plan"])
+
+
+def test_every_policy_takes_the_round_or_the_round_and_the_plan() -> None:
+    policies = _layer("pets_operator", "the policies")
+    assert len(policies) > 10, policies
+    wrong = []
+    for module in policies:
+        tree = ast.parse((PACKAGES["pets_operator"] / f"{module}.py").read_text())
+        for node in tree.body:
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) or node.name.startswith("_"):
+                continue
+            args = node.args
+            shape = [ast.unparse(a.annotation) if a.annotation else "" for a in args.posonlyargs + args.args]
+            if shape not in POLICY_SHAPES or args.vararg or args.kwonlyargs or args.kwarg:
+                wrong.append(f"{module}.{node.name}({', '.join(shape)})")
+    assert not wrong, "a policy's public function takes something else than (r: Round[, plan: Plan])"
+
+
+@pytest.mark.parametrize("adapter", ["reconcile", "act"])
+def test_snapshot_and_act_import_no_policy(adapter: str) -> None:
+    policies = set(_layer("pets_operator", "the policies"))
+    imported = {name for package, name in _imports("pets_operator", adapter) if package == "pets_operator"}
+    assert not imported & policies, f"{adapter} decides: it imports {sorted(imported & policies)}"
