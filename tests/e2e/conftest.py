@@ -38,6 +38,21 @@ CLUSTER_DIR = REPO / "tests" / "cluster"
 SMOKE_IMAGE = "localhost/pets-training/smoke:bookworm"
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A test that fails on a cluster keeps its evidence (evidence.py) before its fixtures delete the
+    namespaces and the release; the summary shows in the failure's report."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    if report.failed and report.when in ("setup", "call") and cluster_kubeconfig().is_file():
+        import evidence
+
+        try:
+            report.sections.append(("evidence", evidence.keep(item.nodeid)))
+        except Exception as exc:  # the test's own failure is what matters; say why there is no evidence
+            report.sections.append(("evidence", f"keeping the evidence failed: {exc!r}"))
+
+
 @pytest.fixture(scope="session")
 def kube_api():  # type: ignore[no-untyped-def]
     """A kubernetes ApiClient for the cluster; fails (never skips) when there is none."""

@@ -205,6 +205,9 @@ def addon(name: str) -> None:
         pytest.fail(f"cluster.sh addon-up {name} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
 
 
+LIVE_TENANTS: list[Trainings] = []  # the tenants of the tests running now, newest last
+
+
 @contextlib.contextmanager
 def tenant_namespace(kube_api: Any, prefix: str) -> Iterator[Trainings]:
     """A fresh namespace, ready for pods, and the PetsTrainings in it; deleted afterwards."""
@@ -216,7 +219,10 @@ def tenant_namespace(kube_api: Any, prefix: str) -> Iterator[Trainings]:
     wait_for(f"namespace {name} default ServiceAccount",
              lambda: core.list_namespaced_service_account(
                  name, field_selector="metadata.name=default").items, 60, 0.5)
+    tenant = Trainings(kube_api, name)
+    LIVE_TENANTS.append(tenant)  # a failed test's evidence (evidence.py) is read before the namespace goes
     try:
-        yield Trainings(kube_api, name)
+        yield tenant
     finally:
+        LIVE_TENANTS.remove(tenant)
         core.delete_namespace(name, propagation_policy="Foreground")
