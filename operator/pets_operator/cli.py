@@ -18,6 +18,7 @@ import json
 import random
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from pets_contract import __version__
 from pets_operator import api, backends, builders
@@ -90,6 +91,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
+    _add_run(sub)
+    _add_render(sub)
+    sub.add_parser("crd", help="print the PetsTraining CustomResourceDefinition as YAML")
+    sub.add_parser("policy", help="print the ValidatingAdmissionPolicy (and binding) that keeps a running "
+                                  "training's workload fields immutable, as YAML")
+    return parser
+
+
+def _add_run(sub: Any) -> None:
+    """`pets-operator run`: where it watches and serves, peering, logging, and what a training gets by
+    default."""
     run = sub.add_parser(
         "run",
         help="run the operator against the cluster of the current kubeconfig or service account",
@@ -138,7 +150,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--cluster-domain", default=api.DEFAULT_CLUSTER_DOMAIN, metavar="DOMAIN",
         help=f"cluster DNS domain used in the main process address (default {api.DEFAULT_CLUSTER_DOMAIN})",
     )
+    _add_run_defaults(run)
 
+
+def _add_run_defaults(run: argparse.ArgumentParser) -> None:
+    """`run`'s flags for what trainings get where their spec says nothing, and its pace."""
     run.add_argument(
         "--auto-backend", choices=list(backends.BACKENDS), default=backends.DEFAULT_AUTO,
         help=f"what spec.backend 'auto' runs as where that backend's API is served (else job) "
@@ -180,6 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
         run.add_argument(flag, type=_at_least_one(kind), default=default,
                          metavar="N" if kind is int else "SECONDS", help=f"{meaning} (default {default:g})")
 
+
+def _add_render(sub: Any) -> None:
     render = sub.add_parser(
         "render",
         help="print the manifests the operator would create for a PetsTraining (no cluster)",
@@ -194,11 +212,6 @@ def build_parser() -> argparse.ArgumentParser:
                         help="namespace when the file sets none (default: default)")
     render.add_argument("--default-image", default=api.DEFAULT_IMAGE, metavar="IMAGE")
     render.add_argument("--cluster-domain", default=api.DEFAULT_CLUSTER_DOMAIN, metavar="DOMAIN")
-
-    sub.add_parser("crd", help="print the PetsTraining CustomResourceDefinition as YAML")
-    sub.add_parser("policy", help="print the ValidatingAdmissionPolicy (and binding) that keeps a running "
-                                  "training's workload fields immutable, as YAML")
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:

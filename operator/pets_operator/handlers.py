@@ -46,6 +46,16 @@ OURS = {api.LABEL_MANAGED_BY: api.MANAGED_BY}
 
 def register(registry: kopf.OperatorRegistry, ctx: Context) -> None:
     """Register every handler of the operator into `registry`, bound to `ctx`."""
+    _register_lifecycle(registry, ctx)
+    _register_trainings(registry, ctx)
+    _register_children(registry, ctx, JOBS_INDEX, JOB_WATCH_ID, backends.JOB.group, backends.JOB.version,
+                       backends.JOB.plural)
+    _register_children(registry, ctx, PODS_INDEX, POD_WATCH_ID, "v1", "pods")
+    _register_children(registry, ctx, SERVICES_INDEX, SERVICE_WATCH_ID, "v1", "services")
+
+
+def _register_lifecycle(registry: kopf.OperatorRegistry, ctx: Context) -> None:
+    """kopf's settings at start-up, the workers stopped at clean-up, and the login."""
 
     @kopf.on.startup(registry=registry)
     async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -76,15 +86,15 @@ def register(registry: kopf.OperatorRegistry, ctx: Context) -> None:
     def login(**_: Any) -> kopf.ConnectionInfo:
         return connection_info(ctx.api_client.configuration)
 
+
+def _register_trainings(registry: kopf.OperatorRegistry, ctx: Context) -> None:
+    """The index of trainings, and the watch that puts a training on the work queue when it changes."""
+
     # The indices: kopf fills them from its initial listing before calling any other handler.
     @kopf.index(api.GROUP, api.VERSION, api.PLURAL, registry=registry, id=TRAININGS_INDEX)
     async def trainings(namespace: str | None, name: str, body: kopf.Body, **_: Any
                         ) -> dict[Key, dict[str, Any]] | None:
         return {(namespace, name): observe.kept(body)} if namespace else None
-
-    def child_key(namespace: str | None, labels: Mapping[str, str]) -> Key | None:
-        owner = labels.get(api.LABEL_TRAINING)
-        return (namespace, owner) if namespace and owner else None
 
     @kopf.on.event(api.GROUP, api.VERSION, api.PLURAL, registry=registry, id=SPEC_WATCH_ID)
     async def training_changed(event: Mapping[str, Any], namespace: str | None, name: str,
@@ -103,29 +113,33 @@ def register(registry: kopf.OperatorRegistry, ctx: Context) -> None:
             ctx.seen[key] = wakes
             ctx.trigger(key, workqueue.URGENT if not status.get("phase") else workqueue.CHANGED)
 
-    def children_of(index_id: str, watch_id: str, *coordinates: str) -> None:
-        """The index of our children of one kind, and the watch that wakes their training."""
-        @kopf.index(*coordinates, registry=registry, labels=OURS, id=index_id)
-        async def children(namespace: str | None, labels: Mapping[str, str], body: kopf.Body,
-                           **_: Any) -> dict[Key, dict[str, Any]] | None:
-            key = child_key(namespace, labels)
-            return {key: observe.kept(body)} if key else None
 
-        @kopf.on.event(*coordinates, registry=registry, labels=OURS, id=watch_id)
-        async def child_changed(event: Mapping[str, Any], namespace: str | None, labels: Mapping[str, str],
-                                body: kopf.Body, **kwargs: Any) -> None:
-            if key := child_key(namespace, labels):
-                _start(ctx, kwargs)
-                if event.get("type") == "DELETED":  # what we created and the index never showed: gone
-                    ctx.created.get(key, {}).pop((str(body.get("kind")), body["metadata"]["name"]), None)
-                if event.get("type") == "DELETED" or body["metadata"].get("deletionTimestamp"):
-                    # rank 0's summary, for the rounds after the index dropped its pod
-                    ctx.keep_ended(key, ended_runs.of_pod(dict(body)))
-                ctx.trigger(key)
+def _register_children(registry: kopf.OperatorRegistry, ctx: Context, index_id: str, watch_id: str,
+                       *coordinates: str) -> None:
+    """The index of our children of one kind, and the watch that wakes their training."""
 
-    children_of(JOBS_INDEX, JOB_WATCH_ID, backends.JOB.group, backends.JOB.version, backends.JOB.plural)
-    children_of(PODS_INDEX, POD_WATCH_ID, "v1", "pods")
-    children_of(SERVICES_INDEX, SERVICE_WATCH_ID, "v1", "services")
+    @kopf.index(*coordinates, registry=registry, labels=OURS, id=index_id)
+    async def children(namespace: str | None, labels: Mapping[str, str], body: kopf.Body,
+                       **_: Any) -> dict[Key, dict[str, Any]] | None:
+        key = _child_key(namespace, labels)
+        return {key: observe.kept(body)} if key else None
+
+    @kopf.on.event(*coordinates, registry=registry, labels=OURS, id=watch_id)
+    async def child_changed(event: Mapping[str, Any], namespace: str | None, labels: Mapping[str, str],
+                            body: kopf.Body, **kwargs: Any) -> None:
+        if key := _child_key(namespace, labels):
+            _start(ctx, kwargs)
+            if event.get("type") == "DELETED":  # what we created and the index never showed: gone
+                ctx.created.get(key, {}).pop((str(body.get("kind")), body["metadata"]["name"]), None)
+            if event.get("type") == "DELETED" or body["metadata"].get("deletionTimestamp"):
+                # rank 0's summary, for the rounds after the index dropped its pod
+                ctx.keep_ended(key, ended_runs.of_pod(dict(body)))
+            ctx.trigger(key)
+
+
+def _child_key(namespace: str | None, labels: Mapping[str, str]) -> Key | None:
+    owner = labels.get(api.LABEL_TRAINING)
+    return (namespace, owner) if namespace and owner else None
 
 
 def _start(ctx: Context, handler_kwargs: Mapping[str, Any]) -> None:
