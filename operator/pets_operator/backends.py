@@ -12,13 +12,13 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any, ClassVar
 
 from pets_contract import names
 from pets_operator import api, builders, children
 from pets_operator.spec import Spec
 from pets_operator.status_types import Status
+from pets_operator.timestamps import parse_timestamp, timestamp
 
 
 class BackendUnavailable(api.SpecError):
@@ -36,17 +36,6 @@ class WorkloadState:
     ready: int = 0
     start_time: str | None = None
     completion_time: str | None = None
-
-
-def timestamp(now: datetime) -> str:
-    """RFC 3339 the way the API server writes it (UTC, seconds, 'Z')."""
-    return now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_timestamp(text: str) -> datetime:
-    """RFC 3339 as the API server writes it ('...Z') or as the client serialises it ('...+00:00')."""
-    value = datetime.fromisoformat(text)
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
 def _norm_ts(text: Any) -> str | None:

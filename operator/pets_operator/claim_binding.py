@@ -14,8 +14,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from pets_operator import api, builders, children, deadlines
-from pets_operator.backends import parse_timestamp
 from pets_operator.plan_types import Plan, Round, Verdict
+from pets_operator.timestamps import parse_timestamp
 
 # Claims are not watched: a waiting training looks again after a second, then less often the longer it
 # waits (a tenth of the wait, at most every 30 s), so a claim that never binds costs the API server little.

@@ -4,8 +4,8 @@ Failed), with the Event a phase change emits."""
 from __future__ import annotations
 
 from pets_operator import api, goodput
-from pets_operator.backends import timestamp
 from pets_operator.plan_types import Event, Plan, Round, set_condition
+from pets_operator.timestamps import timestamp
 
 # The type of the Event a change into these phases emits (the others' Events are their policies').
 PHASE_EVENTS = {api.RUNNING: "Normal", api.SUCCEEDED: "Normal", api.FAILED: "Warning"}

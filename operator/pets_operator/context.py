@@ -13,13 +13,13 @@ from typing import Any, cast
 from kubernetes import client
 
 from pets_operator import api, backends, ended_runs, metrics, observe, workqueue
-from pets_operator.backends import parse_timestamp
 from pets_operator.cluster import unless
 from pets_operator.observe import Key
 from pets_operator.plan_types import EndedRun
 from pets_operator.scraper import Scraper, Target
 from pets_operator.settings import Settings
 from pets_operator.standby import Standby
+from pets_operator.timestamps import parse_timestamp
 
 SECOND = timedelta(seconds=1)
 GONE_KEPT = timedelta(hours=1)  # how long a child the API server said was gone is remembered

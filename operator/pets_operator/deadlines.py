@@ -9,9 +9,9 @@ from datetime import datetime
 from typing import Any
 
 from pets_operator import api
-from pets_operator.backends import parse_timestamp, timestamp
 from pets_operator.plan_types import Event, Plan, Round, ref
 from pets_operator.status_types import Status
+from pets_operator.timestamps import parse_timestamp, timestamp
 
 # Phases whose time does not count against spec.activeDeadlineSeconds.
 PAUSED_PHASES = (api.SUSPENDED, api.QUEUED, api.PREEMPTED)

@@ -19,9 +19,9 @@ from typing import Any
 from pets_contract import env as contract_env
 from pets_contract import summary as summary_keys
 from pets_operator import api, backends, goodput, pods
-from pets_operator.backends import parse_timestamp
 from pets_operator.plan_types import EndedRun
 from pets_operator.status_types import Status
+from pets_operator.timestamps import parse_timestamp
 
 KEPT = 4  # runs kept a training, the newest: a round books them within seconds
 

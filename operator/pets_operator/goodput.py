@@ -36,9 +36,9 @@ from typing import Any
 from pets_contract import gauges
 from pets_contract import summary as summary_keys
 from pets_operator import api
-from pets_operator.backends import parse_timestamp, timestamp
 from pets_operator.progress import in_range, summary_step
 from pets_operator.status_types import Status
+from pets_operator.timestamps import parse_timestamp, timestamp
 
 WAITING_PHASES = (api.PENDING, api.QUEUED, api.SUSPENDED, api.PREEMPTED, api.RESTARTING)
 # rank 0's gauges of a run's time split: each feeds its attempt's field, from the gauge or the summary

@@ -10,11 +10,11 @@ from typing import Any
 from pets_contract import gauges
 from pets_contract import summary as summary_keys
 from pets_operator import goodput
-from pets_operator.backends import parse_timestamp, timestamp
 from pets_operator.plan_types import Event, Plan, Round
 from pets_operator.progress import in_range, is_count
 from pets_operator.spec import snake
 from pets_operator.status_types import Status
+from pets_operator.timestamps import parse_timestamp, timestamp
 
 PROGRESS_GAUGES = gauges.group(gauges.PROGRESS)  # each feeds status.<field>
 DATASET_GAUGES = gauges.group(gauges.DATASET)  # each feeds status.dataset.<field>

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from pets_operator import api, backends, pods
+from pets_operator import api, backends, pods, timestamps
 from pets_operator.cluster import Cluster
 from pets_operator.scraper import Scraper
 
@@ -96,7 +96,7 @@ def pods_missing_long(workload: dict[str, Any], pod_list: list[dict[str, Any]], 
     if len(pod_list) >= replicas or backend.is_suspended(workload):
         return False
     made = workload["metadata"].get("creationTimestamp")
-    return made is not None and (now - backends.parse_timestamp(made)).total_seconds() >= CREATING_LONG
+    return made is not None and (now - timestamps.parse_timestamp(made)).total_seconds() >= CREATING_LONG
 
 
 def creating_long(pod: dict[str, Any], now: datetime) -> bool:
@@ -104,7 +104,7 @@ def creating_long(pod: dict[str, Any], now: datetime) -> bool:
     read (a mount that fails; a list of the namespace's Events, the costliest read of a round)."""
     since = pods.scheduled_at(pod)
     return pods.creating(pod) and since is not None and \
-        (now - backends.parse_timestamp(since)).total_seconds() >= CREATING_LONG
+        (now - timestamps.parse_timestamp(since)).total_seconds() >= CREATING_LONG
 
 
 def lost_candidates(pod_list: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -32,11 +32,11 @@ from pets_operator import (
     ttl,
     workload_phase,
 )
-from pets_operator.backends import timestamp
 from pets_operator.conditions import apply_phase
 from pets_operator.ended_runs import book as book_ended_runs
 from pets_operator.output_durability import output_durable
 from pets_operator.plan_types import Event, Plan, Round, ref
+from pets_operator.timestamps import timestamp
 
 
 def plan(r: Round) -> Plan:

@@ -10,11 +10,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from pets_operator.backends import Backend, WorkloadState, timestamp
+from pets_operator.backends import Backend, WorkloadState
 from pets_operator.builders import Target
 from pets_operator.defaults import DEFAULT_PROGRESS_INTERVAL
 from pets_operator.spec import Spec
 from pets_operator.status_types import Status
+from pets_operator.timestamps import timestamp
 
 Verdict = tuple[str, str, str]  # a phase, with its reason and message, as a policy decides it
 

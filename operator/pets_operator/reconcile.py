@@ -12,12 +12,13 @@ from typing import Any
 
 from pets_operator import api, backends, builders, children, metrics, observe, plan, pods
 from pets_operator.act import Logger, carry_out
-from pets_operator.backends import Backend, parse_timestamp
+from pets_operator.backends import Backend
 from pets_operator.cluster import Cluster, has_default_storage_class, served_backends, storage_classes
 from pets_operator.context import Context, Snapshot
 from pets_operator.plan_types import Observed, Round
 from pets_operator.spec import Spec
 from pets_operator.status_types import Status
+from pets_operator.timestamps import parse_timestamp
 
 # A workload deleting for longer than this is deleted again: its end may have been missed (Context.gone).
 DELETING_RECHECK = timedelta(seconds=30)

@@ -7,9 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 from pets_operator import api
-from pets_operator.backends import parse_timestamp, timestamp
 from pets_operator.conditions import apply_phase
 from pets_operator.plan_types import Event, Plan, Round, ref, set_condition
+from pets_operator.timestamps import parse_timestamp, timestamp
 
 CHILD_RETRY_MIN_SECONDS = 2.0
 

@@ -21,10 +21,10 @@ from __future__ import annotations
 from typing import Any
 
 from pets_operator import api, builders, pods
-from pets_operator.backends import parse_timestamp, timestamp
 from pets_operator.plan_types import Event, Plan, Round, ref
 from pets_operator.spec import Spec
 from pets_operator.status_types import Status
+from pets_operator.timestamps import parse_timestamp, timestamp
 
 SCALED, NODE_LOST, PARTIAL_ADMISSION = "Scaled", "NodeLost", "PartialAdmission"
 

@@ -9,9 +9,9 @@ from typing import Any
 
 from pets_contract import summary as summary_keys
 from pets_operator import api, goodput, pods
-from pets_operator.backends import parse_timestamp, timestamp
 from pets_operator.plan_types import Event, Plan, Round, Verdict, ref
 from pets_operator.progress import summary_step
+from pets_operator.timestamps import parse_timestamp, timestamp
 
 BACKOFF_LIMIT = "BackoffLimitExceeded"  # the Job's reason once a pod's failure counted against it
 

@@ -4,8 +4,8 @@ ProgressReported condition (rank 0's endpoint answers, or why not)."""
 from __future__ import annotations
 
 from pets_operator import api
-from pets_operator.backends import parse_timestamp
 from pets_operator.plan_types import Event, Plan, Round, set_condition
+from pets_operator.timestamps import parse_timestamp
 
 
 def stalled(r: Round, plan: Plan) -> None:

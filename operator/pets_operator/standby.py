@@ -18,7 +18,7 @@ from typing import Any, cast
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from pets_operator.backends import parse_timestamp
+from pets_operator.timestamps import parse_timestamp
 
 GROUP, VERSION = "kopf.dev", "v1"
 RECHECK_SECONDS = 2.0  # a round acts on an answer at most this old

@@ -3,8 +3,8 @@ seconds after it finished."""
 
 from __future__ import annotations
 
-from pets_operator.backends import parse_timestamp
 from pets_operator.plan_types import Plan, Round
+from pets_operator.timestamps import parse_timestamp
 
 
 def after_finished(r: Round, plan: Plan) -> None:

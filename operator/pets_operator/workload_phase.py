@@ -5,8 +5,9 @@ why, or refused by the API server), bounded by spec.scheduling.pendingTimeoutSec
 from __future__ import annotations
 
 from pets_operator import api, deadlines, pods
-from pets_operator.backends import WorkloadState, parse_timestamp, timestamp
+from pets_operator.backends import WorkloadState
 from pets_operator.plan_types import Event, Plan, Round, Verdict, ref
+from pets_operator.timestamps import parse_timestamp, timestamp
 
 
 def state(r: Round, plan: Plan) -> WorkloadState | None:

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from kubernetes import client
 from pets_operator import api, context, ended_runs, handlers, runner, workqueue
-from pets_operator.backends import timestamp
 from pets_operator.plan_types import EndedRun
 from pets_operator.settings import Settings
+from pets_operator.timestamps import timestamp
 from test_operator_resize import RUNNING, plan, sized_job
 from test_operator_status import NOW
 

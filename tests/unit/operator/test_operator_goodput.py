@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 from pets_operator import api, goodput, observe
-from pets_operator.backends import timestamp
 from pets_operator.status_types import Status
+from pets_operator.timestamps import timestamp
 from test_operator_pods import NOW, body, failed, failed_job, job, plan, pod
 
 pytestmark = pytest.mark.unit

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 from pets_operator import act, context, plan_types
-from pets_operator.backends import timestamp
 from pets_operator.status_types import Status
+from pets_operator.timestamps import timestamp
 
 pytestmark = pytest.mark.unit
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 from pets_operator import standby
-from pets_operator.backends import timestamp
+from pets_operator.timestamps import timestamp
 
 pytestmark = pytest.mark.unit
 

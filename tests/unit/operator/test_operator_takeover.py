@@ -14,10 +14,10 @@ import pytest
 from operator_specs import round_of  # tests/unit/operator/operator_specs.py
 from pets_operator import api, backends, builders, context, mirror, plan_types
 from pets_operator import plan as planner
-from pets_operator.backends import timestamp
 from pets_operator.plan_types import Round
 from pets_operator.progress import parse_progress
 from pets_operator.status_types import Status
+from pets_operator.timestamps import timestamp
 
 from pets_contract import gauges
 
