@@ -16,7 +16,7 @@ from pets_operator import api, backends, ended_runs, metrics, observe, workqueue
 from pets_operator.cluster import unless
 from pets_operator.observe import Key
 from pets_operator.plan_types import EndedRun
-from pets_operator.scraper import Scraper, Target
+from pets_operator.scraper import Scraper, ScrapeTarget
 from pets_operator.settings import Settings
 from pets_operator.standby import Standby
 from pets_operator.timestamps import parse_timestamp
@@ -172,7 +172,7 @@ class Context:
     def _indexed(self, index_id: str, key: Key) -> list[dict[str, Any]]:
         return list((self.indices.get(index_id) or {}).get(key) or [])
 
-    def scrape_targets(self) -> Iterable[Target]:
+    def scrape_targets(self) -> Iterable[ScrapeTarget]:
         """Rank 0 of every Running training, from the indices."""
         for key, phase in self.phases.items():
             if phase != api.RUNNING:
@@ -184,5 +184,5 @@ class Context:
             pod = observe.newest_rank0(backend, self._indexed(PODS_INDEX, key))
             st = (pod or {}).get("status") or {}
             if pod is not None and st.get("phase") == "Running" and st.get("podIP"):
-                yield Target(key, str(pod["metadata"].get("uid") or ""), str(st["podIP"]))
+                yield ScrapeTarget(key, str(pod["metadata"].get("uid") or ""), str(st["podIP"]))
 

@@ -43,7 +43,9 @@ class Refused(Exception):
 
 
 @dataclass(frozen=True)
-class Target:
+class ScrapeTarget:
+    """Rank 0's progress endpoint: the training it is of, its pod, and the pod's address."""
+
     key: Hashable  # the training (namespace, name)
     pod_uid: str  # rank 0's pod: a reading belongs to this very pod
     ip: str
@@ -66,7 +68,7 @@ class Reading:
 
 class Scraper:
     def __init__(self, port: int, interval: float, concurrency: int, timeout: float,
-                 targets: Callable[[], Iterable[Target]], changed: Callable[[Hashable], None]) -> None:
+                 targets: Callable[[], Iterable[ScrapeTarget]], changed: Callable[[Hashable], None]) -> None:
         self.port, self.interval, self.concurrency, self.timeout = port, interval, concurrency, timeout
         self.targets, self.changed = targets, changed
         self.readings: dict[Hashable, Reading] = {}
@@ -95,7 +97,8 @@ class Scraper:
         for key in [k for k in self.readings if k not in live]:
             del self.readings[key]  # no longer running: the next start is a change again
 
-    async def _read(self, session: aiohttp.ClientSession, gate: asyncio.Semaphore, target: Target) -> None:
+    async def _read(self, session: aiohttp.ClientSession, gate: asyncio.Semaphore,
+                    target: ScrapeTarget) -> None:
         url = f"http://{target.ip}:{self.port}/metrics"
         async with gate:
             try:

@@ -49,7 +49,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 from pets_operator import api
-from pets_operator.scraper import Reading, Scraper, Target, client_session
+from pets_operator.scraper import Reading, Scraper, ScrapeTarget, client_session
 from prometheus_client import generate_latest
 
 from pets_contract import gauges
@@ -306,7 +306,7 @@ def cpu_seconds() -> float:
 async def measure_one_pass(endpoints: list[Endpoint], port: int, concurrency: int, timeout: float,
                            interval: float) -> dict[str, Any]:
     clock = SlotClock()
-    targets = [Target(e.address, pod_uid(e), e.address) for e in endpoints]  # key: the address
+    targets = [ScrapeTarget(e.address, pod_uid(e), e.address) for e in endpoints]  # key: the address
     scraper = Scraper(port, interval, concurrency, timeout, lambda: targets, clock.release)
     async with client_session(timeout, concurrency) as session:
         session.trace_configs.append(clock.trace_config())

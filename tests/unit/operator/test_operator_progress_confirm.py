@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from aiohttp import web
 from pets_operator import plan_types, stall
-from pets_operator.scraper import Scraper, Target, client_session
+from pets_operator.scraper import Scraper, ScrapeTarget, client_session
 from test_operator_scraper_hostile import _plan
 
 pytestmark = pytest.mark.unit
@@ -49,7 +49,8 @@ def test_the_scraper_keeps_when_a_pods_reads_began_to_fail_until_one_succeeds() 
 
     async def main() -> list[datetime | None]:
         seen: list[datetime | None] = []
-        scraper = Scraper(port, 10.0, 4, 2.0, lambda: [Target("k", "uid", "127.0.0.1")], lambda _k: None)
+        targets = [ScrapeTarget("k", "uid", "127.0.0.1")]
+        scraper = Scraper(port, 10.0, 4, 2.0, lambda: targets, lambda _k: None)
         async with client_session(2.0, 4) as session:
             for _ in range(2):
                 await scraper.one_pass(session)

@@ -11,7 +11,7 @@ from collections.abc import Hashable, Iterator
 
 import aiohttp
 import pytest
-from pets_operator.scraper import Scraper, Target
+from pets_operator.scraper import Scraper, ScrapeTarget
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
 pytestmark = pytest.mark.unit
@@ -46,7 +46,7 @@ def test_only_a_changed_reading_wakes_the_training(trainer: tuple[int, dict[str,
     gauges["pets_epoch"].set(1)
     gauges["pets_total_epochs"].set(3)
     woken: list[Hashable] = []
-    targets = [Target(("ns", "a"), "uid-a", "127.0.0.1")]
+    targets = [ScrapeTarget(("ns", "a"), "uid-a", "127.0.0.1")]
     scraper = Scraper(port, 10.0, 4, 2.0, lambda: targets, woken.append)
     one_pass(scraper)
     assert woken == [("ns", "a")]
@@ -104,7 +104,7 @@ class SilentServer:
 def test_unreachable_and_silent_endpoints_are_errors_bounded_by_the_timeout() -> None:
     silent = SilentServer()
     woken: list[Hashable] = []
-    targets = [Target(("ns", f"t{i}"), f"u{i}", "127.0.0.1") for i in range(20)]
+    targets = [ScrapeTarget(("ns", f"t{i}"), f"u{i}", "127.0.0.1") for i in range(20)]
     scraper = Scraper(silent.port, 10.0, 20, 2.0, lambda: targets, woken.append)
     try:
         one_pass(scraper)  # (bounded at 10 s: twenty reads one after the other would take 40)

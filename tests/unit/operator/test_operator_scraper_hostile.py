@@ -29,7 +29,7 @@ from pets_operator.scraper import (
     Reading,
     Refused,
     Scraper,
-    Target,
+    ScrapeTarget,
     _describe,
     client_session,
 )
@@ -80,7 +80,8 @@ async def serve_raw(answer: bytes) -> AsyncIterator[int]:
 
 async def scrape(port: int, timeout: float = 2.0) -> Reading:
     """One pass of the operator's own scraper, with its own session, over one target."""
-    scraper = Scraper(port, 10.0, 4, timeout, lambda: [Target(KEY, "uid", "127.0.0.1")], lambda _k: None)
+    targets = [ScrapeTarget(KEY, "uid", "127.0.0.1")]
+    scraper = Scraper(port, 10.0, 4, timeout, lambda: targets, lambda _k: None)
     async with client_session(timeout, 4) as session:
         await scraper.one_pass(session)
     reading = scraper.reading(KEY, "uid")
