@@ -25,13 +25,14 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset, Sampler
 from torchvision.io import ImageReadMode, decode_jpeg
-from torchvision.transforms import v2
 from torchvision.transforms.functional import pil_to_tensor
+from torchvision.transforms.v2 import functional as TF
 
 from pets_contract.gauges import DATASET_COUNTS
 from pets_contract.names import DATASET_REPORT_FILE
 
 from .contract import PermanentError
+from .crops import crop_boxes
 from .image_checks import check_images
 from .position import MicroStep
 from .synthetic import synthetic_class_names, synthetic_image, synthetic_samples
@@ -223,22 +224,17 @@ def load_file_pil(path: Path) -> torch.Tensor:
         ) from err
 
 
-def sample_seed(seed: int, epoch: int, index: int) -> int:
-    return ((seed * 1_000_003 + epoch) * 1_000_033 + index) % (2**63)
-
-
 class PetsImages(Dataset[tuple[torch.Tensor, int]]):
     """Images as uint8 CHW tensors with their label ids; ToTensor's /255 and the normalisation happen on
-    the device. Keys from :class:`EpochShuffleSampler` carry the epoch (``epoch * len + index``), and the
-    random crop of a sample is seeded by (seed, epoch, index): augmentation does not depend on the number
-    of workers, on worker restarts, or on whether the run was resumed."""
+    the device. Keys from :class:`EpochShuffleSampler` carry the epoch (``epoch * len + index``); a training
+    sample's crop box is a function of (seed, epoch, index) (:func:`.crops.crop_boxes`): augmentation does
+    not depend on the number of workers, on worker restarts, or on whether the run was resumed. Evaluation
+    images are resized whole."""
 
-    def __init__(
-        self, load: Loader, labels: Sequence[int], transform: v2.Transform, seed: int, augment: bool
-    ):
+    def __init__(self, load: Loader, labels: Sequence[int], size: int, seed: int, augment: bool):
         self.load = load
         self.labels = list(labels)
-        self.transform = transform
+        self.size = size
         self.seed = seed
         self.augment = augment
 
@@ -246,16 +242,26 @@ class PetsImages(Dataset[tuple[torch.Tensor, int]]):
         return len(self.labels)
 
     def __getitem__(self, key: int) -> tuple[torch.Tensor, int]:
-        epoch, index = divmod(int(key), len(self.labels))
-        return self.crop(self.load(index), epoch, index), self.labels[index]
+        return self.__getitems__([key])[0]
 
-    def crop(self, image: torch.Tensor, epoch: int, index: int) -> torch.Tensor:
-        """Sample ``index``'s transform in ``epoch`` (on any device: the crop's box is drawn on the CPU)."""
+    def __getitems__(self, keys: Sequence[int]) -> list[tuple[torch.Tensor, int]]:
+        """The samples of a batch (a DataLoader asks for the batch at once): their boxes drawn together."""
+        epochs, indices = zip(*(divmod(int(key), len(self.labels)) for key in keys), strict=True)
+        images = self.crops([self.load(index) for index in indices], epochs, indices)
+        return [(image, self.labels[index]) for image, index in zip(images, indices, strict=True)]
+
+    def crops(self, images: list[torch.Tensor], epochs: Sequence[int], indices: Sequence[int]
+              ) -> list[torch.Tensor]:
+        """Each image's crop (sample ``indices[k]`` in ``epochs[k]``), resized by torchvision (antialiased
+        bilinear); evaluation images resized whole."""
+        size = [self.size, self.size]
         if not self.augment:
-            return self.transform(image)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(sample_seed(self.seed, epoch, index))
-            return self.transform(image)
+            return [TF.resize(image, size, antialias=True) for image in images]
+        boxes = crop_boxes(self.seed, torch.tensor(epochs), torch.tensor(indices),
+                           torch.tensor([image.shape[-2] for image in images]),
+                           torch.tensor([image.shape[-1] for image in images]))
+        return [TF.resized_crop(image, top, left, height, width, size, antialias=True)
+                for image, (top, left, height, width) in zip(images, boxes.tolist(), strict=True)]
 
     def files(self) -> list[Path] | None:
         """Each sample's image file, when the set is read from files (None: the synthetic set)."""
@@ -368,11 +374,8 @@ def _split_datasets(
             "or the evaluation set would be empty"
         )
 
-    size = (image_size, image_size)
-    train = PetsImages(_Subset(load_all, train_idx), [labels[i] for i in train_idx],
-                       v2.RandomResizedCrop(size, scale=(0.5, 1.0), antialias=True), seed, True)
-    evals = PetsImages(_Subset(load_all, eval_idx), [labels[i] for i in eval_idx],
-                       v2.Resize(size, antialias=True), seed, False)
+    train = PetsImages(_Subset(load_all, train_idx), [labels[i] for i in train_idx], image_size, seed, True)
+    evals = PetsImages(_Subset(load_all, eval_idx), [labels[i] for i in eval_idx], image_size, seed, False)
     return train, evals
 
 

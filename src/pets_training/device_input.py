@@ -1,16 +1,17 @@
 """The device input path (``--input-path device``): the DataLoader workers only read each training image's
 file; the training process decodes the whole batch on its device in one call (nvJPEG through
-``torchvision.io.decode_jpeg(..., device="cuda")`` on a GPU) and crops each image there with the CPU
-path's own transform under the CPU path's seed (``PetsImages.crop``): the same box for (seed, epoch,
-index), whatever the workers or a resume. On the CPU tensor backend its crops equal the CPU path's
-exactly; on a GPU, nvJPEG's decode differs from libjpeg-turbo's by about 1.3-1.5 levels of 255 on average
-(docs/gpu.md), and so do the crops.
+``torchvision.io.decode_jpeg(..., device="cuda")`` on a GPU) and crops the whole batch there at once
+(crops.py): the CPU path's boxes, a function of (seed, epoch, index) whatever the workers or a resume,
+resized together by a number of operations that does not grow with the batch. On the CPU tensor backend
+its crops are within 2 levels of 255 of the CPU path's (about 0.02 on average); on a GPU, nvJPEG's decode
+differs from libjpeg-turbo's by about 1.3-1.5 levels of 255 on average (docs/gpu.md), and so do the crops.
 
 Files that are not JPEGs (PNG) are decoded in the worker, as on the CPU path; when nvJPEG refuses a JPEG
 of the batch (CMYK), the batch is decoded one by one and what it still refuses is decoded on the CPU.
 ``auto`` takes this path where a GPU decoder works, and says in one line why not where it does not.
 With the decoded store (``--input-store``) there is nothing to decode: no workers at all, the loader
-yields sampler keys, and each image is read once and kept on the device (``StoreCrops``).
+yields sampler keys, and each image is read once and kept on the device, the training set in one buffer
+(``StoreCrops``; on a CPU too, in memory).
 """
 
 from __future__ import annotations
@@ -20,11 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 from torchvision.io import ImageReadMode, decode_jpeg
 
-from .data import EpochShuffleSampler, PetsImages, load_file_fast, load_file_pil
+from .crops import crop_boxes, resize_boxes
+from .data import EpochShuffleSampler, PetsImages, _Subset, load_file_fast, load_file_pil
 from .store import StoreLoader
 
 if TYPE_CHECKING:
@@ -70,14 +73,26 @@ def collate_encoded(samples: list[tuple[torch.Tensor, bool, int, int]]) -> Encod
     return EncodedBatch(list(payloads), list(encoded), list(keys), torch.tensor(labels, dtype=torch.long))
 
 
+def batch_boxes(images: PetsImages, keys: torch.Tensor, heights: torch.Tensor,
+                widths: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
+    """The crop boxes of the sampler keys ``keys`` in images of ``heights`` x ``widths`` (CPU tensors), and
+    the largest box's height and width."""
+    epoch, index = keys // len(images), keys % len(images)
+    boxes = crop_boxes(images.seed, epoch, index, heights, widths)
+    box_h, box_w = boxes[:, 2:].amax(dim=0).tolist()
+    return boxes, (box_h, box_w)
+
+
 class DeviceCrops:
-    """EncodedBatch -> (uint8 NCHW crops, labels) on ``device``: one batched decode, then each image's
-    crop by ``images.crop`` (the CPU path's transform and seed)."""
+    """EncodedBatch -> (uint8 NCHW crops, labels) on ``device``: one batched decode, the images laid one
+    after the other in one buffer (one copy), then every box of the batch resized at once
+    (:func:`.crops.resize_boxes`), whatever the batch size and the images' sizes."""
 
     def __init__(self, images: PetsImages, paths: list[Path], device: torch.device):
         self.images = images
         self.paths = paths
         self.device = device
+        self.tail = torch.zeros(0, dtype=torch.uint8, device=device)  # room for a box's last row past the end
 
     def decode(self, batch: EncodedBatch) -> list[torch.Tensor]:
         out = list(batch.payloads)
@@ -89,7 +104,7 @@ class DeviceCrops:
                 decoded = [self.decode_one(out[i], batch.keys[i]) for i in jpegs]
             for i, image in zip(jpegs, decoded, strict=True):
                 out[i] = image
-        return [image.to(self.device, non_blocking=True) for image in out]
+        return [image.to(self.device, non_blocking=True) for image in out]  # those decoded elsewhere
 
     def decode_one(self, data: torch.Tensor, key: int) -> torch.Tensor:
         try:
@@ -98,10 +113,18 @@ class DeviceCrops:
             return load_file_fast(self.paths[key % len(self.paths)])
 
     def __call__(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        n = len(self.paths)
-        crops = [self.images.crop(image, *divmod(key, n))
-                 for image, key in zip(self.decode(batch), batch.keys, strict=True)]
-        return torch.stack(crops), batch.labels.to(self.device, non_blocking=True)
+        images = self.decode(batch)
+        shapes = torch.tensor([image.shape for image in images])
+        boxes, box_max = batch_boxes(self.images, torch.tensor(batch.keys), shapes[:, 1], shapes[:, 2])
+        if self.tail.numel() < box_max[1]:
+            self.tail = torch.zeros(2 * box_max[1], dtype=torch.uint8, device=self.device)
+        # one copy of the batch, whatever its images' sizes (torch's op for FSDP2's flat buffers)
+        flat = torch._chunk_cat([*images, self.tail], 0, 1)[0]
+        sizes = shapes.prod(dim=1)
+        layout = torch.stack([sizes.cumsum(0) - sizes, shapes[:, 1], shapes[:, 2]], dim=1)
+        layout, boxes = torch.cat([layout, boxes], dim=1).to(self.device, non_blocking=True).split([3, 4], 1)
+        crops = resize_boxes(flat, layout, boxes, self.images.size, box_max)
+        return crops, batch.labels.to(self.device, non_blocking=True)
 
 
 class Keys(Dataset[int]):
@@ -113,26 +136,41 @@ class Keys(Dataset[int]):
 
 class StoreCrops:
     """A batch of sampler keys -> (uint8 crops, labels) on ``device`` from the decoded store, with no
-    workers: each image is read here the first time and kept on the device (on a CPU the store's memory map
-    is the only copy)."""
+    workers: the training images lie one after the other in one buffer on the device, each read from the
+    store (its checksum checked) and copied there the first time a batch holds it; every box of a batch is
+    then resized at once (:func:`.crops.resize_boxes`), whatever the batch size."""
 
     def __init__(self, images: PetsImages, device: torch.device):
+        load = images.load
+        assert isinstance(load, _Subset) and isinstance(load.load_all, StoreLoader)
         self.images = images
         self.device = device
-        self.kept: dict[int, torch.Tensor] = {}
+        shapes = np.array([load.load_all.shapes[i] for i in load.indices], dtype=np.int64).reshape(-1, 3)
+        sizes = shapes.prod(axis=1)
+        offsets = np.cumsum(sizes) - sizes
+        self.layout = torch.from_numpy(np.stack([offsets, shapes[:, 1], shapes[:, 2]], axis=1))
+        self.labels = torch.tensor(images.labels)
+        # the images, filled as batches first hold each, then room for a box's last row
+        self.flat = torch.empty(int(sizes.sum() + shapes[:, 2].max()), dtype=torch.uint8, device=device)
+        self.flat[int(sizes.sum()):] = 0
+        self.kept = np.zeros(len(images), dtype=bool)
 
-    def image(self, index: int) -> torch.Tensor:
-        if self.device.type == "cpu":
-            return self.images.load(index)
-        if index not in self.kept:
-            self.kept[index] = self.images.load(index).to(self.device, non_blocking=True)
-        return self.kept[index]
+    def keep(self, indices: np.ndarray) -> None:
+        """Read the images ``indices`` not yet kept (from the store, checksums checked) into the buffer."""
+        for index in np.unique(indices[~self.kept[indices]]).tolist():  # each image once in the run
+            offset = int(self.layout[index, 0])
+            image = self.images.load(index)
+            self.flat[offset:offset + image.numel()].copy_(image.view(-1), non_blocking=True)
+            self.kept[index] = True
 
     def __call__(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        n, keys = len(self.images), batch.tolist()
-        crops = [self.images.crop(self.image(key % n), *divmod(key, n)) for key in keys]
-        labels = torch.tensor([self.images.labels[key % n] for key in keys])
-        return torch.stack(crops), labels.to(self.device, non_blocking=True)
+        index = batch % len(self.images)
+        self.keep(index.numpy())
+        layout = self.layout[index]
+        boxes, box_max = batch_boxes(self.images, batch, layout[:, 1], layout[:, 2])
+        meta = torch.cat([layout, boxes, self.labels[index, None]], dim=1).to(self.device, non_blocking=True)
+        layout, boxes, labels = meta.split([3, 4, 1], dim=1)
+        return resize_boxes(self.flat, layout, boxes, self.images.size, box_max), labels[:, 0]
 
 
 def gpu_decoder_missing(device: torch.device) -> str:

@@ -102,10 +102,32 @@ def train_variants(tmp_path: Path, variants: dict[str, list[str]]) -> dict[str, 
                       timeout=140)[0] for name, extra in variants.items()}
 
 
-def assert_same_progress(first: Path, second: Path) -> None:
-    """Two runs' progress.jsonl: epoch for epoch the same train loss and eval accuracy."""
+# The device path's batched resize (crops.resize_boxes) against the CPU path's torchvision resize of the
+# same boxes, in levels of 255: at most this far apart, and this far on average.
+CROP_MAX_LEVELS = 2
+CROP_MEAN_LEVELS = 0.05
+
+
+def assert_crops_close(got: Any, expected: Any) -> None:
+    """Two uint8 batches of crops within the device path's tolerance of each other."""
+    diff = (got.int() - expected.int()).abs()
+    assert got.shape == expected.shape and got.dtype == expected.dtype
+    worst, mean = int(diff.max()), float(diff.float().mean())
+    assert worst <= CROP_MAX_LEVELS and mean <= CROP_MEAN_LEVELS, f"max {worst}, mean {mean:.4f} levels"
+
+
+def assert_same_progress(first: Path, second: Path, loss: float = 0.0, accuracy: float = 0.0) -> None:
+    """Two runs' progress.jsonl: epoch for epoch the same train loss (within ``loss``, relative) and eval
+    accuracy (within ``accuracy``)."""
     for a, b in zip(read_jsonl(first / "progress.jsonl"), read_jsonl(second / "progress.jsonl"), strict=True):
-        assert (a["train_loss"], a["eval_accuracy"]) == (b["train_loss"], b["eval_accuracy"])
+        assert abs(a["train_loss"] - b["train_loss"]) <= loss * abs(a["train_loss"]), (a, b)
+        assert abs(a["eval_accuracy"] - b["eval_accuracy"]) <= accuracy, (a, b)
+
+
+# Two trainings of the small recipe (train_variants), one on the device path: its crops within the
+# tolerance above of the CPU path's: train loss within 1 % (measured 0.03-0.4 %), eval accuracy within one
+# image of the 32 (measured equal).
+DEVICE_PATH_PROGRESS = {"loss": 0.01, "accuracy": 1 / 32}
 
 
 def trainer_flags(settings: dict[str, object]) -> list[str]:

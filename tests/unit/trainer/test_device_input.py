@@ -1,7 +1,8 @@
 """The device input path (``pets_training.device_input``): the workers read the files, the batch is decoded
-and cropped where the model runs. Run here on the CPU tensor backend, where its crops must equal the CPU
-path's exactly (tolerance 0: the same decoder and the same transform); on a GPU nvJPEG's decode differs by
-about 1.3-1.5 levels of 255 on average (docs/gpu.md)."""
+and cropped where the model runs. Run here on the CPU tensor backend, where its crops are the CPU path's
+boxes resized by one batched operation: within helpers.CROP_MAX_LEVELS (2) of the CPU path's torchvision
+resize, CROP_MEAN_LEVELS (0.05) on average; on a GPU nvJPEG's decode differs by about 1.3-1.5 levels of
+255 on average (docs/gpu.md)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from pets_training.device_input import (
 from pets_training.inputs import start_worker_server, worker_options
 from pets_training.synthetic import write_synthetic
 
-from .helpers import assert_same_progress, train_variants
+from .helpers import DEVICE_PATH_PROGRESS, assert_crops_close, assert_same_progress, train_variants
 
 pytestmark = pytest.mark.unit
 
@@ -57,7 +58,8 @@ def _cpu_batches(data: PetsData, keys: list[int]) -> torch.Tensor:
     return torch.stack([data.train[key][0] for key in keys])
 
 
-def test_device_path_crops_equal_the_cpu_paths(data: PetsData) -> None:
+def test_device_path_crops_are_the_cpu_paths_within_the_tolerance(data: PetsData) -> None:
+    """Images of several sizes (48 and 71 px, a PNG, a grayscale and a CMYK JPEG) in one batch."""
     paths = data.train.files()
     assert paths is not None and len(paths) == len(data.train)
     encoded = EncodedImages(paths, data.train.labels)
@@ -67,7 +69,7 @@ def test_device_path_crops_equal_the_cpu_paths(data: PetsData) -> None:
         keys = [epoch * n + i for i in range(n)]
         images, labels = crops(collate_encoded([encoded[k] for k in keys]))
         assert images.dtype == torch.uint8 and images.shape == (n, 3, 32, 32)
-        assert torch.equal(images, _cpu_batches(data, keys))
+        assert_crops_close(images, _cpu_batches(data, keys))
         assert labels.tolist() == data.train.labels
 
 
@@ -95,9 +97,12 @@ def test_images_the_batched_decode_refuses_are_decoded_one_by_one_then_on_the_cp
             raise RuntimeError("nvjpeg: unsupported")
         return real(images, **kwargs)  # type: ignore[arg-type]
 
+    batch = collate_encoded([encoded[k] for k in keys])
+    unrefused, _ = DeviceCrops(data.train, paths, CPU)(batch)
     monkeypatch.setattr(device_input, "decode_jpeg", picky)
-    images, _ = DeviceCrops(data.train, paths, CPU)(collate_encoded([encoded[k] for k in keys]))
-    assert torch.equal(images, expected) and refused == {"lists": 1, "single": 3}
+    images, _ = DeviceCrops(data.train, paths, CPU)(batch)
+    assert torch.equal(images, unrefused) and refused == {"lists": 1, "single": 3}
+    assert_crops_close(images, expected)
 
 
 def _epoch(data: PetsData, workers: int, epoch: int, skip: int = 0) -> list[torch.Tensor]:
@@ -161,7 +166,8 @@ def test_auto_takes_the_gpu_decoder_where_it_works_and_else_the_cpu_with_one_lin
 
 @pytest.mark.timeout(300)
 def test_the_trainer_learns_the_same_on_both_paths(tmp_path: Path) -> None:
-    """Same crops, same model init: epoch for epoch the same loss and accuracy, on the CPU backend."""
+    """Crops within the tolerance, same model init: epoch for epoch about the same loss and accuracy, on the
+    CPU backend."""
     logs = train_variants(tmp_path, {path: ["--input-path", path] for path in ("cpu", "device")})
     assert "input path device (asked): workers read the files, decode and crop on cpu" in logs["device"]
-    assert_same_progress(tmp_path / "cpu", tmp_path / "device")
+    assert_same_progress(tmp_path / "cpu", tmp_path / "device", **DEVICE_PATH_PROGRESS)
