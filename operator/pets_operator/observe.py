@@ -69,6 +69,7 @@ class Rank0:
     rank0_running_since: str | None = None  # when its trainer container started (running or since ended)
     progress_failing_since: datetime | None = None  # since when its reads fail (scraper.Reading)
     progress_read_at: datetime | None = None  # when the gauges were read
+    progress_unreachable: bool = False  # the reads fail because rank 0 cannot be reached
 
 
 def observe_rank0(pod: dict[str, Any] | None, phase_hint: str, scraper: Scraper | None, key: Key) -> Rank0:
@@ -83,7 +84,8 @@ def observe_rank0(pod: dict[str, Any] | None, phase_hint: str, scraper: Scraper 
     reading = scraper.reading(key, str(pod["metadata"].get("uid") or "")) if scraper is not None else None
     if reading is None:
         return Rank0(None, summary, None, started)
-    return Rank0(reading.progress, summary, reading.error, started, reading.failing_since, reading.at)
+    return Rank0(reading.progress, summary, reading.error, started, reading.failing_since, reading.at,
+                 reading.unreachable)
 
 
 CREATING_LONG = 5.0  # seconds a pod may take to start its containers before its Events are read

@@ -48,6 +48,7 @@ class Observed:
     # The workload's FailedCreate Events (read only while some of its pods do not exist)
     workload_refusals: list[dict[str, Any]] = field(default_factory=list)
     progress_error: str | None = None  # why rank 0's progress endpoint could not be read
+    progress_unreachable: bool = False  # it could not be reached at all (else it answered, refused)
     progress_failing_since: datetime | None = None  # since when (None: taken as confirmed)
     progress_read_at: datetime | None = None  # when rank 0's gauges were read (None: not known)
     rank0_running_since: str | None = None  # when rank 0's trainer container started

@@ -56,6 +56,7 @@ class Reading:
     pod_uid: str
     progress: dict[str, float] | None  # None: could not be read (see error)
     error: str | None
+    unreachable: bool = False  # the error: rank 0 could not be reached at all (else it answered, refused)
     # Since when this pod's reads have failed without a success between (a pod shutting down fails one
     # read; status waits for a second before it says so).
     failing_since: datetime | None = None
@@ -108,7 +109,8 @@ class Scraper:
                 progress = parse_progress(body.decode("utf-8", "replace"))
                 reading = Reading(target.pod_uid, progress or None, None, at=datetime.now(UTC))
             except Exception as exc:  # any failure is this training's reading, never the whole pass's
-                reading = Reading(target.pod_uid, None, f"{url}: {_describe(exc)}", at=datetime.now(UTC))
+                words, unreachable = _describe(exc)
+                reading = Reading(target.pod_uid, None, f"{url}: {words}", unreachable, at=datetime.now(UTC))
         metrics.SCRAPES.labels(result="ok" if reading.error is None else "error").inc()
         before = self.readings.get(target.key)
         if reading.error is not None:
@@ -152,24 +154,25 @@ async def fetch(session: aiohttp.ClientSession, url: str, timeout: float) -> byt
         return bytes(body)
 
 
-def _describe(exc: BaseException) -> str:
-    """The kind of failure, in the operator's own words: aiohttp's and the parser's messages can quote the
-    response (a bad status line, a bad header, a bad line), and this text goes into status and Events."""
+def _describe(exc: BaseException) -> tuple[str, bool]:
+    """The kind of failure, in the operator's own words (aiohttp's and the parser's messages can quote the
+    response: a bad status line, a bad header, a bad line; and this text goes into status and Events), and
+    whether rank 0 could not be reached at all (else it answered with something refused)."""
     if isinstance(exc, Refused | ProgressError):
-        return str(exc)
+        return str(exc), False
     if isinstance(exc, TimeoutError):  # aiohttp's timeouts are TimeoutErrors too
-        return "timed out"
+        return "timed out", True
     if isinstance(exc, aiohttp.ClientConnectorError):
-        return f"cannot connect: {_os_reason(exc)}"
+        return f"cannot connect: {_os_reason(exc)}", True
     if isinstance(exc, aiohttp.ServerDisconnectedError):
-        return "server disconnected"
+        return "server disconnected", True
     if isinstance(exc, aiohttp.ClientPayloadError):
-        return "malformed response body"
+        return "malformed response body", False
     if isinstance(exc, aiohttp.ClientResponseError):
-        return "malformed HTTP response"
+        return "malformed HTTP response", False
     if isinstance(exc, OSError):
-        return f"connection error: {_os_reason(exc)}"
-    return f"read failed ({type(exc).__name__})"
+        return f"connection error: {_os_reason(exc)}", True
+    return f"read failed ({type(exc).__name__})", False
 
 
 def _os_reason(exc: OSError) -> str:

@@ -37,17 +37,6 @@ PROGRESS_GRACE_SECONDS = 30.0  # the trainer serves its gauges a few seconds aft
 PROGRESS_CONFIRM_SECONDS = 15.0
 
 
-# The scraper's words for a rank 0 it could not reach (scraper._describe). Any other error means rank 0
-# answered with something the operator refused: a redirect, a compressed or oversized body, a bad value.
-UNREACHABLE_ERRORS = ("timed out", "cannot connect", "server disconnected", "connection error")
-
-
-def _unreachable(progress_error: str) -> bool:
-    """Whether a scrape's error says rank 0 could not be reached (the error is "<url>: <kind>")."""
-    kind = progress_error.rsplit("/metrics: ", 1)[-1]
-    return kind.startswith(UNREACHABLE_ERRORS)
-
-
 def progress_reported(r: Round, plan: Plan) -> None:
     """ProgressReported: False, with the reason, when a running rank 0's gauges cannot be read (a
     NetworkPolicy, a crashed metrics server, a wrong port); one Warning Event when that starts."""
@@ -68,7 +57,7 @@ def progress_reported(r: Round, plan: Plan) -> None:
     if left > 0:  # too early to say; look again when the grace is over (no event may come by then)
         plan.requeue_after = left if plan.requeue_after is None else min(plan.requeue_after, left)
         return
-    if _unreachable(observed.progress_error):
+    if observed.progress_unreachable:
         reason = "EndpointUnreachable"
         message = (f"rank 0's progress cannot be read: {observed.progress_error}; the operator must reach "
                    f"the trainer's metrics port (NetworkPolicy: the training's own admits the operator's "

@@ -581,13 +581,15 @@ def test_unreadable_progress_is_said_once_after_the_grace() -> None:
     running = [pod(0, phase="Running"), pod(1, phase="Running")]
     error = "http://10.0.0.5:9090/metrics: cannot connect: Connection refused"  # scraper._describe
     started = "2026-01-02T03:04:00Z"  # 5 s before NOW: still starting, not flagged
-    early = plan(body(), job(active=2), running, progress_error=error, rank0_running_since=started)
+    early = plan(body(), job(active=2), running, progress_error=error, progress_unreachable=True,
+                 rank0_running_since=started)
     assert all(c["type"] != "ProgressReported" for c in early.status.conditions)
     later = plan(
         body(early.status),
         job(active=2),
         running,
         progress_error=error,
+        progress_unreachable=True,
         rank0_running_since=started,
         now=NOW + timedelta(seconds=30),
     )
@@ -600,6 +602,7 @@ def test_unreadable_progress_is_said_once_after_the_grace() -> None:
         job(active=2),
         running,
         progress_error=error,
+        progress_unreachable=True,
         rank0_running_since=started,
         now=NOW + timedelta(seconds=40),
     )

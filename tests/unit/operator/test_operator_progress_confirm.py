@@ -22,7 +22,7 @@ ERROR = "http://10.0.0.5:9090/metrics: cannot connect: Connection refused"
 
 def plan(failing_for: float) -> plan_types.Plan:
     """A running training's plan 60 s after rank 0 started (past the grace), its reads failing so long."""
-    return _plan(None, ERROR, failing_since=NOW - timedelta(seconds=failing_for))
+    return _plan(None, ERROR, failing_since=NOW - timedelta(seconds=failing_for), unreachable=True)
 
 
 def reported(p: plan_types.Plan) -> dict[str, object] | None:

@@ -334,7 +334,7 @@ def test_check_progress_is_pure_and_bounds_every_field() -> None:
 
 
 def _plan(progress: dict[str, float] | None, error: str | None,
-          failing_since: datetime | None = None) -> plan_types.Plan:
+          failing_since: datetime | None = None, unreachable: bool = False) -> plan_types.Plan:
     """A running training's plan fed a reading, 60 s after rank 0 started (past the grace)."""
     now = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
     spec = api.resolve_spec({})
@@ -346,7 +346,7 @@ def _plan(progress: dict[str, float] | None, error: str | None,
     started = (now - timedelta(seconds=60)).strftime("%Y-%m-%dT%H:%M:%SZ")
     observed = plan_types.Observed(backend=job, workload=workload, service=job.build_service(spec, target),
                                progress=progress, progress_error=error, rank0_running_since=started,
-                               progress_failing_since=failing_since)
+                               progress_failing_since=failing_since, progress_unreachable=unreachable)
     body = {"metadata": {"name": "pets", "namespace": "ns", "generation": 1, "uid": "u1"}, "spec": {},
             "status": {"phase": api.RUNNING}}
     return planner.plan(Round.of(body, spec, observed, target, now))
@@ -421,8 +421,9 @@ def test_status_tells_an_unreachable_rank_0_from_a_refused_answer(exc: BaseExcep
                                                                   unreachable: bool) -> None:
     """EndpointUnreachable (with the NetworkPolicy hint) only when rank 0 could not be reached; a refused
     answer is ProgressRefused: a NetworkPolicy is not what to look at then."""
-    error = f"http://10.0.0.5:9090/metrics: {_describe(exc)}"
-    planned = _plan(None, error)
+    words, said_unreachable = _describe(exc)
+    assert said_unreachable is unreachable
+    planned = _plan(None, f"http://10.0.0.5:9090/metrics: {words}", unreachable=said_unreachable)
     reported = next(c for c in planned.status.conditions if c["type"] == "ProgressReported")
     assert reported["reason"] == ("EndpointUnreachable" if unreachable else "ProgressRefused")
     assert ("networkPolicy" in reported["message"]) is unreachable
