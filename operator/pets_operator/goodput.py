@@ -34,6 +34,7 @@ from datetime import datetime
 from typing import Any
 
 from pets_contract import gauges
+from pets_contract import goodput as totals
 from pets_contract import summary as summary_keys
 from pets_operator import api
 from pets_operator.progress import in_range, summary_step
@@ -163,7 +164,7 @@ def account(old: Status, status: Status, created: str | None, now: datetime) -> 
         return
     inputs = ("attempts", "earlier", "bookedWaitingSeconds", "bookedResizingSeconds", "phaseSince")
     before = old.goodput or {}
-    if all(before.get(key) == book.get(key) for key in inputs) and "ratio" in before and \
+    if all(before.get(key) == book.get(key) for key in inputs) and totals.RATIO in before and \
             old.phase == status.phase:
         return
     end = now
@@ -184,15 +185,14 @@ def account(old: Status, status: Status, created: str | None, now: datetime) -> 
     def total(key: str) -> float:
         return sum(float(entry.get(key) or 0.0) for entry in entries)
 
-    parts = {"waitingSeconds": waiting, "resizingSeconds": resizing,
-             "startupSeconds": total("startupSeconds"),
-             "productiveSeconds": total("trainSeconds") - total("lostSeconds"),
-             "lostSeconds": total("lostSeconds"), "evalSeconds": total("evalSeconds"),
-             "checkpointSeconds": total("checkpointSeconds"), "restoreSeconds": total("restoreSeconds")}
-    parts["unaccountedSeconds"] = wall - sum(parts.values())
+    parts = {totals.WAITING: waiting, totals.RESIZING: resizing, totals.STARTUP: total("startupSeconds"),
+             totals.PRODUCTIVE: total("trainSeconds") - total("lostSeconds"),
+             totals.LOST: total("lostSeconds"), totals.EVAL: total("evalSeconds"),
+             totals.CHECKPOINT: total("checkpointSeconds"), totals.RESTORE: total("restoreSeconds")}
+    parts[totals.UNACCOUNTED] = wall - sum(parts.values())
     book.update({key: round(value, 3) for key, value in parts.items()})
     if any("inputWaitSeconds" in entry for entry in entries):  # older trainers do not say it
-        book["inputWaitSeconds"] = round(total("inputWaitSeconds"), 3)
-    book["wallSeconds"] = round(wall, 3)
-    book["ratio"] = round(parts["productiveSeconds"] / wall, 4) if wall > 0 else 0.0
+        book[totals.INPUT_WAIT] = round(total("inputWaitSeconds"), 3)
+    book[totals.WALL] = round(wall, 3)
+    book[totals.RATIO] = round(parts[totals.PRODUCTIVE] / wall, 4) if wall > 0 else 0.0
     book["asOf"] = timestamp(end)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pets_contract import goodput as totals
 from pets_contract.names import PHASES
 from pets_operator.schema import _bool, _int, _obj, _seconds, _str
 
@@ -123,21 +124,21 @@ STATUS_SCHEMA: dict[str, Any] = _obj("Observed state, written by the operator.",
     }),
     "goodput": _obj("Where the wall time went and the share of it that was training kept (docs/operator.md, "
                     "Preemption and goodput). Made again when a phase or an attempt's parts change.", {
-        "ratio": _num("productiveSeconds / wallSeconds."),
-        "wallSeconds": _seconds("From the creation to the completion, or to asOf."),
-        "waitingSeconds": _seconds("Pending, Queued, Suspended, Preempted and Restarting, but for a resize."),
-        "resizingSeconds": _seconds("Those phases while a resize drained the gang and started the next "
-                                    "at its new size (status.resize): the drain and the restart."),
-        "startupSeconds": _seconds("The attempts' start-up: the trainer's start to its first step's end."),
-        "productiveSeconds": _seconds("The attempts' training time, less lostSeconds."),
-        "inputWaitSeconds": _seconds("The share of the attempts' training time their training loop waited "
-                                     "for its next batch: the input pipeline holding the steps back."),
-        "lostSeconds": _seconds("Training time of steps done again after a restart."),
-        "evalSeconds": _seconds("The attempts' evaluation."),
-        "checkpointSeconds": _seconds("The attempts' checkpoint saves (the training loop blocked)."),
-        "restoreSeconds": _seconds("The attempts' checkpoint restores."),
-        "unaccountedSeconds": _seconds("wallSeconds less every other part: imports before the trainer's "
-                                       "clock, pod ends, an attempt's time after its last read."),
+        totals.RATIO: _num("productiveSeconds / wallSeconds."),
+        totals.WALL: _seconds("From the creation to the completion, or to asOf."),
+        totals.WAITING: _seconds("Pending, Queued, Suspended, Preempted and Restarting, but for a resize."),
+        totals.RESIZING: _seconds("Those phases while a resize drained the gang and started the next "
+                                  "at its new size (status.resize): the drain and the restart."),
+        totals.STARTUP: _seconds("The attempts' start-up: the trainer's start to its first step's end."),
+        totals.PRODUCTIVE: _seconds("The attempts' training time, less lostSeconds."),
+        totals.INPUT_WAIT: _seconds("The share of the attempts' training time their training loop waited "
+                                    "for its next batch: the input pipeline holding the steps back."),
+        totals.LOST: _seconds("Training time of steps done again after a restart."),
+        totals.EVAL: _seconds("The attempts' evaluation."),
+        totals.CHECKPOINT: _seconds("The attempts' checkpoint saves (the training loop blocked)."),
+        totals.RESTORE: _seconds("The attempts' checkpoint restores."),
+        totals.UNACCOUNTED: _seconds("wallSeconds less every other part: imports before the trainer's "
+                                     "clock, pod ends, an attempt's time after its last read."),
         "asOf": _time("When the totals were made."),
         "phaseSince": _time("When the current phase began (bookkeeping)."),
         "bookedWaitingSeconds": _seconds("Waiting in phases already left (bookkeeping)."),

@@ -106,8 +106,8 @@ def helper_pod(*, owner: str, component: str, image: str, claim_name: str | None
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {
             "generateName": f"{owner[:40]}-{component}-",
-            "labels": {"app.kubernetes.io/name": "pets-training", "app.kubernetes.io/component": component,
-                       "app.kubernetes.io/managed-by": "pets-client"} | (labels or {}),
+            "labels": {_api.LABEL_NAME: _api.APP_NAME, _api.LABEL_COMPONENT: component,
+                       _api.LABEL_MANAGED_BY: _api.CLIENT_MANAGED_BY} | (labels or {}),
             "annotations": dict(annotations or {}),
         },
         "spec": pod_spec,

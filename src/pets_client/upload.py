@@ -189,9 +189,8 @@ def claim_manifest(claim: str, total_bytes: int, access_modes: list[str],
     default StorageClass unless ``storage_class`` is given."""
     pvc: dict[str, Any] = {
         "apiVersion": "v1", "kind": "PersistentVolumeClaim",
-        "metadata": {"name": claim, "labels": {"app.kubernetes.io/name": "pets-training",
-                                               "app.kubernetes.io/component": "data",
-                                               "app.kubernetes.io/managed-by": "pets-client"}},
+        "metadata": {"name": claim, "labels": {_api.LABEL_NAME: _api.APP_NAME, _api.LABEL_COMPONENT: "data",
+                                               _api.LABEL_MANAGED_BY: _api.CLIENT_MANAGED_BY}},
         "spec": {"accessModes": list(access_modes),
                  "resources": {"requests": {"storage": claim_size(total_bytes)}}},
     }

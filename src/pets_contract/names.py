@@ -35,6 +35,8 @@ LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_PART_OF = "app.kubernetes.io/part-of"
 LABEL_TRAINING = f"{GROUP}/training"
 MANAGED_BY = "pets-operator"
+CLIENT_MANAGED_BY = "pets-client"  # on the client's helper pods and the claims upload makes
+APP_NAME = "pets-training"  # app.kubernetes.io/name of the client's helper pods and claims
 # On a claim of spec.output.managedClaim: its retentionPolicy (Delete or Retain), so retained claims are
 # found with `kubectl get pvc -l training.pets.dev/output-retention=Retain`.
 LABEL_OUTPUT_RETENTION = f"{GROUP}/output-retention"
