@@ -13,20 +13,9 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 from operator_specs import condition, round_of, training  # tests/unit/operator/operator_specs.py
-from pets_operator import (
-    act,
-    api,
-    backends,
-    builders,
-    children,
-    context,
-    handlers,
-    pacing,
-    plan_types,
-    reconcile,
-    refusals,
-)
+from pets_operator import act, api, backends, builders, context, pacing, plan_types, reconcile, refusals
 from pets_operator import plan as planner
+from pets_operator.children import build_service
 from pets_operator.cluster import child_refusal_permanent
 from pets_operator.plan_types import Round
 from pets_operator.status_types import Status
@@ -79,7 +68,7 @@ def test_classification_reads_a_body_that_is_not_json() -> None:
 
 
 def service_manifest() -> dict[str, Any]:
-    return children.build_service(api.resolve_spec({}), builders.Target("pets", "ns"))
+    return build_service(api.resolve_spec({}), builders.Target("pets", "ns"))
 
 
 def child_refused(body: dict[str, Any], error: str, now: datetime, permanent: bool, child: str = "a child",
@@ -203,7 +192,7 @@ class FakeCluster:
 @pytest.fixture()
 def events(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str, str]]:
     posted: list[tuple[str, str, str]] = []
-    monkeypatch.setattr(handlers.kopf, "event",
+    monkeypatch.setattr(act.kopf, "event",
                         lambda _body, *, type, reason, message: posted.append((type, reason, message)))
     return posted
 
