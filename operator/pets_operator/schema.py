@@ -146,12 +146,14 @@ SPEC_SCHEMA: dict[str, Any] = _obj(
             "default": 0.03, "exclusiveMinimum": True, "minimum": 0, "maximum": 10,
         },
         "mixedPrecision": _str(
-            "Mixed precision: auto, no, fp16 or bf16. auto (the default) picks bf16 on a GPU of compute "
+            "Mixed precision: auto, no, fp16 or bf16. auto (unset means auto) picks bf16 on a GPU of compute "
             "capability 8.0 or more (A100, H100: no GradScaler, so no read-back each step), fp16 on an "
             "older GPU (with a fused Adam), and on CPU bf16 where the CPU has bf16 instructions, else no. "
             "fp16 on CPU becomes bf16, or no where the CPU lacks bf16 instructions. The trainer logs what "
             "it picked. Immutable while running.",
-            default="auto", enum=["auto", "no", "fp16", "bf16"]),
+            # no default stored: a training made by this release then still runs under the release
+            # before it after a `helm rollback`, whose operator refuses auto and defaults to fp16
+            enum=["auto", "no", "fp16", "bf16"]),
         "seed": _int("Random seed (split, init, augmentation). Immutable while running.",
                      default=42, minimum=0, maximum=2**31 - 1),
         "model": _str("timm model name. Immutable while running.", default="resnet50d",

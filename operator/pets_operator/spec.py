@@ -25,7 +25,6 @@ class Spec:
     epochs: int
     batch_size: int
     learning_rate: float
-    mixed_precision: str
     seed: int
     model: str
     pretrained: bool
@@ -42,6 +41,7 @@ class Spec:
     max_restarts: int
     suspend: bool
     tracking: Obj
+    mixed_precision: str = "auto"  # unset in the stored object (no CRD default, see schema.py): auto
     weights: str | None = None
     pretrained_cache: Obj | None = None
     output: Obj | None = None  # None: the operator's default output (api.output_of)
