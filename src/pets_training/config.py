@@ -75,7 +75,11 @@ class TrainConfig:
         "and kept at any world size that divides it (by gradient accumulation); a multiple of batch_size x "
         "processes. Default: batch_size x processes at the first start",
     )
-    eval_batch_size: int = _f(128, "evaluation batch size per process")
+    eval_batch_size: int = _f(
+        128,
+        "no longer used: evaluation runs in batches of --batch-size, the last padded and masked, so the "
+        "model sees one input shape (kept so that existing commands run)",
+    )
     epochs: int = _f(5, "epochs in the whole run")
     lr: float = _f(3e-2, "OneCycleLR max_lr; Adam starts at lr/25")
     seed: int = _f(42, "seed for the split, the shuffling and the augmentation")

@@ -10,8 +10,10 @@ torch again (about 3 s of CPU each).
 Training batches come from the CPU path (workers decode and crop) or the device path (device_input.py:
 workers read files, the device decodes and crops), per ``--input-path``. Evaluation reads an
 :class:`EvalStore`: this process's shard of the eval set, decoded and resized once
-(the eval transform is deterministic) into uint8 batches of one shape, the last one padded and masked.
-Every later evaluation is its forward passes alone, with no loader or worker started.
+(the eval transform is deterministic) into uint8 batches of the training batch's shape, the last one
+padded and masked: the model sees one input shape for the whole run (:func:`pad_batch` fills the
+epoch's short last training batch). Every later evaluation is its forward passes alone, with no loader
+or worker started.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Batch = tuple[torch.Tensor, torch.Tensor]
+PAD_LABEL = -100  # F.cross_entropy's ignore_index: a padded sample adds nothing to the loss or gradient
 
 
 def train_loader(
@@ -63,12 +66,10 @@ def train_loader(
 
 def eval_shard(n: int, rank: int, world: int, batch_size: int) -> tuple[list[int], int, int]:
     """This process's eval indices (every ``world``-th from ``rank``: the shards are disjoint and cover
-    the set), the batch size every process uses and the number of batches every process runs: the same
-    on all, so collectives line up. The fewest batches of at most ``batch_size``, evened out, so the
-    padding is under one image a batch (1,478 images on 8 processes at 128: 2 batches of 93, not 128)."""
-    largest = math.ceil(n / world)
-    batches = math.ceil(largest / max(1, batch_size))
-    return list(range(rank, n, world)), math.ceil(largest / batches), batches
+    the set), the batch size every process uses (``batch_size``, the training batch's: one input shape
+    for the model) and the number of batches every process runs: the same on all, so collectives line
+    up; the padding is under one batch."""
+    return list(range(rank, n, world)), batch_size, math.ceil(math.ceil(n / world) / batch_size)
 
 
 @dataclass
@@ -143,6 +144,18 @@ def _pad(t: torch.Tensor, size: int) -> torch.Tensor:
     if t.shape[0] == size:
         return t
     return torch.cat([t, t.new_zeros((size - t.shape[0], *t.shape[1:]))])
+
+
+def pad_batch(images: torch.Tensor, labels: torch.Tensor, size: int) -> Batch:
+    """A short training batch (an epoch's last) filled up to ``size`` with repeats of its own images,
+    labelled PAD_LABEL: the model keeps one input shape (on a GPU each new one costs a cuDNN search);
+    the repeats add nothing to the loss or the gradient, and keep BatchNorm's batch statistics near those
+    of the real samples."""
+    n = labels.shape[0]
+    if n >= size:
+        return images, labels
+    fill = torch.arange(size - n, device=images.device) % n
+    return torch.cat([images, images[fill]]), torch.cat([labels, labels.new_full((size - n,), PAD_LABEL)])
 
 
 def evaluate(

@@ -32,7 +32,7 @@ from .contract import PodContract, ProcessContext, attempt_number, take_process_
 from .data import PetsData, build_data, check_fits_world, write_report
 from .finish import end_run, finish_run
 from .gpus import use_gpu
-from .inputs import Batch, EvalStoreBuild, evaluate, start_worker_server, train_loader
+from .inputs import PAD_LABEL, Batch, EvalStoreBuild, evaluate, pad_batch, start_worker_server, train_loader
 from .model import adam, cpu_runs_bf16_natively, create_model, resolve_precision, trainable_module
 from .position import loss_weight, rank_plan, samples_done, schedule_position, schedule_total, step_samples
 from .progress import MetricsServer, StepProgress, TimeSplit, append_progress, epoch_record
@@ -204,7 +204,8 @@ def setup(cfg: TrainConfig, pod: PodContract, process: ProcessContext) -> Traini
     normalise = Normalise(model, accelerator.device, cfg.channels_last)
 
     loader, train_sampler, make_batch = train_loader(data, cfg, cpu.workers, accelerator.device)
-    eval_build = EvalStoreBuild(data.eval, cfg.eval_batch_size, accelerator.process_index,
+    # evaluated in batches of the training batch's shape: one input shape for the model (one cuDNN search)
+    eval_build = EvalStoreBuild(data.eval, cfg.batch_size, accelerator.process_index,
                                 accelerator.num_processes, cpu.workers, accelerator.device)
     lay = start_layout(cfg, len(data.train), accelerator.num_processes)
     optimizer = adam([p for p in module.parameters() if p.requires_grad], lr=cfg.lr / 25)
@@ -257,7 +258,7 @@ def _make_accelerator(
     setup_logging(accelerator.process_index)
 
     torch.set_num_threads(cpu.threads)
-    # eval batches have one shape (EvalStore) and training two at most: one algorithm search per shape
+    # the model sees one input shape (the eval batches and an epoch's last batch padded): one search
     torch.backends.cudnn.benchmark = on_gpu
     set_seed(cfg.seed)
     rank_log.info(
@@ -360,9 +361,11 @@ def train_step(t: Training, images: torch.Tensor, labels: torch.Tensor) -> torch
 
 def forward_backward(t: Training, images: torch.Tensor, labels: torch.Tensor, weight: float) -> torch.Tensor:
     """Forward and backward of one micro-batch, its loss summed over the samples x ``weight``
-    (position.loss_weight); returns the summed loss, detached."""
+    (position.loss_weight); returns the summed loss, detached. A short batch is padded to the batch size
+    (inputs.pad_batch), its padding left out of the loss."""
+    images, labels = pad_batch(images, labels, t.layout.batch_size)
     outputs = t.module(t.normalise(images))
-    loss = F.cross_entropy(outputs, labels, reduction="sum")
+    loss = F.cross_entropy(outputs, labels, reduction="sum", ignore_index=PAD_LABEL)
     t.accelerator.backward(loss * weight)
     return loss.detach()
 

@@ -2,8 +2,8 @@
 
 Evaluates one model on an eval set of odd size with the tutorial's plain ``gather`` and with
 ``gather_for_metrics`` over accelerate's sharded loader (the trainer's evaluation before its eval store),
-and with the trainer's own ``evaluate`` over its eval store (shards padded and masked to one batch shape);
-rank 0 prints the counts as JSON.
+and with the trainer's own ``evaluate`` over its eval store (shards padded and masked to the training
+batch's shape, 4 here); rank 0 prints the counts as JSON.
 """
 
 import json

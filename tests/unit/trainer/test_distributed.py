@@ -98,9 +98,9 @@ def test_gather_for_metrics_does_not_count_padding(tmp_path: Path) -> None:
     assert count == 9  # every eval image once
     assert plain_count > 9  # the tutorial's gather also counts the samples repeated to fill the last batch
     assert correct <= count and plain_correct <= plain_count
-    # the eval store (each process's shard padded and masked to one batch shape) counts the same
+    # the eval store (each process's shard padded and masked to the training batch's shape) counts the same
     assert result["store"] == result["metrics"]
-    assert result["store_shapes"] == [[3, 3, 32, 32]]  # 5 and 4 images: 2 batches of 4 at most, evened to 3
+    assert result["store_shapes"] == [[4, 3, 32, 32]]  # 5 and 4 images: 2 batches of 4 on each process
 
 
 @pytest.mark.timeout(400)

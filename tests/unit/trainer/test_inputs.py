@@ -1,6 +1,6 @@
 """The input pipeline (``pets_training.inputs``, ``pets_training.workers``): the preloaded forkserver the
-workers fork from and what they import, the eval shards and the eval store (static batch shapes, padding
-masked, every sample counted once)."""
+workers fork from and what they import, the eval shards and the eval store (batches of the training
+batch's shape, padding masked, every sample counted once), and the padding of a short training batch."""
 
 from __future__ import annotations
 
@@ -10,10 +10,19 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from accelerate import Accelerator
 
 from pets_training.data import build_data
-from pets_training.inputs import EvalStoreBuild, build_eval_store, eval_shard, evaluate, start_worker_server
+from pets_training.inputs import (
+    PAD_LABEL,
+    EvalStoreBuild,
+    build_eval_store,
+    eval_shard,
+    evaluate,
+    pad_batch,
+    start_worker_server,
+)
 from pets_training.model import create_model, trainable_module
 from pets_training.train import Normalise
 
@@ -30,9 +39,8 @@ def test_the_shards_cover_the_set_once_in_batches_of_one_shape(n: int, world: in
     plans = set()
     for rank in range(world):
         indices, batch, batches = eval_shard(n, rank, world, batch_size)
-        assert 1 <= batch <= batch_size and len(indices) <= batch * batches
-        assert len(indices) > batch * (batches - 2)  # at most one batch of padding beyond the last real one
-        assert batch * batches - math.ceil(n / world) < batches  # evened out: under one image a batch
+        assert batch == batch_size and len(indices) <= batch * batches  # the training batch's shape
+        assert batch * batches - math.ceil(n / world) < batch  # under one batch of padding
         seen += indices
         plans.add((batch, batches))
     assert sorted(seen) == list(range(n))
@@ -41,8 +49,8 @@ def test_the_shards_cover_the_set_once_in_batches_of_one_shape(n: int, world: in
 
 def test_the_store_holds_the_eval_transform_of_its_shard_padded_and_masked() -> None:
     data = build_data("synthetic", 32, 42, 0.8, 3, 15)  # 9 eval images
-    store = build_eval_store(data.eval, 4, 1, 2, 0, torch.device("cpu"))  # rank 1 of 2: images 1, 3, 5, 7
-    # rank 0's shard has 5: two batches of at most 4, evened out to 3 each, on every rank
+    store = build_eval_store(data.eval, 3, 1, 2, 0, torch.device("cpu"))  # rank 1 of 2: images 1, 3, 5, 7
+    # rank 0's shard has 5: two batches of 3 on every rank, the training batch's shape
     assert len(store) == 2 and store.samples == 4
     assert {tuple(t.shape) for t in store.images} == {(3, 3, 32, 32)}
     assert [v.tolist() for v in store.valid] == [[True] * 3, [True, False, False]]
@@ -51,6 +59,18 @@ def test_the_store_holds_the_eval_transform_of_its_shard_padded_and_masked() -> 
         batch, row = divmod(position, 3)
         assert torch.equal(store.images[batch][row], image) and int(store.labels[batch][row]) == label
     assert store.images[0].dtype == torch.uint8 and store.nbytes == 2 * 3 * 3 * 32 * 32
+
+
+def test_a_short_training_batch_is_padded_with_its_own_images_left_out_of_the_loss() -> None:
+    images = torch.arange(3 * 2 * 1 * 1, dtype=torch.uint8).view(3, 2, 1, 1)
+    labels = torch.tensor([4, 5, 6])
+    padded, padded_labels = pad_batch(images, labels, 8)
+    assert padded.shape == (8, 2, 1, 1) and padded_labels.tolist() == [4, 5, 6] + [PAD_LABEL] * 5
+    assert torch.equal(padded[3:], images[[0, 1, 2, 0, 1]])
+    logits = torch.randn(8, 7)
+    assert torch.equal(F.cross_entropy(logits, padded_labels, reduction="sum", ignore_index=PAD_LABEL),
+                       F.cross_entropy(logits[:3], labels, reduction="sum"))
+    assert pad_batch(images, labels, 3) == (images, labels)  # a whole batch: as it is
 
 
 def test_workers_from_the_preloaded_forkserver_build_the_same_store() -> None:
