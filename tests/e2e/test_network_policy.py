@@ -41,6 +41,7 @@ from trainings import (
     POLL_S,
     REPO,
     Trainings,
+    addon,
     dedicated_control_plane,
     kubectl,
     pod_of_rank,
@@ -247,8 +248,7 @@ def test_a_pytorchjob_made_by_hand_is_refused_at_admission(trainings: Trainings)
     """Kubeflow's training-operator, a trusted creator of trainer pods, would make this PyTorchJob's pods
     with the training's labels: it is refused at admission (the chart's trainer-workload policy), naming the
     replica type's template label. No training is needed for that, nor an enforcer."""
-    if kubectl("get", "crd", "pytorchjobs.kubeflow.org", check=False).returncode != 0:
-        pytest.skip("no PyTorchJob CRD on this cluster (`tests/cluster/cluster.sh addon-up kubeflow`)")
+    addon("kubeflow")  # the real training-operator and its CRD (fast when test_backends_and_queues made it)
     template = {"metadata": {"labels": trainer_labels("guarded")},
                 "spec": {**probe_pod("x")["spec"], "restartPolicy": "Never"}}
     template["spec"]["containers"][0]["name"] = "pytorch"
