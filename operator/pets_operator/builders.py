@@ -91,12 +91,18 @@ def _digest(value: Any) -> str:
 ADDED_LATER = ["placement", "checkpoint", "networkPolicy", "elastic", "tracking"]
 
 
+# Fields whose stored default this release dropped: 0.1.0 fills an unset one with its default and
+# digests that, so an unset one is digested as that value here too, and after a `helm rollback` 0.1.0
+# takes this release's workload for the one it would build rather than for an edited one.
+DEFAULT_BEFORE = {"mixedPrecision": "fp16"}
+
+
 def spec_digest(spec: Spec | Mapping[str, Any]) -> str:
     """What the workload is built from: the spec without the fields only the operator reads. A workload
     whose annotation differs was built from an older spec (edited while it was suspended or queued).
     A mapping is the spec as the API stores it (one from before a field existed, say)."""
     props = api.SPEC_SCHEMA["properties"]
-    stored = spec.to_dict() if isinstance(spec, Spec) else spec
+    stored = {**DEFAULT_BEFORE, **(spec.to_dict() if isinstance(spec, Spec) else spec)}
     return _digest({k: v for k, v in stored.items() if k not in api.MUTABLE_WHILE_RUNNING
                     and not (k in ADDED_LATER and v == api.apply_defaults(props[k], props[k]["default"]))})
 
@@ -212,7 +218,7 @@ def trainer_args(spec: Spec, checkpoints: str | None = None, global_batch: int |
         "--epochs", str(spec.epochs),
         "--batch-size", str(spec.batch_size),
         "--lr", repr(float(spec.learning_rate)),
-        "--mixed-precision", spec.mixed_precision,
+        "--mixed-precision", spec.mixed_precision or "auto",
         "--seed", str(spec.seed),
         "--model", spec.model,
         "--image-size", str(spec.image_size),

@@ -41,7 +41,7 @@ class Spec:
     max_restarts: int
     suspend: bool
     tracking: Obj
-    mixed_precision: str = "auto"  # unset in the stored object (no CRD default, see schema.py): auto
+    mixed_precision: str | None = None  # None: unset (no CRD default, see schema.py), which is auto
     weights: str | None = None
     pretrained_cache: Obj | None = None
     output: Obj | None = None  # None: the operator's default output (api.output_of)

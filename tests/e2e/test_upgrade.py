@@ -41,8 +41,9 @@ pytestmark = pytest.mark.upgrade
 PREVIOUS = os.environ.get("PETS_PREVIOUS_VERSION", "")
 PREVIOUS_CHART = Path(os.environ.get("PETS_PREVIOUS_CHART", "/nonexistent"))
 KUEUE = ("kueue.x-k8s.io", "v1beta2")
-# Four trainings at once on the two 2-core workers: smaller pods than the e2e suite's.
-POD = {"resources": {"cpu": "400m", "memory": "2Gi"}}
+# Four trainings at once on the two 2-core workers: less CPU than the e2e suite's pods. 3Gi: on a CPU
+# without bf16 instructions the trainer runs fp32, and a rank 0 at 128 px was OOM-killed at 2Gi.
+POD = {"resources": {"cpu": "400m", "memory": "3Gi"}}
 RESUMED = "resume: continuing"
 
 

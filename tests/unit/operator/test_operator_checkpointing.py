@@ -51,6 +51,18 @@ def test_the_digest_covers_checkpoint_but_not_its_default() -> None:
     assert "checkpoint" in api.immutable_while_running()
 
 
+def test_an_unset_mixed_precision_trains_auto_and_digests_as_the_fp16_of_0_1_0() -> None:
+    """The CRD stores no mixedPrecision: this operator passes auto, and digests it as 0.1.0, which fills in
+    fp16, does, so a rollback keeps the workload (make test-upgrade's rollback test)."""
+    plain = api.resolve_spec({})
+    assert "mixedPrecision" not in plain.to_dict()
+    args = builders.trainer_args(plain)
+    assert args[args.index("--mixed-precision") + 1] == "auto"
+    as_0_1_0 = {**plain.to_dict(), "mixedPrecision": "fp16"}
+    assert builders.spec_digest(plain) == builders.spec_digest(as_0_1_0)
+    assert builders.spec_digest(api.resolve_spec({"mixedPrecision": "bf16"})) != builders.spec_digest(plain)
+
+
 def _pods(workload: dict[str, Any]) -> list[dict[str, Any]]:
     if workload["kind"] == "Job":
         return [workload["spec"]["template"]]

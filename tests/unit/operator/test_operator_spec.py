@@ -13,6 +13,7 @@ pytestmark = pytest.mark.unit
 
 EVERY_FIELD = {
     "weights": "/data/w.safetensors",
+    "mixedPrecision": "bf16",  # no stored default (unset: auto)
     "output": {"emptyDir": {}},
     "image": "pets:1",
     "imagePullSecrets": [{"name": "regcred"}],
