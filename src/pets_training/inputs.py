@@ -23,14 +23,16 @@ import logging
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 from accelerate.utils import send_to_device
 from torch.utils.data import DataLoader, Subset
 
-from .data import EpochShuffleSampler, PetsData, PetsImages
+from .data import EpochShuffleSampler, PetsData, PetsImages, build_data
 from .device_input import choose_input_path, device_train_loader
+from .store import use_store
 from .workers import start_worker_server as start_worker_server  # re-exported: train.py imports it here
 from .workers import worker_options as worker_options
 
@@ -44,6 +46,29 @@ log = logging.getLogger(__name__)
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 PAD_LABEL = -100  # F.cross_entropy's ignore_index: a padded sample adds nothing to the loss or gradient
+
+
+def local_data(cfg: TrainConfig, accelerator: Accelerator, output_dir: Path) -> PetsData:
+    """The data set. The local main process checks the files the index of checks (beside the input store,
+    else in the output directory) lacks and builds the input store; the other local ranks then read what
+    it wrote, opening no file to check it and decoding nothing."""
+    def build() -> PetsData:
+        return build_data(cfg.data, cfg.image_size, cfg.seed, cfg.train_fraction, cfg.synthetic_classes,
+                          cfg.synthetic_images_per_class, cfg.fast_decode, cfg.data_layout,
+                          check_index_dir=Path(cfg.input_store) if cfg.input_store else output_dir,
+                          write_check_index=accelerator.is_local_main_process)
+
+    data = build() if accelerator.is_local_main_process else None
+    if data is not None:
+        log.info("data %s; %d for training, %d for evaluation", data.source, len(data.train), len(data.eval))
+        if cfg.input_store:
+            log.info("%s", use_store(data, cfg.input_store, cfg.fast_decode))
+    accelerator.wait_for_everyone()
+    if data is None:
+        data = build()
+        if cfg.input_store:
+            use_store(data, cfg.input_store, cfg.fast_decode, build=False)
+    return data
 
 
 def train_loader(

@@ -29,10 +29,19 @@ from pets_contract.gauges import DATASET_COUNTS
 from .checkpoint import claim
 from .config import TrainConfig, resolve, to_yaml
 from .contract import PodContract, ProcessContext, attempt_number, take_process_start
-from .data import PetsData, build_data, check_fits_world, write_report
+from .data import check_fits_world, write_report
 from .finish import end_run, finish_run
 from .gpus import use_gpu
-from .inputs import PAD_LABEL, Batch, EvalStoreBuild, evaluate, pad_batch, start_worker_server, train_loader
+from .inputs import (
+    PAD_LABEL,
+    Batch,
+    EvalStoreBuild,
+    evaluate,
+    local_data,
+    pad_batch,
+    start_worker_server,
+    train_loader,
+)
 from .model import adam, cpu_runs_bf16_natively, create_model, resolve_precision, trainable_module
 from .position import loss_weight, rank_plan, samples_done, schedule_position, schedule_total, step_samples
 from .progress import MetricsServer, StepProgress, TimeSplit, append_progress, epoch_record
@@ -48,7 +57,6 @@ from .saves import (
     start_layout,
 )
 from .stepsave import SaveClock, StopRequest, decide
-from .store import use_store
 from .tracking import FAILED, KILLED, SHORT_WAIT, RunTrackers, log_with
 
 log = logging.getLogger("pets_training")
@@ -184,14 +192,7 @@ def setup(cfg: TrainConfig, pod: PodContract, process: ProcessContext) -> Traini
         start_worker_server()  # before Accelerator(): no thread of gloo or ours exists yet
     accelerator = _make_accelerator(cfg, process, on_gpu, output_dir, limit, cpu)
 
-    data = _checked_data(cfg, accelerator, output_dir)
-    log.info("data %s; %d for training, %d for evaluation", data.source, len(data.train), len(data.eval))
-    if cfg.input_store:  # the local main process builds it; the others read what it built
-        if accelerator.is_local_main_process:
-            log.info("%s", use_store(data, cfg.input_store, cfg.fast_decode))
-        accelerator.wait_for_everyone()
-        if not accelerator.is_local_main_process:
-            use_store(data, cfg.input_store, cfg.fast_decode, build=False)
+    data = local_data(cfg, accelerator, output_dir)
     if accelerator.is_main_process:  # before the world-size check, so a refused set is reported too
         log.info("dataset report: %s", write_report(data.report, output_dir))
     check_fits_world(len(data.train), len(data.eval), accelerator.num_processes, cfg.batch_size,
@@ -225,21 +226,6 @@ def setup(cfg: TrainConfig, pod: PodContract, process: ProcessContext) -> Traini
     return Training(accelerator, data, module, normalise, optimizer, scheduler, loader, train_sampler,
                     make_batch, output_dir, checkpoint_dir, eval_build, trackers, lay,
                     shared_checkpoint_host=shared_host)
-
-
-def _checked_data(cfg: TrainConfig, accelerator: Accelerator, output_dir: Path) -> PetsData:
-    """The data set, its files checked once per change: the local main process checks what the index of
-    checks (beside the input store, else in the output directory) lacks and writes it; the other local
-    ranks then read it and open no file."""
-    def build() -> PetsData:
-        return build_data(cfg.data, cfg.image_size, cfg.seed, cfg.train_fraction, cfg.synthetic_classes,
-                          cfg.synthetic_images_per_class, cfg.fast_decode, cfg.data_layout,
-                          check_index_dir=Path(cfg.input_store) if cfg.input_store else output_dir,
-                          write_check_index=accelerator.is_local_main_process)
-
-    data = build() if accelerator.is_local_main_process else None
-    accelerator.wait_for_everyone()
-    return data if data is not None else build()
 
 
 def _make_accelerator(
