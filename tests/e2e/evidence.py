@@ -76,8 +76,9 @@ def keep(nodeid: str) -> str:
     where.mkdir(parents=True, exist_ok=True)
     for tenant in LIVE_TENANTS:
         (where / f"{tenant.namespace}.txt").write_text(tenant_evidence(tenant, POD_LOG_LINES * 10))
-    (where / "operator.log").write_text(operator_log(5000))
+    operator = operator_log(5000)
+    (where / "operator.log").write_text(operator)
     summary = [tenant_evidence(tenant, POD_LOG_LINES) for tenant in LIVE_TENANTS]
     # the report's tail of the operator's log without its probes' access lines (the file keeps them)
-    decisions = "\n".join(line for line in operator_log(1000).splitlines() if "GET /healthz" not in line)
+    decisions = "\n".join(line for line in operator.splitlines() if "GET /healthz" not in line)
     return "\n".join([*summary, _tail(decisions, 100), f"(all of it in {where})"])
