@@ -208,7 +208,8 @@ def test_sigterm_saves_a_step_checkpoint_and_exits_75(tmp_path: Path) -> None:
     parts = message["time_seconds"]  # where this run's time went, up to the stop
     assert list(parts) == ["startup", "train", "eval", "checkpoint", "restore", "train_input_wait"]
     assert parts["startup"] > 0 and parts["checkpoint"] > 0 and parts["eval"] == 0, parts
-    assert 0 < parts["train_input_wait"] < parts["train"], parts  # a share of it, up to the stop too
+    # A share of it, up to the stop too (a SIGTERM at the first step can leave both near 0 ms).
+    assert 0 <= parts["train_input_wait"] <= parts["train"], parts
 
     second, _ = run([str(BIN / "pets-launch"), *trainer_flags(settings), "--max-train-steps", "1"],
                     timeout=120, env={"PETS_EXIT_CODE_FILE": ""})
