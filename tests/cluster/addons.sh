@@ -14,7 +14,8 @@
 #
 #   up    build (cached), import the image, apply the manifests server-side, wait until the
 #         Deployment is Ready and (controllers) its webhooks answer a server-side dry-run create.
-#         Idempotent: a second `up` re-applies the same objects and waits again.
+#         Idempotent: a second `up` that renders the same manifests, with the add-on still Ready (and
+#         its webhook answering), returns at once; otherwise it imports, applies and waits again.
 #   down  remove every object `up` applied (and, for Kueue, the finalizers it left), waiting for it.
 #         Idempotent. The images stay in the node's image store, like the project's other images.
 #
@@ -223,21 +224,38 @@ no_old_pods() {
   [[ -z "$(kubectl_ -n "$NS" get pods -l "$SELECTOR" -o jsonpath='{.items[*].metadata.deletionTimestamp}')" ]]
 }
 
+# The add-on is up as the manifests just rendered (in $ADDON_STATE/next) say: the last `up` applied the same
+# ones and finished, its controller is Ready with no old pod left, and its webhook answers.
+already_up() {
+  [[ -f $ADDON_STATE/$1.up ]] && cmp -s "$ADDON_STATE/next/$1.yaml" "$ADDON_STATE/$1.yaml" &&
+    kubectl_ -n "$NS" rollout status "deployment/$DEPLOY" --timeout=5s >/dev/null 2>&1 &&
+    no_old_pods && { [[ -z $PROBE ]] || webhook_answers; }
+}
+
 up() {
-  local name="$1" t0=$SECONDS t manifests
+  local name="$1" t0=$SECONDS t manifests f
   addon_vars "$name"
   cluster_answers || die "no cluster answers at $KUBECONFIG_ADDONS: run tests/cluster/cluster.sh up first"
-  mkdir -p "$ADDON_STATE"
+  mkdir -p "$ADDON_STATE/next"
   manifests="$ADDON_STATE/$name.yaml"
   t=$SECONDS
   "$HERE/build.sh" "$name"
   log "$name: phase build: $((SECONDS - t)) s"
+  "render_$name" "$ADDON_STATE/next/$name.yaml"
+  # A second `up` (each module that needs the add-on asks for it) costs seconds, not an import of the image
+  # into every node, a server-side apply of the CRDs and the waits: a minute or two on the 2-core machine.
+  if already_up "$name"; then
+    rm -f "$ADDON_STATE/next/$name".yaml*
+    log "$name: already up with these manifests, in $((SECONDS - t0)) s"
+    return 0
+  fi
+  rm -f "$ADDON_STATE/$name.up" "$manifests.dropped"
   t=$SECONDS
   # (every node: the controller prefers the control-plane node, where there is one)
   "$HERE/load-image.sh" --all-nodes --archive "$ARCHIVE" >/dev/null
   log "$name: phase image import ($IMAGE, $(du -m "$ARCHIVE" | cut -f1) MB): $((SECONDS - t)) s"
   t=$SECONDS
-  "render_$name" "$manifests"
+  for f in "$ADDON_STATE/next/$name".yaml*; do mv "$f" "$ADDON_STATE/${f##*/}"; done
   log "$name: applying upstream's manifests, adapted ($manifests)"
   kubectl_ apply --server-side --force-conflicts --field-manager=pets-addons -f "$manifests" >/dev/null
   # What is left out on purpose (Kueue's visibility APIServices) goes, should an earlier install have it.
@@ -256,6 +274,7 @@ up() {
     die "$name: an old pod of deployment/$DEPLOY is still terminating"
   log "$name: phase controller Ready: $((SECONDS - t)) s"
   if [[ -z $PROBE ]]; then
+    touch "$ADDON_STATE/$name.up"
     log "$name up in $((SECONDS - t0)) s"
     return 0
   fi
@@ -267,6 +286,7 @@ up() {
     die "$name: its webhook did not answer"
   fi
   log "$name: phase webhook: $((SECONDS - t)) s"
+  touch "$ADDON_STATE/$name.up"
   log "$name up in $((SECONDS - t0)) s"
 }
 
@@ -289,11 +309,13 @@ down() {
   addon_vars "$name"
   if ! cluster_answers; then
     log "$name: no cluster answers at $KUBECONFIG_ADDONS: nothing to remove"
-    rm -f "$ADDON_STATE/$name.yaml" "$ADDON_STATE/$name.yaml.upstream" "$ADDON_STATE/$name.yaml.dropped"
+    rm -f "$ADDON_STATE/$name.yaml" "$ADDON_STATE/$name.yaml.upstream" "$ADDON_STATE/$name.yaml.dropped" \
+      "$ADDON_STATE/$name.up"
     return 0
   fi
   mkdir -p "$ADDON_STATE"
   manifests="$ADDON_STATE/$name.yaml"
+  rm -f "$ADDON_STATE/$name.up"
   [[ -f $manifests ]] || "render_$name" "$manifests"
   # First what would make the API refuse or stall the deletions below: the webhooks (their server is
   # going away), Kueue's aggregated API (an unavailable APIService stalls namespace deletion), then
