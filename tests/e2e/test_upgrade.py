@@ -42,7 +42,8 @@ PREVIOUS = os.environ.get("PETS_PREVIOUS_VERSION", "")
 PREVIOUS_CHART = Path(os.environ.get("PETS_PREVIOUS_CHART", "/nonexistent"))
 KUEUE = ("kueue.x-k8s.io", "v1beta2")
 # Four trainings at once on the two 2-core workers: less CPU than the e2e suite's pods. 3Gi: on a CPU
-# without bf16 instructions the trainer runs fp32, and a rank 0 at 128 px was OOM-killed at 2Gi.
+# without bf16 instructions the trainer runs fp32, and a rank 0 at 128 px was OOM-killed at 2Gi. Each
+# outlasts the upgrade by its number of epochs; after it, the rest of them is only waited for.
 POD = {"resources": {"cpu": "400m", "memory": "3Gi"}}
 RESUMED = "resume: continuing"
 
@@ -144,7 +145,7 @@ def resumed_log(tenant: Trainings, name: str) -> str:
 def test_an_upgrade_keeps_every_training_as_it_was(kube_api: Any, previous_release: None,
                                                    tenant: Trainings, closed_queue: str) -> None:
     # Under the previous release: one of each state.
-    tenant.create("running", {**LONGER_SPEC, **POD, "epochs": 12})
+    tenant.create("running", {**LONGER_SPEC, **POD, "epochs": 16})
     tenant.create("suspended", {**LONGER_SPEC, **POD, "epochs": 4})
     tenant.create("finished", {**SMALL_SPEC, **POD, "epochs": 1, "ttlSecondsAfterFinished": 3600})
     tenant.create("queued", {**SMALL_SPEC, **POD, "epochs": 1}, {"kueue.x-k8s.io/queue-name": "later"})
@@ -196,7 +197,7 @@ def test_an_upgrade_keeps_every_training_as_it_was(kube_api: Any, previous_relea
 def test_a_rollback_to_the_previous_release_keeps_a_running_training(
         kube_api: Any, previous_release: None, tenant: Trainings) -> None:
     assert operator_image().endswith(f":{__version__}"), "the upgrade test runs first"
-    tenant.create("rolled-back", {**LONGER_SPEC, **POD, "epochs": 8})
+    tenant.create("rolled-back", {**LONGER_SPEC, **POD, "epochs": 10})
     tenant.wait_epoch("rolled-back", 1, 600)
     before = snapshot(tenant, "rolled-back")
 
