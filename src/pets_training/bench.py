@@ -1,16 +1,19 @@
-"""``make bench``: five loops side by side, on the same synthetic JPEG files, the same model and batch, one
+"""``make bench``: six loops side by side, on the same synthetic JPEG files, the same model and batch, one
 process each, in one process tree: the tutorial's loop as written (fp32), the tutorial's loop with the
-mixed precision it asks for (fp16 on a GPU; on a CPU as our trainer maps it: bf16, or skipped with a line
-where the CPU has no bf16 instructions), our trainer on its CPU input path and on its device input path,
-and the model-only ceiling (our setup and training step, so our dtype and cudnn setting, on one batch
-kept in memory: no data loading). Prints images/s of each with its ratio to the tutorial as written and
-its share of the ceiling and, last, ``speedup: X.XXx`` (ours against the tutorial as written).
-Throughput is measured over ``--steps`` training steps after ``--warmup`` steps (data loading included:
-a step's time runs from the end of the previous step); each loop runs ``--repeats`` times, in a rotated
-order, and its best run counts (the machine may be shared). ``--cpus N`` runs every loop's process tree
-on N cores (as a pod with a CPU limit of N: our trainer plans its threads and workers from them).
+mixed precision it asks for (``--mixed-precision``, fp16 as the tutorial's; bf16 on a CPU as our trainer
+maps fp16 there, or skipped with a line where the CPU has no bf16 instructions), our trainer on its CPU
+input path, on its device input path, and on the device input path reading its input store (images
+decoded once, before the loop), and the model-only ceiling (our setup and training step, so our dtype and
+cudnn setting, on one batch kept in memory: no data loading). Prints images/s of each with its ratio to
+the tutorial as written and its share of the ceiling and, last, ``speedup: X.XXx`` (ours against the
+tutorial as written). Throughput is measured over ``--steps`` training steps after ``--warmup`` steps
+(data loading included: a step's time runs from the end of the previous step); each loop runs
+``--repeats`` times, in a rotated order, and its best run counts (the machine may be shared). ``--cpus
+N`` runs every loop's process tree on N cores (as a pod with a CPU limit of N: our trainer plans its
+threads and workers from them).
 
     python -m pets_training.bench [--steps 4] [--warmup 1] [--model resnet50d] [--batch-size 64] [--cpus 4]
+                                  [--mixed-precision fp16|bf16]
 """
 
 from __future__ import annotations
@@ -76,8 +79,9 @@ def _our_config(args: argparse.Namespace) -> Any:
     return resolve(
         ["--data", args.data, "--model", args.model, "--image-size", str(args.image_size),
          "--batch-size", str(args.batch_size), "--max-train-steps", str(args.warmup + args.steps),
-         "--output-dir", str(Path(args.output) / "ours"), "--no-checkpoints", "--mixed-precision", "fp16",
-         "--no-pretrained", "--input-path", args.input_path]  # random init in every loop: the same work
+         "--output-dir", str(Path(args.output) / "ours"), "--no-checkpoints",
+         "--mixed-precision", args.mixed_precision, "--no-pretrained", "--input-path", args.input_path,
+         *(["--input-store", args.input_store] if args.input_store else [])]  # random init: the same work
     )  # fmt: skip
 
 
@@ -126,6 +130,7 @@ LOOPS = {
     "ours": "ours (pets-train: {precision} autocast, channels_last, no-grad frozen backbone, uint8 batches, "
             "decode and crop on the CPU, quota-sized threads and workers)",
     "ours-device": "ours on the device input path (workers read files; decode and crop on the {device})",
+    "ours-store": "ours on the device input path from its input store (decoded once; crop on the {device})",
     "ceiling": "model-only ceiling (our step on one batch in memory, no data loading)",
 }
 
@@ -169,15 +174,19 @@ def plot_bench(runs: dict[str, list[float]], title: str, path: Path) -> None:
     plt.close(fig)
 
 
-def tutorial_precision(on_gpu: bool) -> tuple[str | None, str]:
-    """The tutorial's `--mixed_precision fp16` as our trainer maps it (None: the loop is skipped), and why."""
+def tutorial_precision(on_gpu: bool, asked: str = "fp16") -> tuple[str | None, str]:
+    """The tutorial's `--mixed_precision` (``asked``) as our trainer maps it (None: the loop is skipped:
+    on a CPU without bf16 instructions, where bf16 is emulated), and why."""
     from .model import cpu_runs_bf16_natively, resolve_precision
 
-    precision = resolve_precision("fp16", on_gpu, on_gpu or cpu_runs_bf16_natively())
-    if precision.mixed_precision == "no":
+    if asked == "no":
+        return None, "tutorial-mp: skipped: no mixed precision asked for, which is the tutorial as written"
+    cpu_bf16 = on_gpu or cpu_runs_bf16_natively()
+    precision = resolve_precision(asked, on_gpu, cpu_bf16)
+    if precision.mixed_precision == "no" or (precision.mixed_precision == "bf16" and not cpu_bf16):
         return None, ("tutorial-mp: skipped: this CPU has no bf16 instructions (AVX-512 BF16 or AMX), "
-                      "where torch emulates bf16 (one step took over 3 min); our trainer maps the tutorial's "
-                      "fp16 to no mixed precision here, which is the tutorial as written")
+                      "where torch emulates bf16 (one step took over 3 min); the loops run without mixed "
+                      "precision here, as our trainer runs the tutorial's fp16: the tutorial as written")
     return precision.mixed_precision, f"tutorial-mp: {precision.mixed_precision}"
 
 
@@ -199,7 +208,10 @@ def main(argv: list[str] | None = None) -> int:
         "--output", default="bench-output", help="logs, bench.json, bench.png (default: bench-output)"
     )
     parser.add_argument("--cpus", type=int, help="run every loop on this many cores (default: all)")
+    parser.add_argument("--mixed-precision", choices=["no", "fp16", "bf16"], default="fp16",
+                        help="the tutorial's mixed precision, and ours (default: fp16, the tutorial's)")
     parser.add_argument("--input-path", default="cpu", help=argparse.SUPPRESS)
+    parser.add_argument("--input-store", help=argparse.SUPPRESS)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--ceiling", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -234,11 +246,12 @@ def main(argv: list[str] | None = None) -> int:
     if cpus:  # this process only waits: the loops and their workers inherit it (no preexec_fn after threads)
         os.sched_setaffinity(0, cpus)
     # the tutorial's `accelerate launch --mixed_precision fp16`: fp16 on a GPU; on a CPU as ours maps it
-    mixed, precision_line = tutorial_precision(on_gpu)
+    mixed, precision_line = tutorial_precision(on_gpu, args.mixed_precision)
     print(precision_line + (f"; every loop on {args.cpus} core(s)" if cpus else ""), flush=True)
     base_cmd = [sys.executable, "-m", "pets_training.baseline", *common, "--steps", str(steps), "--no-eval"]
     ours_cmd = [sys.executable, "-m", "pets_training.bench", *common, "--steps", str(args.steps),
-                "--warmup", str(args.warmup), "--output", str(output)]  # fmt: skip
+                "--warmup", str(args.warmup), "--output", str(output),
+                "--mixed-precision", mixed or "no"]  # fmt: skip
     commands = {"tutorial": base_cmd}
     skipped: dict[str, str] = {}  # loop -> why it did not run, in bench.json beside those that did
     if mixed is not None:
@@ -247,6 +260,8 @@ def main(argv: list[str] | None = None) -> int:
         skipped["tutorial-mp"] = precision_line.removeprefix("tutorial-mp: skipped: ")
     commands["ours"] = [*ours_cmd, "--worker"]
     commands["ours-device"] = [*ours_cmd, "--worker", "--input-path", "device"]
+    # its store built by the first run, before its timed steps; reused by the repeats
+    commands["ours-store"] = [*commands["ours-device"], "--input-store", str(output / "store")]
     commands["ceiling"] = [*ours_cmd, "--ceiling"]
     precision = mixed or "no"
     runs: dict[str, list[float]] = {name: [] for name in commands}
@@ -261,7 +276,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {name} run {repeat + 1}: {runs[name][-1]:.2f} images/s", flush=True)
     ips = {name: max(values) for name, values in runs.items()}
     # each of our loops' best run: the share of its training time it waited for input
-    input_wait = {name: waits[name][runs[name].index(ips[name])] for name in ("ours", "ours-device")}
+    input_wait = {name: waits[name][runs[name].index(ips[name])]
+                  for name in ("ours", "ours-device", "ours-store")}
     lines = report(ips, precision, "GPU" if on_gpu else "CPU")
     (output / "bench.json").write_text(json.dumps({
         "model": args.model, "batch_size": args.batch_size, "image_size": args.image_size,
