@@ -1,4 +1,4 @@
-"""Every test belongs to exactly the tier that runs it: unit, integration, e2e, upgrade or chaos (pyproject).
+"""Every test belongs to exactly the tier that runs it: unit, integration, e2e, upgrade, chaos or gpu.
 
 `make test` runs `pytest -m unit tests/unit tests/cluster`; a test with no tier marker is silently
 deselected there, and by `-m integration` and `-m e2e` as well, so it would never run anywhere.
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-TIERS = ("unit", "integration", "e2e", "upgrade", "chaos")
+TIERS = ("unit", "integration", "e2e", "upgrade", "chaos", "gpu")
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects the unmarked tests out of sight
