@@ -1,11 +1,10 @@
 """The training crop taken a whole batch at once (``pets_training.crops``, issue 55, section 1): boxes as a
 function of (seed, epoch, index) alone, one batched resize within a stated tolerance of torchvision's, and,
-on the device input path, a batch built by as many operations at 32, 64 and 128 images, its host time per
-image falling with the batch (no per-image call on the training thread)."""
+on the device input path, a batch built by as many operations at 32, 64 and 128 images (no per-image call
+on the training thread; its host time per batch is `make bench`'s to measure, not a timed assertion's)."""
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -178,27 +177,3 @@ def test_a_batch_is_as_many_ops_at_32_64_and_128_images(tiny: Path, tmp_path: Pa
             counts[name].append(sum(count.ops.values()))
     assert counts["store"] == [counts["store"][0]] * 3, counts
     assert counts["device"] == [counts["device"][0]] * 3, counts
-
-
-def _host_seconds(make: Any, batch: Any) -> float:
-    best = float("inf")
-    for _ in range(7):  # the least disturbed of a few: this machine may be shared
-        start = time.perf_counter()
-        make(batch)
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
-def test_the_host_time_per_image_falls_with_the_batch(tiny: Path, tmp_path: Path,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    """A batch's cost is a constant part (its operations) and a part per image (the arithmetic, here on
-    the host as the CPU backend runs it): at 128 images each costs well under what it costs at 32. One
-    Python call per image would keep the cost per image flat."""
-    torch.set_num_threads(1)
-    store = _store_crops(tiny, tmp_path / "store")
-    device, batches = _device_crops(tiny, monkeypatch)
-    n = len(store.images)
-    for make, small, large in ((store, torch.arange(n, n + 32), torch.arange(n, n + 128)),
-                               (device, batches[32], batches[128])):
-        per_image = [_host_seconds(make, small) / 32, _host_seconds(make, large) / 128]
-        assert per_image[1] < 0.6 * per_image[0], [f"{1e6 * s:.1f} us" for s in per_image]
