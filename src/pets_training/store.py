@@ -20,14 +20,10 @@ import contextlib
 import json
 import logging
 import math
-import multiprocessing
-import os
 import re
 import secrets
 import zlib
-from collections import deque
-from collections.abc import Generator, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -35,7 +31,6 @@ import numpy as np
 import torch
 
 from .data import DataError, PetsData, _FileLoader, _Subset, load_file_fast, load_file_pil
-from .workers import WORKER_CONTEXT
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +38,6 @@ STORE_VERSION = 2  # 2: several data files
 INDEX = "store.json"
 MAX_DATA_FILES = 4
 DATA_NAME = re.compile(r"images-[0-9a-f]+\.u8")  # the only names the store reads or deletes
-DECODE_CHUNK = 16  # images a decoding process takes at a time; 2 chunks a process in flight bound the memory
 
 
 class StoreError(DataError):
@@ -58,46 +52,10 @@ def _stat(paths: Sequence[Path]) -> list[list[Any]]:
 Kept = dict[tuple[Any, ...], tuple[str, int, list[int], int]]
 
 
-Decoded = tuple[bytes, list[int], int]  # an image's raw bytes, shape and CRC-32
-
-
-def _decode_chunk(paths: list[Path], fast: bool) -> tuple[int, list[Decoded]]:
-    """In a decoding process: its pid, and each image decoded as the CPU path decodes it."""
-    out = []
-    for path in paths:
-        image = (load_file_fast(path) if fast else load_file_pil(path)).contiguous()
-        raw = image.numpy().tobytes()
-        out.append((raw, list(image.shape), zlib.crc32(raw)))
-    return os.getpid(), out
-
-
-def _decoded(paths: list[Path], fast: bool, processes: int, pids: set[int]) -> Generator[Decoded, None, None]:
-    """The images of ``paths`` decoded, in order, by ``processes`` processes forked from the trainer's
-    forkserver (its imports paid once), each adding its pid to ``pids``: a Pets-sized set took one core
-    23 s on the 2-core CI machine."""
-    chunks = [paths[i:i + DECODE_CHUNK] for i in range(0, len(paths), DECODE_CHUNK)]
-    if processes < 2 or len(chunks) < 2:
-        for chunk in chunks:
-            pid, images = _decode_chunk(chunk, fast)
-            pids.add(pid)
-            yield from images
-        return
-    with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context(WORKER_CONTEXT)) as pool:
-        pending: deque[Future[tuple[int, list[Decoded]]]] = deque()
-        for n, chunk in enumerate(chunks, 1):
-            pending.append(pool.submit(_decode_chunk, chunk, fast))
-            while len(pending) > 2 * processes or (n == len(chunks) and pending):
-                pid, images = pending.popleft().result()
-                pids.add(pid)
-                yield from images
-
-
-def build_store(directory: Path, paths: Sequence[Path], fast: bool = True,
-                processes: int = 1) -> tuple[int, int, int]:
-    """Decode ``paths`` into ``directory`` (a data file, then the index that names it) on ``processes``
-    processes, keeping the images whose source is as the last build found it where they are, or copying
-    them into the new data file (see the module's docstring). Returns (images decoded, images copied,
-    processes that decoded)."""
+def build_store(directory: Path, paths: Sequence[Path], fast: bool = True) -> tuple[int, int]:
+    """Decode ``paths`` into ``directory`` (a data file, then the index that names it), keeping the images
+    whose source is as the last build found it where they are, or copying them into the new data file
+    (see the module's docstring). Returns (images decoded, images copied)."""
     directory.mkdir(parents=True, exist_ok=True)
     sources = _stat(paths)
     old = _read_index(directory)
@@ -108,12 +66,9 @@ def build_store(directory: Path, paths: Sequence[Path], fast: bool = True,
     tmp = directory / f".{data_name}.tmp"
     entries: list[tuple[str, int, list[int], int]] = []
     decoded = copied = 0
-    pids: set[int] = set()
-    changed = [path for path, source in zip(paths, sources, strict=True) if tuple(source) not in kept]
-    new = _decoded(changed, fast, processes, pids)
-    with tmp.open("wb") as out, contextlib.ExitStack() as opened, contextlib.closing(new):
+    with tmp.open("wb") as out, contextlib.ExitStack() as opened:
         olds: dict[str, BinaryIO] = {}
-        for source in sources:
+        for path, source in zip(paths, sources, strict=True):
             found = kept.get(tuple(source))
             if found is not None and not compact:  # unchanged: it stays where it is
                 entries.append(found)
@@ -126,7 +81,9 @@ def build_store(directory: Path, paths: Sequence[Path], fast: bool = True,
                 raw = olds[name].read(math.prod(shape))
                 copied += 1
             else:
-                raw, shape, crc = next(new)
+                image = (load_file_fast(path) if fast else load_file_pil(path)).contiguous()
+                raw, shape = image.numpy().tobytes(), list(image.shape)
+                crc = zlib.crc32(raw)
                 decoded += 1
             entries.append((data_name, out.tell(), shape, crc))
             out.write(raw)
@@ -147,7 +104,7 @@ def build_store(directory: Path, paths: Sequence[Path], fast: bool = True,
     tmp_index.replace(directory / INDEX)
     for gone in set(_data_names(old)) - set(names):  # a process that maps one still reads it
         (directory / gone).unlink(missing_ok=True)
-    return decoded, copied, len(pids)
+    return decoded, copied
 
 
 def _data_names(index: dict[str, Any] | None) -> list[str]:
@@ -254,10 +211,9 @@ def store_directory(root: str, source: str, fast: bool) -> Path:
     return Path(root) / f"store-{key:08x}"
 
 
-def use_store(data: PetsData, root: str, fast: bool = True, build: bool = True, processes: int = 1) -> str:
+def use_store(data: PetsData, root: str, fast: bool = True, build: bool = True) -> str:
     """Read ``data``'s images (train and eval) from their store under ``root``, built first where it is
-    missing or stale (``build``, on ``processes`` processes; else it must be fresh: another process built
-    it). Returns the log line."""
+    missing or stale (``build``; else it must be fresh: another process built it). Returns the log line."""
     load_all = data.train.load.load_all if isinstance(data.train.load, _Subset) else None
     if not isinstance(load_all, _FileLoader):
         raise DataError("input store: the synthetic set has no files to store; drop --input-store")
@@ -269,10 +225,9 @@ def use_store(data: PetsData, root: str, fast: bool = True, build: bool = True, 
     n = len(load_all.paths)
     line = f"input store {directory}: reusing it ({n} decoded images)"
     if why:
-        decoded, copied, decoders = build_store(directory, load_all.paths, fast, processes)
+        decoded, copied = build_store(directory, load_all.paths, fast)
         done = f"{n} images decoded once" if decoded == n else f"{decoded} of {n} images decoded, the " + \
             (f"others copied into one data file ({copied})" if copied else "others kept")
-        done += f" on {decoders} process{'es' if decoders > 1 else ''}" if decoded else ""
         line = f"input store {directory}: {'building' if decoded == n else 'updating'} it ({why}): {done}"
     index = _read_index(directory)
     assert index is not None

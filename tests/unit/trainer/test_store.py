@@ -60,24 +60,6 @@ def test_the_store_gives_the_files_crops_and_is_reused(tmp_path: Path) -> None:
     assert "reusing it" in use_store(again, str(tmp_path / "store"))
 
 
-def test_the_store_built_on_several_processes_is_the_one_built_on_one(tmp_path: Path) -> None:
-    """The build decodes on the machine's cores (processes forked from the trainer's forkserver), in
-    chunks, and writes the images in the files' order: the same data file and index, byte for byte."""
-    images = tmp_path / "images"
-    write_synthetic(images, 3, 12, 40, seed=5)  # 36 files: 3 chunks of store.DECODE_CHUNK at most
-    built = {}
-    for processes in (1, 2):
-        data = build_data(str(images), 32, 42, 0.8, 0, 0)
-        line = use_store(data, str(tmp_path / f"store-{processes}"), processes=processes)
-        suffix = "es" if processes > 1 else ""
-        assert line.endswith(f": 36 images decoded once on {processes} process{suffix}"), line
-        (directory,) = (tmp_path / f"store-{processes}").iterdir()
-        index = json.loads((directory / store.INDEX).read_text())
-        built[processes] = (index["offsets"], index["shapes"], index["crc32"],
-                            (directory / index["data"][0]).read_bytes())
-    assert built[1] == built[2]
-
-
 @pytest.fixture
 def decoded(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The names of the files the store's build decodes."""
