@@ -97,6 +97,11 @@ BENCH_ARGS ?= --steps 3 --repeats 2
 bench: install ## tutorial loop vs our trainer on the same JPEGs: images/s and the speedup (BENCH_ARGS)
 	$(PY) -m pets_training.bench $(BENCH_ARGS)
 
+.PHONY: bench-startup
+BENCH_STARTUP_ARGS ?=
+bench-startup: install ## process start -> first step on a Pets-sized folder: without a store, building it, with it fresh, split by part -> bench-output/bench-startup.{json,png} (BENCH_STARTUP_ARGS)
+	$(PY) -m pets_training.bench_startup $(BENCH_STARTUP_ARGS)
+
 .PHONY: bench-preempt
 BENCH_PREEMPT_ARGS ?=
 bench-preempt: install ## seconds lost per preemption: epoch-only checkpoints vs step checkpoints (killed, SIGTERM), and each save's stall -> output/bench-preempt.json (BENCH_PREEMPT_ARGS)
@@ -199,12 +204,12 @@ bench-scrape: install ## one progress-scrape pass over 1000 local endpoints, the
 
 # Every bench that needs no cluster, in a short mode, its results under output/bench-smoke/ (the full
 # runs' results stay where they are): a documented bench cannot break unseen. CI runs it, and
-# `make bench-e2e BENCH_E2E_ARGS="--runs 1"` on its e2e cluster. Not bench and bench-preempt: the unit
-# tests run both end to end on a tinier model and check what they print (tests/unit/trainer/test_bench.py,
-# test_bench_preempt.py), and running them here too cost CI 134 s.
+# `make bench-e2e BENCH_E2E_ARGS="--runs 1"` on its e2e cluster. Not bench, bench-preempt and bench-startup:
+# the unit tests run them end to end on a tinier model and check what they print (tests/unit/trainer/
+# test_bench.py, test_bench_preempt.py, test_bench_startup.py), and running them here too cost CI 134 s.
 SMOKE := output/bench-smoke
 .PHONY: bench-smoke
-bench-smoke: install tools ## every bench above but bench, bench-preempt (run by the unit tests) and bench-e2e in a short mode, as CI runs them -> output/bench-smoke/
+bench-smoke: install tools ## every bench above but bench, bench-preempt, bench-startup (run by the unit tests) and bench-e2e in a short mode, as CI runs them -> output/bench-smoke/
 	mkdir -p $(SMOKE)
 	$(MAKE) bench-operator BENCH_OPERATOR_ARGS="--count 5 --settle 2 --out $(abspath $(SMOKE))/operator.json"
 	$(MAKE) bench-scale COUNT=5 SCALE_ARGS="--nodes 3 --idle 5 --settle 5 --quiet 3 --out $(abspath $(SMOKE))/scale.json"

@@ -67,6 +67,7 @@ def finish_run(t: Training, cfg: TrainConfig, state: RunState) -> dict[str, Any]
         else None,
         summary_keys.ELAPSED_SECONDS: round(elapsed, 2),
         summary_keys.TIME_SECONDS: time_seconds,  # this run's wall time by part (rank 0's)
+        "startup_parts": state.split.startup_parts,  # its start-up by what was done (make bench-startup)
         summary_keys.RESUME_STEP: state.resume_step,  # where this run resumed (0: fresh): the work lost
         summary_keys.GLOBAL_STEP: state.global_step,  # where it ended: the operator's exact lastStep
         summary_keys.RESUME_SKIPPED_CHECKPOINTS: state.skipped_checkpoints,  # newer ones it could not use

@@ -28,13 +28,24 @@ class TimeSplit:
     charged piece by piece, each piece to the part it was spent in: ``restore``, ``eval`` and
     ``checkpoint`` where the trainer says so, the rest to ``startup`` until the first training step of this
     run ends (:meth:`first_step_done`), to ``train`` after it. Within ``train``, ``input_wait`` counts
-    the loop's waits for its next batch."""
+    the loop's waits for its next batch. ``startup_parts`` splits the time up to that first step by what
+    the trainer did (:meth:`startup_done`: imports, data, model...; make bench-startup)."""
 
     def __init__(self, start: float | None = None) -> None:
         self.seconds = dict.fromkeys(TIME_PARTS, 0.0)
         self.input_wait = 0.0  # a share of train (TIME_SHARES' train_input_wait), not a part of its own
         self.mark = time.perf_counter() if start is None else start
         self.stepped = False  # the first training step of this run is done
+        self.startup_parts: dict[str, float] = {}  # in the order they came; they add up to the first step
+        self._startup_mark = self.mark
+
+    def startup_done(self, part: str, now: float | None = None) -> None:
+        """The start-up's ``part`` ends now (nothing once the first step is done)."""
+        if self.stepped:
+            return
+        now = time.perf_counter() if now is None else now
+        self.startup_parts[part] = round(self.startup_parts.get(part, 0.0) + now - self._startup_mark, 3)
+        self._startup_mark = now
 
     def charge(self, part: str | None = None, now: float | None = None) -> float:
         """Add the time since the last charge to ``part`` (None: ``startup`` before the first training step
@@ -47,6 +58,8 @@ class TimeSplit:
 
     def first_step_done(self, now: float | None = None) -> None:
         """The first training step of this run has ended: what came before it is startup."""
+        now = time.perf_counter() if now is None else now
+        self.startup_done("first step", now)
         self.charge("startup", now)
         self.stepped = True
 

@@ -89,6 +89,8 @@ def training_function(
     # the start of this run: its entry point's start, or this call's (docs/trainer.md)
     since_start = take_process_start(os.environ, time.time())
     split = TimeSplit(None if since_start is None else time.perf_counter() - since_start)
+    if since_start is not None:
+        split.startup_done("imports")  # the entry point's start to here: imports and arguments
     cfg = config if isinstance(config, TrainConfig) else resolve(overrides=config or {})
     pod = PodContract.from_env(os.environ) if pod is None else pod
     process = ProcessContext.from_env(os.environ) if process is None else process
@@ -96,11 +98,12 @@ def training_function(
     if attempt is not None and cfg.checkpoints and process.local_rank == 0:
         # before anything else: a superseded trainer stops here, having written nothing
         claim(cfg.resolved_checkpoint_dir(pod.output_dir), attempt)
-    t = setup(cfg, pod, process)
+    t = setup(cfg, pod, process, split)
     t.attempt = attempt
     split.charge()
     state = resume(t, cfg) if cfg.resume else RunState()
     split.charge("restore" if cfg.resume else None)
+    split.startup_done("resume")
     state.split = split
     state.clock = SaveClock(cfg.checkpoint_interval_seconds if cfg.checkpoints else 0.0)
     stop = StopRequest() if stop is None else stop
@@ -182,8 +185,11 @@ def _end_of_loop(split: TimeSplit, metrics: MetricsServer | None) -> None:
     _serve_time(metrics, split)
 
 
-def setup(cfg: TrainConfig, pod: PodContract, process: ProcessContext) -> Training:
-    """Accelerator, data, model, optimiser and OneCycle schedule, prepared by accelerate."""
+def setup(cfg: TrainConfig, pod: PodContract, process: ProcessContext,
+          split: TimeSplit | None = None) -> Training:
+    """Accelerator, data, model, optimiser and OneCycle schedule, prepared by accelerate (each part's time
+    in ``split``'s start-up parts)."""
+    done = split.startup_done if split is not None else lambda part: None
     on_gpu = use_gpu(pod.gpus, os.environ)  # a pod given GPUs and finding fewer fails here, saying why
     output_dir = cfg.resolved_output_dir(pod.output_dir)
     limit = cpu_limit(pod.cpu_limit)
@@ -191,19 +197,20 @@ def setup(cfg: TrainConfig, pod: PodContract, process: ProcessContext) -> Traini
     if cpu.workers:
         start_worker_server()  # before Accelerator(): no thread of gloo or ours exists yet
     accelerator = _make_accelerator(cfg, process, on_gpu, output_dir, limit, cpu)
-
+    done("accelerator")
     data = local_data(cfg, accelerator, output_dir, limit.cpus)
     if accelerator.is_main_process:  # before the world-size check, so a refused set is reported too
         log.info("dataset report: %s", write_report(data.report, output_dir))
     check_fits_world(len(data.train), len(data.eval), accelerator.num_processes, cfg.batch_size,
                      cfg.train_fraction, data.source)
 
+    done("data")  # every file checked (or its check read from the index), the input store built or read
     model = create_model(cfg.model, data.num_classes, cfg.pretrained, cfg.weights, cfg.pretrained_cache)
     module = trainable_module(model, cfg.unfreeze)
     if cfg.channels_last:
         module = module.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
     normalise = Normalise(model, accelerator.device, cfg.channels_last)
-
+    done("model")
     loader, train_sampler, make_batch = train_loader(data, cfg, cpu.workers, accelerator.device)
     # evaluated in batches of the training batch's shape: one input shape for the model (one cuDNN search)
     eval_build = EvalStoreBuild(data.eval, cfg.batch_size, accelerator.process_index,
@@ -223,6 +230,7 @@ def setup(cfg: TrainConfig, pod: PodContract, process: ProcessContext) -> Traini
         # scheduler (rank 0's); every rank still writes its random_states_<rank>.pkl
         accelerator.project_configuration.save_on_each_node = shared_host is None
     trackers = RunTrackers(accelerator, cfg, output_dir)
+    done("loaders and prepare")
     return Training(accelerator, data, module, normalise, optimizer, scheduler, loader, train_sampler,
                     make_batch, output_dir, checkpoint_dir, eval_build, trackers, lay,
                     shared_checkpoint_host=shared_host)
@@ -463,6 +471,7 @@ def _ready_batches(t: Training, split: TimeSplit) -> Iterator[Batch]:
     for batch in t.train_loader:
         ready = t.make_batch(batch)
         split.waited_for_input(since)
+        split.startup_done("first batch")  # the loader's start and its first batch
         yield ready
         since = time.perf_counter()
 
