@@ -29,7 +29,6 @@ from pets_training.device_input import (
 )
 from pets_training.inputs import worker_options
 from pets_training.store import use_store
-from pets_training.synthetic import write_synthetic
 
 pytestmark = pytest.mark.gpu
 
@@ -44,14 +43,10 @@ def assert_crops_close(got: torch.Tensor, expected: torch.Tensor) -> None:
 
 
 def _images(directory: Path) -> Path:
-    """JPEGs of two sizes, as the Pets set's vary: one batch holds both."""
-    write_synthetic(directory, 3, 8, 48, seed=1)
-    write_synthetic(directory / "big", 3, 2, 71, seed=2)
-    for path in (directory / "big").iterdir():
-        label, n = path.stem.rsplit("_", 1)
-        path.rename(directory / f"{label}_{90 + int(n)}.jpg")
-    (directory / "big").rmdir()
-    return directory
+    """JPEGs of two sizes, a PNG, a grayscale and a CMYK JPEG (nvJPEG refuses the last two: the CPU's)."""
+    from unit.trainer.helpers import write_mixed_set
+
+    return write_mixed_set(directory)
 
 
 def test_nvjpeg_and_the_gpu_crops_give_the_cpu_paths_crops(tmp_path: Path) -> None:

@@ -159,3 +159,25 @@ def sigterm_after_first_step(
         finally:
             proc.kill()
     return code, log_path.read_text()
+
+
+def write_mixed_set(directory: Path) -> Path:
+    """Synthetic JPEGs of two sizes, plus a PNG, a grayscale JPEG and a CMYK JPEG (the GPU's batched
+    decoder refuses the last two: each is decoded alone, then on the CPU)."""
+    import numpy as np
+    from PIL import Image
+
+    from pets_training.synthetic import write_synthetic
+
+    write_synthetic(directory, 3, 8, 48, seed=1)
+    write_synthetic(directory / "big", 3, 2, 71, seed=2)
+    for path in (directory / "big").iterdir():
+        label, n = path.stem.rsplit("_", 1)
+        path.rename(directory / f"{label}_{90 + int(n)}.jpg")
+    (directory / "big").rmdir()
+    rng = np.random.default_rng(0)
+    pixels = rng.integers(0, 255, (40, 56, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(directory / "Bengal_100.png")
+    Image.fromarray(pixels[:, :, 0]).save(directory / "Bengal_101.jpg")
+    Image.fromarray(pixels).convert("CMYK").save(directory / "Bengal_102.jpg")
+    return directory

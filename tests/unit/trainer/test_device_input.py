@@ -8,11 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from accelerate.data_loader import skip_first_batches
-from PIL import Image
 
 from pets_training.data import PetsData, build_data
 from pets_training.device_input import (
@@ -24,34 +22,23 @@ from pets_training.device_input import (
     gpu_decoder_missing,
 )
 from pets_training.inputs import start_worker_server, worker_options
-from pets_training.synthetic import write_synthetic
 
-from .helpers import DEVICE_PATH_PROGRESS, assert_crops_close, assert_same_progress, train_variants
+from .helpers import (
+    DEVICE_PATH_PROGRESS,
+    assert_crops_close,
+    assert_same_progress,
+    train_variants,
+    write_mixed_set,
+)
 
 pytestmark = pytest.mark.unit
 
 CPU = torch.device("cpu")
 
 
-def _mixed_set(directory: Path) -> Path:
-    """Synthetic JPEGs of two sizes, plus a PNG, a grayscale JPEG and a CMYK JPEG."""
-    write_synthetic(directory, 3, 8, 48, seed=1)
-    write_synthetic(directory / "big", 3, 2, 71, seed=2)
-    for path in (directory / "big").iterdir():
-        label, n = path.stem.rsplit("_", 1)
-        path.rename(directory / f"{label}_{90 + int(n)}.jpg")
-    (directory / "big").rmdir()
-    rng = np.random.default_rng(0)
-    pixels = rng.integers(0, 255, (40, 56, 3), dtype=np.uint8)
-    Image.fromarray(pixels).save(directory / "Bengal_100.png")
-    Image.fromarray(pixels[:, :, 0]).save(directory / "Bengal_101.jpg")
-    Image.fromarray(pixels).convert("CMYK").save(directory / "Bengal_102.jpg")
-    return directory
-
-
 @pytest.fixture(scope="module")
 def data(tmp_path_factory: pytest.TempPathFactory) -> PetsData:
-    return build_data(str(_mixed_set(tmp_path_factory.mktemp("mixed"))), 32, 42, 0.8, 0, 0)
+    return build_data(str(write_mixed_set(tmp_path_factory.mktemp("mixed"))), 32, 42, 0.8, 0, 0)
 
 
 def _cpu_batches(data: PetsData, keys: list[int]) -> torch.Tensor:
