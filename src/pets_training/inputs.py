@@ -48,11 +48,10 @@ Batch = tuple[torch.Tensor, torch.Tensor]
 PAD_LABEL = -100  # F.cross_entropy's ignore_index: a padded sample adds nothing to the loss or gradient
 
 
-def local_data(cfg: TrainConfig, accelerator: Accelerator, output_dir: Path, cpus: int = 1) -> PetsData:
+def local_data(cfg: TrainConfig, accelerator: Accelerator, output_dir: Path) -> PetsData:
     """The data set. The local main process checks the files the index of checks (beside the input store,
-    else in the output directory) lacks and builds the input store on the machine's ``cpus`` (the other
-    local ranks wait for it); they then read what it wrote, opening no file to check it and decoding
-    nothing."""
+    else in the output directory) lacks and builds the input store; the other local ranks then read what
+    it wrote, opening no file to check it and decoding nothing."""
     def build() -> PetsData:
         return build_data(cfg.data, cfg.image_size, cfg.seed, cfg.train_fraction, cfg.synthetic_classes,
                           cfg.synthetic_images_per_class, cfg.fast_decode, cfg.data_layout,
@@ -63,7 +62,7 @@ def local_data(cfg: TrainConfig, accelerator: Accelerator, output_dir: Path, cpu
     if data is not None:
         log.info("data %s; %d for training, %d for evaluation", data.source, len(data.train), len(data.eval))
         if cfg.input_store:
-            log.info("%s", use_store(data, cfg.input_store, cfg.fast_decode, processes=cpus))
+            log.info("%s", use_store(data, cfg.input_store, cfg.fast_decode))
     accelerator.wait_for_everyone()
     if data is None:
         data = build()

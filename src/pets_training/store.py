@@ -16,25 +16,21 @@ leaves the old store or none.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
-import multiprocessing
-import os
 import re
 import secrets
 import zlib
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
-from PIL import Image
 
 from .data import DataError, PetsData, _FileLoader, _Subset, load_file_fast, load_file_pil
-from .workers import WORKER_CONTEXT
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +38,6 @@ STORE_VERSION = 2  # 2: several data files
 INDEX = "store.json"
 MAX_DATA_FILES = 4
 DATA_NAME = re.compile(r"images-[0-9a-f]+\.u8")  # the only names the store reads or deletes
-DECODE_CHUNK = 16  # images a decoding process takes at a time
 
 
 class StoreError(DataError):
@@ -57,50 +52,10 @@ def _stat(paths: Sequence[Path]) -> list[list[Any]]:
 Kept = dict[tuple[Any, ...], tuple[str, int, list[int], int]]
 
 
-Entry = tuple[str, int, list[int], int]  # an image's data file, offset, shape (C, H, W) and CRC-32
-Decode = tuple[int, Path, int, list[int]]  # an entry to decode: its position, file, offset and header shape
-
-
-def header_shape(path: Path) -> list[int]:
-    """The shape an image decodes to (3, height, width: every decode converts to RGB), from its header."""
-    with Image.open(path) as img:
-        width, height = img.size
-    return [3, height, width]
-
-
-def _decode_into(data: Path, items: list[Decode], fast: bool) -> list[tuple[int, int]]:
-    """Decode ``items`` into the data file at their offsets (a decoding process writes its own images);
-    returns (position, CRC-32) of each."""
-    out = []
-    with data.open("r+b") as file:
-        for position, path, offset, shape in items:
-            image = (load_file_fast(path) if fast else load_file_pil(path)).contiguous()
-            if list(image.shape) != shape:
-                raise StoreError(f"input store: {str(path)!r} decoded to {list(image.shape)}, but its header "
-                                 f"says {shape}: rebuild with --no-fast-decode, or drop the file")
-            raw = image.numpy().tobytes()
-            os.pwrite(file.fileno(), raw, offset)
-            out.append((position, zlib.crc32(raw)))
-    return out
-
-
-def _decode_all(data: Path, items: list[Decode], fast: bool, processes: int) -> list[tuple[int, int]]:
-    """``_decode_into`` on ``processes`` processes forked from the trainer's forkserver (its imports paid
-    once), in chunks: each process writes the pixels it decodes, so none go through a pipe."""
-    chunks = [items[i:i + DECODE_CHUNK] for i in range(0, len(items), DECODE_CHUNK)]
-    if processes < 2 or len(chunks) < 2:
-        return _decode_into(data, items, fast)
-    context = multiprocessing.get_context(WORKER_CONTEXT)
-    with ProcessPoolExecutor(min(processes, len(chunks)), mp_context=context) as pool:
-        return [crc for done in pool.map(_decode_into, [data] * len(chunks), chunks, [fast] * len(chunks))
-                for crc in done]
-
-
-def build_store(directory: Path, paths: Sequence[Path], fast: bool = True,
-                processes: int = 1) -> tuple[int, int]:
-    """Decode ``paths`` into ``directory`` (a data file, then the index that names it) on ``processes``
-    processes, keeping the images whose source is as the last build found it where they are, or copying
-    them into the new data file (see the module's docstring). Returns (images decoded, images copied)."""
+def build_store(directory: Path, paths: Sequence[Path], fast: bool = True) -> tuple[int, int]:
+    """Decode ``paths`` into ``directory`` (a data file, then the index that names it), keeping the images
+    whose source is as the last build found it where they are, or copying them into the new data file
+    (see the module's docstring). Returns (images decoded, images copied)."""
     directory.mkdir(parents=True, exist_ok=True)
     sources = _stat(paths)
     old = _read_index(directory)
@@ -109,32 +64,34 @@ def build_store(directory: Path, paths: Sequence[Path], fast: bool = True,
     compact = 2 * live < sum(old_bytes.values()) or len(old_bytes) >= MAX_DATA_FILES
     data_name = f"images-{secrets.token_hex(6)}.u8"
     tmp = directory / f".{data_name}.tmp"
-    # Each image's place first (a new one's size from its header), then the pixels written there.
-    entries: list[Entry] = []
-    copies: list[tuple[int, Entry]] = []  # (offset in the new file, where it is now)
-    decodes: list[Decode] = []
-    written = 0
-    for path, source in zip(paths, sources, strict=True):
-        found = kept.get(tuple(source))
-        if found is not None and not compact:  # unchanged: it stays where it is
-            entries.append(found)
-            continue
-        shape = found[2] if found is not None else header_shape(path)
-        if found is not None:  # unchanged, copied with its checksum
-            copies.append((written, found))
-        else:
-            decodes.append((len(entries), path, written, shape))
-        entries.append((data_name, written, shape, found[3] if found is not None else 0))
-        written += math.prod(shape)
+    entries: list[tuple[str, int, list[int], int]] = []
+    decoded = copied = 0
+    with tmp.open("wb") as out, contextlib.ExitStack() as opened:
+        olds: dict[str, BinaryIO] = {}
+        for path, source in zip(paths, sources, strict=True):
+            found = kept.get(tuple(source))
+            if found is not None and not compact:  # unchanged: it stays where it is
+                entries.append(found)
+                continue
+            if found is not None:  # unchanged, copied with its checksum
+                name, at, shape, crc = found
+                if name not in olds:
+                    olds[name] = opened.enter_context((directory / name).open("rb"))
+                olds[name].seek(at)
+                raw = olds[name].read(math.prod(shape))
+                copied += 1
+            else:
+                image = (load_file_fast(path) if fast else load_file_pil(path)).contiguous()
+                raw, shape = image.numpy().tobytes(), list(image.shape)
+                crc = zlib.crc32(raw)
+                decoded += 1
+            entries.append((data_name, out.tell(), shape, crc))
+            out.write(raw)
+        written = out.tell()
     if written:
-        with tmp.open("wb") as out:
-            out.truncate(written)
-            for offset, (name, at, shape, _) in copies:
-                with (directory / name).open("rb") as old_file:
-                    os.pwrite(out.fileno(), os.pread(old_file.fileno(), math.prod(shape), at), offset)
-        for k, crc in _decode_all(tmp, decodes, fast, processes):
-            entries[k] = (*entries[k][:3], crc)
         tmp.replace(directory / data_name)
+    else:  # nothing new: the update only dropped files
+        tmp.unlink()
     names = list(dict.fromkeys(name for name, *_ in entries))
     sizes = {**old_bytes, data_name: written}
     position = {name: k for k, name in enumerate(names)}
@@ -147,7 +104,7 @@ def build_store(directory: Path, paths: Sequence[Path], fast: bool = True,
     tmp_index.replace(directory / INDEX)
     for gone in set(_data_names(old)) - set(names):  # a process that maps one still reads it
         (directory / gone).unlink(missing_ok=True)
-    return len(decodes), len(copies)
+    return decoded, copied
 
 
 def _data_names(index: dict[str, Any] | None) -> list[str]:
@@ -254,10 +211,9 @@ def store_directory(root: str, source: str, fast: bool) -> Path:
     return Path(root) / f"store-{key:08x}"
 
 
-def use_store(data: PetsData, root: str, fast: bool = True, build: bool = True, processes: int = 1) -> str:
+def use_store(data: PetsData, root: str, fast: bool = True, build: bool = True) -> str:
     """Read ``data``'s images (train and eval) from their store under ``root``, built first where it is
-    missing or stale (``build``, on ``processes`` processes; else it must be fresh: another process built
-    it). Returns the log line."""
+    missing or stale (``build``; else it must be fresh: another process built it). Returns the log line."""
     load_all = data.train.load.load_all if isinstance(data.train.load, _Subset) else None
     if not isinstance(load_all, _FileLoader):
         raise DataError("input store: the synthetic set has no files to store; drop --input-store")
@@ -269,10 +225,9 @@ def use_store(data: PetsData, root: str, fast: bool = True, build: bool = True, 
     n = len(load_all.paths)
     line = f"input store {directory}: reusing it ({n} decoded images)"
     if why:
-        decoded, copied = build_store(directory, load_all.paths, fast, processes)
+        decoded, copied = build_store(directory, load_all.paths, fast)
         done = f"{n} images decoded once" if decoded == n else f"{decoded} of {n} images decoded, the " + \
             (f"others copied into one data file ({copied})" if copied else "others kept")
-        done += f" on {processes} processes" if decoded > DECODE_CHUNK and processes > 1 else ""
         line = f"input store {directory}: {'building' if decoded == n else 'updating'} it ({why}): {done}"
     index = _read_index(directory)
     assert index is not None

@@ -198,7 +198,7 @@ def setup(cfg: TrainConfig, pod: PodContract, process: ProcessContext,
         start_worker_server()  # before Accelerator(): no thread of gloo or ours exists yet
     accelerator = _make_accelerator(cfg, process, on_gpu, output_dir, limit, cpu)
     done("accelerator")
-    data = local_data(cfg, accelerator, output_dir, limit.cpus)
+    data = local_data(cfg, accelerator, output_dir)
     if accelerator.is_main_process:  # before the world-size check, so a refused set is reported too
         log.info("dataset report: %s", write_report(data.report, output_dir))
     check_fits_world(len(data.train), len(data.eval), accelerator.num_processes, cfg.batch_size,

@@ -60,32 +60,6 @@ def test_the_store_gives_the_files_crops_and_is_reused(tmp_path: Path) -> None:
     assert "reusing it" in use_store(again, str(tmp_path / "store"))
 
 
-def test_the_store_built_on_several_processes_is_the_one_built_on_one(tmp_path: Path) -> None:
-    """The build decodes on the machine's cores (processes forked from the trainer's forkserver, each
-    writing its images into the data file at the offsets their headers give), in chunks: the same data
-    file and index, byte for byte."""
-    images = tmp_path / "images"
-    write_synthetic(images, 3, 12, 40, seed=5)  # 36 files: 3 chunks of store.DECODE_CHUNK at most
-    built = {}
-    for processes in (1, 2):
-        data = build_data(str(images), 32, 42, 0.8, 0, 0)
-        line = use_store(data, str(tmp_path / f"store-{processes}"), processes=processes)
-        assert line.endswith(": 36 images decoded once" + (" on 2 processes" if processes > 1 else "")), line
-        (directory,) = (tmp_path / f"store-{processes}").iterdir()
-        index = json.loads((directory / store.INDEX).read_text())
-        built[processes] = (index["offsets"], index["shapes"], index["crc32"],
-                            (directory / index["data"][0]).read_bytes())
-    assert built[1] == built[2]
-
-
-def test_an_image_that_decodes_to_another_shape_than_its_header_says_is_refused(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    images = _set(tmp_path)
-    monkeypatch.setattr(store, "header_shape", lambda path: [3, 1, 1])
-    with pytest.raises(StoreError, match=r"decoded to \[3, 40, 40\], but its header says \[3, 1, 1\]"):
-        use_store(build_data(str(images), 32, 42, 0.8, 0, 0), str(tmp_path / "store"))
-
-
 @pytest.fixture
 def decoded(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The names of the files the store's build decodes."""
