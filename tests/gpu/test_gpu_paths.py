@@ -21,10 +21,7 @@ import torch
 from pets_training.config import resolve
 from pets_training.data import build_data
 from pets_training.device_input import (
-    DeviceCrops,
-    EncodedImages,
     StoreCrops,
-    collate_encoded,
     device_train_loader,
 )
 from pets_training.inputs import worker_options
@@ -50,19 +47,10 @@ def _images(directory: Path) -> Path:
 
 
 def test_nvjpeg_and_the_gpu_crops_give_the_cpu_paths_crops(tmp_path: Path) -> None:
+    from unit.trainer.helpers import assert_device_path_gives_the_cpu_paths_crops
+
     data = build_data(str(_images(tmp_path / "images")), 32, 42, 0.8, 0, 0)
-    paths = data.train.files()
-    assert paths is not None
-    encoded = EncodedImages(paths, data.train.labels)
-    crops = DeviceCrops(data.train, paths, DEVICE)
-    n = len(data.train)
-    for epoch in (0, 3):
-        keys = [epoch * n + i for i in range(n)]
-        images, labels = crops(collate_encoded([encoded[k] for k in keys]))
-        assert images.device.type == DEVICE.type and images.dtype == torch.uint8
-        assert images.shape == (n, 3, 32, 32)
-        assert_crops_close(images, torch.stack([data.train[k][0] for k in keys]))
-        assert labels.tolist() == data.train.labels
+    assert_device_path_gives_the_cpu_paths_crops(data, DEVICE)
 
 
 def test_the_store_is_kept_in_gpu_memory_and_crops_as_the_cpu_path(tmp_path: Path) -> None:

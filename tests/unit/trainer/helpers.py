@@ -181,3 +181,24 @@ def write_mixed_set(directory: Path) -> Path:
     Image.fromarray(pixels[:, :, 0]).save(directory / "Bengal_101.jpg")
     Image.fromarray(pixels).convert("CMYK").save(directory / "Bengal_102.jpg")
     return directory
+
+
+def assert_device_path_gives_the_cpu_paths_crops(data: Any, device: Any) -> None:
+    """The device input path on ``device`` (nvJPEG and the crops there on a GPU) crops the training set of
+    ``data`` (a PetsData), for two epochs, within the tolerance of the CPU path's crops."""
+    import torch
+
+    from pets_training.device_input import DeviceCrops, EncodedImages, collate_encoded
+
+    paths = data.train.files()
+    assert paths is not None and len(paths) == len(data.train)
+    encoded = EncodedImages(paths, data.train.labels)
+    crops = DeviceCrops(data.train, paths, device)
+    n = len(data.train)
+    for epoch in (0, 3):
+        keys = [epoch * n + i for i in range(n)]
+        images, labels = crops(collate_encoded([encoded[k] for k in keys]))
+        assert images.device.type == device.type and images.dtype == torch.uint8
+        assert images.shape == (n, 3, 32, 32)
+        assert_crops_close(images.cpu(), torch.stack([data.train[k][0] for k in keys]))
+        assert labels.tolist() == data.train.labels

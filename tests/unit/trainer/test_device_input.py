@@ -26,6 +26,7 @@ from pets_training.inputs import start_worker_server, worker_options
 from .helpers import (
     DEVICE_PATH_PROGRESS,
     assert_crops_close,
+    assert_device_path_gives_the_cpu_paths_crops,
     assert_same_progress,
     train_variants,
     write_mixed_set,
@@ -47,17 +48,7 @@ def _cpu_batches(data: PetsData, keys: list[int]) -> torch.Tensor:
 
 def test_device_path_crops_are_the_cpu_paths_within_the_tolerance(data: PetsData) -> None:
     """Images of several sizes (48 and 71 px, a PNG, a grayscale and a CMYK JPEG) in one batch."""
-    paths = data.train.files()
-    assert paths is not None and len(paths) == len(data.train)
-    encoded = EncodedImages(paths, data.train.labels)
-    crops = DeviceCrops(data.train, paths, CPU)
-    n = len(data.train)
-    for epoch in (0, 3):
-        keys = [epoch * n + i for i in range(n)]
-        images, labels = crops(collate_encoded([encoded[k] for k in keys]))
-        assert images.dtype == torch.uint8 and images.shape == (n, 3, 32, 32)
-        assert_crops_close(images, _cpu_batches(data, keys))
-        assert labels.tolist() == data.train.labels
+    assert_device_path_gives_the_cpu_paths_crops(data, CPU)
 
 
 def test_images_the_batched_decode_refuses_are_decoded_one_by_one_then_on_the_cpu(
